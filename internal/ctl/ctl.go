@@ -1,0 +1,94 @@
+// Package ctl implements idemctl's subcommands.
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"idemd/internal/config"
+	"idemd/internal/daemon"
+	"idemd/internal/logging"
+	"idemd/internal/migrate"
+)
+
+// CLI is idemctl's command tree.
+type CLI struct {
+	config.Database `embed:""`
+	config.Logging  `embed:""`
+
+	Migrate MigrateCmd `cmd:"" help:"Apply idemd's and River's migrations (safe to run twice or concurrently)."`
+}
+
+// Check reports configuration problems.
+func (c *CLI) Check() []string { return c.Database.Check() }
+
+// Globals is bound into every subcommand's Run.
+type Globals struct {
+	Pool   *pgxpool.Pool
+	Logger *zap.Logger
+	Stdout io.Writer
+}
+
+// MigrateCmd applies migrations.
+type MigrateCmd struct {
+	LockTimeout time.Duration `name:"lock-timeout" default:"5m" help:"How long to wait for a concurrent migration to finish."`
+}
+
+// Run applies the migrations.
+func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
+	res, err := migrate.Up(ctx, g.Pool, migrate.Options{LockTimeout: m.LockTimeout, Logger: logging.Slog(g.Logger)})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.Stdout, "migrate: applied %d River and %d idemd migrations\n", len(res.RiverVersions), len(res.IdemdVersions))
+	return nil
+}
+
+// Main runs idemctl and returns its exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	cli := &CLI{}
+	kctx, err := config.Parse("idemctl", "Operate idemd: migrate the schema, show status, review flagged keys.", cli, args, stdout)
+	if err != nil {
+		if errors.Is(err, config.ErrHelp) {
+			return daemon.ExitOK
+		}
+		fmt.Fprintf(stderr, "idemctl: %v\n", err)
+		return daemon.ExitConfig
+	}
+	logger, err := logging.New(cli.LogFormat, cli.LogLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "idemctl: %v\n", err)
+		return daemon.ExitConfig
+	}
+	defer logger.Sync() //nolint:errcheck
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	pool, err := daemon.NewPool(ctx, cli.DatabaseURL, "idemd-idemctl")
+	if err != nil {
+		fmt.Fprintf(stderr, "idemctl: invalid configuration:\n  - --database-url: %v\n", err)
+		return daemon.ExitConfig
+	}
+	defer pool.Close()
+
+	g := &Globals{Pool: pool, Logger: logger, Stdout: stdout}
+	kctx.BindTo(ctx, (*context.Context)(nil))
+	if err := kctx.Run(g); err != nil {
+		var cerr *config.Error
+		if errors.As(err, &cerr) {
+			fmt.Fprintf(stderr, "idemctl: %v\n", err)
+			return daemon.ExitConfig
+		}
+		fmt.Fprintf(stderr, "idemctl: %v\n", err)
+		return daemon.ExitRuntime
+	}
+	return daemon.ExitOK
+}

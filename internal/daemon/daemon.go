@@ -1,0 +1,154 @@
+// Package daemon is the runtime every idemd command shares: configuration
+// (exit 2 with every problem listed), zap logging, a pgx pool named after the
+// command, the ops HTTP server, and SIGTERM handling with a bounded drain.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+
+	"idemd/internal/config"
+	"idemd/internal/logging"
+	"idemd/internal/opshttp"
+)
+
+// Exit codes of DESIGN.md's operator contract.
+const (
+	ExitOK      = 0
+	ExitRuntime = 1 // runtime failure, retryable
+	ExitConfig  = 2 // bad configuration or usage
+)
+
+// Command is a parsed CLI that can run.
+type Command interface {
+	CommonConfig() *config.Common
+	// Run does the command's work until ctx is cancelled (SIGTERM) or the
+	// work is done. Long-running commands must return within
+	// ShutdownTimeout of ctx being cancelled.
+	Run(ctx context.Context, env *Env) error
+}
+
+// Env is what Main builds for a command.
+type Env struct {
+	Name     string
+	Logger   *zap.Logger
+	Pool     *pgxpool.Pool
+	Registry *prometheus.Registry
+	Ready    *opshttp.Readiness
+	Stdout   io.Writer
+	// OpsAddr is the address the ops server bound ("" when disabled).
+	OpsAddr string
+}
+
+// Main parses args into cmd, runs it and returns the process exit code.
+func Main(name, description string, cmd Command, args []string) int {
+	return MainWith(name, description, cmd, args, os.Stdout, os.Stderr)
+}
+
+// MainWith is Main with explicit output streams (for tests).
+func MainWith(name, description string, cmd Command, args []string, stdout, stderr io.Writer) int {
+	if _, err := config.Parse(name, description, cmd, args, stdout); err != nil {
+		if errors.Is(err, config.ErrHelp) {
+			return ExitOK
+		}
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return ExitConfig
+	}
+	common := cmd.CommonConfig()
+	logger, err := logging.New(common.LogFormat, common.LogLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return ExitConfig
+	}
+	defer logger.Sync() //nolint:errcheck
+	logger = logger.With(zap.String("component", name))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	pool, err := NewPool(ctx, common.DatabaseURL, "idemd-"+name)
+	if err != nil {
+		// A URL that does not parse is a configuration error.
+		fmt.Fprintf(stderr, "%s: invalid configuration:\n  - --database-url: %v\n", name, err)
+		return ExitConfig
+	}
+	defer pool.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ready := &opshttp.Readiness{Ping: pool.Ping}
+	env := &Env{Name: name, Logger: logger, Pool: pool, Registry: reg, Ready: ready, Stdout: stdout}
+
+	if common.HTTPAddr != "" {
+		srv, err := opshttp.Start(common.HTTPAddr, opshttp.Handler(reg, ready))
+		if err != nil {
+			logger.Error("ops server failed to start", zap.Error(err))
+			return ExitRuntime
+		}
+		env.OpsAddr = srv.Addr
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := srv.Stop(sctx); err != nil {
+				logger.Warn("ops server stop", zap.Error(err))
+			}
+		}()
+	}
+
+	if err := cmd.Run(ctx, env); err != nil {
+		var cerr *config.Error
+		if errors.As(err, &cerr) {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return ExitConfig
+		}
+		logger.Error("failed", zap.Error(err))
+		return ExitRuntime
+	}
+	return ExitOK
+}
+
+// NewPool builds a pgx pool whose connections carry application_name (unless
+// the URL sets one), so pg_stat_activity shows which daemon holds what. It
+// does not connect: daemons start even while PostgreSQL is down and report
+// that through /readyz rather than crash-looping.
+func NewPool(ctx context.Context, url, appName string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// pgx's error may echo the URL; never print the password.
+		return nil, errors.New("cannot parse the connection URL")
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("new pool: %w", err)
+	}
+	return pool, nil
+}
+
+// RunService starts svc, waits for ctx to be cancelled, then stops it
+// within timeout. It is the body of every long-running command.
+func RunService(ctx context.Context, svc interface {
+	Start(context.Context) error
+	Stop(context.Context) error
+}, timeout time.Duration) error {
+	if err := svc.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return svc.Stop(sctx)
+}

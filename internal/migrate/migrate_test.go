@@ -1,0 +1,165 @@
+package migrate_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"idemd/internal/dbtest"
+	"idemd/internal/migrate"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// emptyDatabase returns a pool on a brand-new, unmigrated database.
+func emptyDatabase(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	admin := dbtest.ServerURL(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	name := "idemd_mig_" + sanitize(t.Name())
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, dbtest.WithDatabase(admin, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		c, err := pgx.Connect(context.Background(), admin)
+		if err == nil {
+			c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") //nolint:errcheck
+			c.Close(context.Background())
+		}
+	})
+	return pool
+}
+
+func sanitize(s string) string {
+	out := make([]byte, 0, len(s))
+	for _, c := range []byte(s) {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') {
+			out = append(out, c)
+		} else {
+			out = append(out, '_')
+		}
+	}
+	return string(out)
+}
+
+func TestUpTwiceAndConcurrently(t *testing.T) {
+	pool := emptyDatabase(t)
+	ctx := context.Background()
+
+	var wg sync.WaitGroup
+	results := make([]*migrate.Result, 4)
+	errs := make([]error, 4)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = migrate.Up(ctx, pool, migrate.Options{})
+		}()
+	}
+	wg.Wait()
+	appliedIdemd, appliedRiver := 0, 0
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("migrator %d: %v", i, err)
+		}
+		appliedIdemd += len(results[i].IdemdVersions)
+		appliedRiver += len(results[i].RiverVersions)
+	}
+	// Exactly one migrator did the work; the others found nothing to do.
+	var wantIdemd int64
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM idemd_schema_migrations WHERE version_id > 0").Scan(&wantIdemd); err != nil {
+		t.Fatal(err)
+	}
+	if int64(appliedIdemd) != wantIdemd || wantIdemd < 4 {
+		t.Fatalf("idemd migrations applied %d times across migrators, table records %d", appliedIdemd, wantIdemd)
+	}
+	if appliedRiver == 0 {
+		t.Fatal("no River migration applied")
+	}
+
+	again, err := migrate.Up(ctx, pool, migrate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.IdemdVersions)+len(again.RiverVersions) != 0 {
+		t.Fatalf("second run applied %+v", again)
+	}
+	for _, table := range []string{"idempotency_keys", "staged_jobs", "staged_jobs_dead", "idempotency_key_reviews", "river_job"} {
+		var ok bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&ok); err != nil || !ok {
+			t.Fatalf("table %s missing (err %v)", table, err)
+		}
+	}
+}
+
+// An API already running on the article's schema keeps working: its rows
+// survive, and its two-column INSERT into staged_jobs still succeeds.
+func TestAdditiveOnArticleSchema(t *testing.T) {
+	pool := emptyDatabase(t)
+	ctx := context.Background()
+	article := `
+CREATE TABLE users (id BIGSERIAL PRIMARY KEY, email TEXT NOT NULL);
+CREATE TABLE idempotency_keys (
+    id              BIGSERIAL   PRIMARY KEY,
+    created_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    idempotency_key TEXT        NOT NULL CHECK (char_length(idempotency_key) <= 100),
+    last_run_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    locked_at       TIMESTAMPTZ DEFAULT now(),
+    request_method  TEXT        NOT NULL CHECK (char_length(request_method) <= 10),
+    request_params  JSONB       NOT NULL,
+    request_path    TEXT        NOT NULL CHECK (char_length(request_path) <= 100),
+    response_code   INT         NULL,
+    response_body   JSONB       NULL,
+    recovery_point  TEXT        NOT NULL CHECK (char_length(recovery_point) <= 50),
+    user_id         BIGINT      NOT NULL REFERENCES users ON DELETE RESTRICT
+);
+CREATE UNIQUE INDEX idempotency_keys_user_id_idempotency_key ON idempotency_keys (user_id, idempotency_key);
+CREATE TABLE staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL);
+INSERT INTO users (email) VALUES ('a@example.com');
+INSERT INTO idempotency_keys (idempotency_key, request_method, request_params, request_path, recovery_point, user_id, response_code, response_body)
+VALUES ('k1', 'POST', '{}', '/rides', 'finished', 1, 201, '{"id": 1}');
+INSERT INTO staged_jobs (job_name, job_args) VALUES ('send_ride_receipt', '{"ride_id": 1}');
+`
+	if _, err := pool.Exec(ctx, article); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate.Up(ctx, pool, migrate.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var keys, staged int
+	if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM idempotency_keys WHERE response_body = '{\"id\": 1}'), (SELECT count(*) FROM staged_jobs WHERE created_at IS NOT NULL)").Scan(&keys, &staged); err != nil {
+		t.Fatal(err)
+	}
+	if keys != 1 || staged != 1 {
+		t.Fatalf("article rows lost: keys=%d staged=%d", keys, staged)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO staged_jobs (job_name, job_args) VALUES ('send_ride_receipt', '{\"ride_id\": 2}')"); err != nil {
+		t.Fatalf("article-style insert broke: %v", err)
+	}
+	var nIdx int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE tablename = 'idempotency_keys' AND indexdef LIKE '%(user_id, idempotency_key)%'").Scan(&nIdx); err != nil {
+		t.Fatal(err)
+	}
+	if nIdx != 1 {
+		t.Fatalf("unique index duplicated or missing: %d", nIdx)
+	}
+}
