@@ -1,0 +1,137 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// keyColumns is the column list every key read uses. The casts keep a
+// database migrated from the article (response_body JSONB) readable.
+const keyColumns = `id, created_at, user_id, idempotency_key, last_run_at, locked_at,
+	request_method, request_path, request_params::text, request_fingerprint,
+	response_code, response_body::text, recovery_point, upstream_idempotency_key`
+
+func scanKey(row pgx.Row) (*Key, error) {
+	var (
+		k      Key
+		params string
+		fp     *string
+		up     *uuid.UUID
+	)
+	err := row.Scan(&k.ID, &k.CreatedAt, &k.UserID, &k.IdempotencyKey, &k.LastRunAt, &k.LockedAt,
+		&k.RequestMethod, &k.RequestPath, &params, &fp,
+		&k.ResponseCode, &k.ResponseBody, &k.RecoveryPoint, &up)
+	if err != nil {
+		return nil, err
+	}
+	k.RequestParams = []byte(params)
+	if fp != nil {
+		k.RequestFingerprint = *fp
+	}
+	if up != nil {
+		k.UpstreamIdempotencyKey = *up
+	}
+	return &k, nil
+}
+
+// Begin is the first atomic phase: it inserts the key locked at "started", or
+// locks the existing one. A finished key comes back unlocked, for replay.
+//
+// It fails with ErrKeyMissing, ErrKeyTooShort, ErrKeyTooLong, ErrKeyInvalid,
+// ErrParamsMismatch, ErrInProgress, or ErrConflict (after retries).
+func (s *Store) Begin(ctx context.Context, req Request) (*Key, error) {
+	if err := ValidateKey(req.Key); err != nil {
+		return nil, err
+	}
+	canon, err := CanonicalParams(req.Params)
+	if err != nil {
+		return nil, fmt.Errorf("idem: begin: %w", err)
+	}
+	method := strings.ToUpper(req.Method)
+	if len(method) > 10 || utf8.RuneCountInString(req.Path) > 100 {
+		// The schema's CHECKs; a programming error of the API, not the client.
+		return nil, fmt.Errorf("idem: begin: method or path longer than the schema allows (10/100)")
+	}
+	fp := Fingerprint(method, req.Path, canon)
+
+	var key *Key
+	err = s.serializable(ctx, "begin", func(tx pgx.Tx) error {
+		key = nil
+		var locked bool
+		row := tx.QueryRow(ctx, `SELECT `+keyColumns+`,
+				locked_at IS NOT NULL AND locked_at > now() - make_interval(secs => $3)
+			FROM idempotency_keys WHERE user_id = $1 AND idempotency_key = $2`,
+			req.UserID, req.Key, s.lockTimeout.Seconds())
+		k, err := scanKeyWith(row, &locked)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			if utf8.RuneCountInString(req.Key) < s.minKeyLen {
+				return fmt.Errorf("%w: at least %d characters", ErrKeyTooShort, s.minKeyLen)
+			}
+			key, err = scanKey(tx.QueryRow(ctx, `INSERT INTO idempotency_keys
+					(idempotency_key, user_id, locked_at, last_run_at, request_method, request_path,
+					 request_params, request_fingerprint, recovery_point, upstream_idempotency_key)
+				VALUES ($1, $2, now(), now(), $3, $4, $5, $6, $7, $8)
+				RETURNING `+keyColumns,
+				req.Key, req.UserID, method, req.Path, string(canon), fp, RecoveryPointStarted, uuid.New()))
+			return err
+		case err != nil:
+			return err
+		}
+		if !sameRequest(k, method, req.Path, canon, fp) {
+			return ErrParamsMismatch
+		}
+		if locked {
+			return ErrInProgress
+		}
+		if k.Finished() {
+			key = k
+			return nil
+		}
+		// Take the lock. A key written by an API predating idemd gets its
+		// fingerprint and upstream key now, once.
+		key, err = scanKey(tx.QueryRow(ctx, `UPDATE idempotency_keys
+			SET locked_at = now(), last_run_at = now(),
+				request_fingerprint = COALESCE(request_fingerprint, $2),
+				upstream_idempotency_key = COALESCE(upstream_idempotency_key, $3)
+			WHERE id = $1
+			RETURNING `+keyColumns, k.ID, fp, uuid.New()))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return key, nil
+}
+
+func scanKeyWith(row pgx.Row, locked *bool) (*Key, error) {
+	return scanKey(extraScan{row: row, extra: locked})
+}
+
+// extraScan appends one destination to a key scan.
+type extraScan struct {
+	row   pgx.Row
+	extra any
+}
+
+func (e extraScan) Scan(dest ...any) error { return e.row.Scan(append(dest, e.extra)...) }
+
+// sameRequest compares a stored key with the incoming request. Keys without
+// a fingerprint (written by an API predating idemd, or by hand) are compared
+// on method, path and canonical params instead.
+func sameRequest(k *Key, method, path string, canon []byte, fp string) bool {
+	if k.RequestFingerprint != "" {
+		return k.RequestFingerprint == fp
+	}
+	if !strings.EqualFold(k.RequestMethod, method) || k.RequestPath != path {
+		return false
+	}
+	stored, err := CanonicalJSON(k.RequestParams)
+	return err == nil && string(stored) == string(canon)
+}

@@ -1,0 +1,190 @@
+// Package idem implements Stripe-style idempotency keys with atomic phases
+// and recovery points on PostgreSQL, against idemd's schema contract
+// (migrations/): the API side of the protocol that idemd's daemons support.
+//
+// A request goes through:
+//
+//  1. Begin: lock-or-insert the key (unique per user). A new key is inserted
+//     locked at recovery point "started"; an existing one must carry the same
+//     request fingerprint (else ErrParamsMismatch) and must not be locked by a
+//     live request (else ErrInProgress). A finished key is returned unlocked
+//     and its stored response is replayed byte for byte.
+//  2. Phases: each phase runs in its own SERIALIZABLE transaction and returns
+//     a recovery point (the key moves on), a response (the key is finished and
+//     the response stored), or nothing. Serialization failures are retried a
+//     few times; any other failure unlocks the key so a retry (by the client
+//     or idemd's completer) can continue from the last committed phase.
+//  3. StageJob: background work is inserted into staged_jobs inside a phase's
+//     transaction, so it exists exactly when the phase committed; idemd's
+//     enqueuer moves it into River.
+//
+// ReplayAuth is the middleware that lets idemd's completer replay an
+// abandoned request on behalf of the key's user, through the HMAC signature
+// of package replayauth.
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Recovery points every flow has. An API defines its own in between.
+const (
+	RecoveryPointStarted  = "started"
+	RecoveryPointFinished = "finished"
+)
+
+// Bounds on the key, from the schema's CHECK constraint.
+const (
+	MaxKeyLength = 255
+	// DefaultMinKeyLength is deliberately 1: a minimum length is a policy of
+	// the API (the article used 20), see Options.MinKeyLength.
+	DefaultMinKeyLength = 1
+)
+
+// Defaults of Options.
+const (
+	// DefaultLockTimeout is the article's 90 s: past it a lock is considered
+	// abandoned by a crashed process and may be taken over.
+	DefaultLockTimeout             = 90 * time.Second
+	DefaultMaxSerializationRetries = 3
+)
+
+// Errors Begin and Execute return. WriteError maps each to its status code
+// (see docs/api-authors.md).
+var (
+	ErrKeyMissing  = errors.New("idem: Idempotency-Key header missing")
+	ErrKeyTooShort = errors.New("idem: idempotency key too short")
+	ErrKeyTooLong  = errors.New("idem: idempotency key too long")
+	// ErrKeyInvalid is a key that is not UTF-8 or contains control
+	// characters, which neither PostgreSQL TEXT (NUL) nor the replay
+	// signature's canonical string (newlines) can carry.
+	ErrKeyInvalid     = errors.New("idem: idempotency key has invalid characters")
+	ErrParamsMismatch = errors.New("idem: idempotency key reused with different parameters")
+	ErrInProgress     = errors.New("idem: a request with this idempotency key is in progress")
+	// ErrConflict is a serialization failure that persisted through the
+	// internal retries. The key is unlocked; the client should retry.
+	ErrConflict = errors.New("idem: conflict with a concurrent request")
+	// ErrLockLost means another request took over the key (its lock had
+	// timed out) while this one was still working; this one stops.
+	ErrLockLost = errors.New("idem: lock on idempotency key lost")
+)
+
+// Options tune a Store. The zero value is usable.
+type Options struct {
+	// LockTimeout after which a locked, unfinished key may be taken over
+	// (DefaultLockTimeout when zero). Ages use the database clock.
+	LockTimeout time.Duration
+	// MinKeyLength applies to keys being created only: an existing key is
+	// always found, so tightening the policy never strands a key that the
+	// completer is still replaying.
+	MinKeyLength int
+	// MaxSerializationRetries is how many times a phase is re-run after a
+	// serialization failure before ErrConflict (DefaultMaxSerializationRetries
+	// when zero; negative disables retries).
+	MaxSerializationRetries int
+	// Logger receives failures that cannot be returned (a failed unlock).
+	Logger *slog.Logger
+}
+
+// Store runs the protocol against one database.
+type Store struct {
+	pool        *pgxpool.Pool
+	lockTimeout time.Duration
+	minKeyLen   int
+	retries     int
+	logger      *slog.Logger
+}
+
+// New returns a Store on pool.
+func New(pool *pgxpool.Pool, opts Options) *Store {
+	s := &Store{pool: pool, lockTimeout: opts.LockTimeout, minKeyLen: opts.MinKeyLength, retries: opts.MaxSerializationRetries, logger: opts.Logger}
+	if s.lockTimeout <= 0 {
+		s.lockTimeout = DefaultLockTimeout
+	}
+	if s.minKeyLen <= 0 {
+		s.minKeyLen = DefaultMinKeyLength
+	}
+	if s.minKeyLen > MaxKeyLength {
+		s.minKeyLen = MaxKeyLength
+	}
+	switch {
+	case s.retries == 0:
+		s.retries = DefaultMaxSerializationRetries
+	case s.retries < 0:
+		s.retries = 0
+	}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	return s
+}
+
+// Pool returns the store's pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// MinKeyLength returns the minimum length enforced for new keys.
+func (s *Store) MinKeyLength() int { return s.minKeyLen }
+
+// Key is one idempotency_keys row as this request sees it.
+type Key struct {
+	ID                 int64
+	CreatedAt          time.Time
+	UserID             int64
+	IdempotencyKey     string
+	LastRunAt          time.Time
+	LockedAt           *time.Time
+	RequestMethod      string
+	RequestPath        string
+	RequestParams      []byte // canonical JSON
+	RequestFingerprint string
+	ResponseCode       *int
+	ResponseBody       *string
+	RecoveryPoint      string
+	// UpstreamIdempotencyKey is the key to send to upstream services
+	// (Stripe's Idempotency-Key): random, stored once, reused by every retry.
+	UpstreamIdempotencyKey uuid.UUID
+}
+
+// Finished reports whether the key holds a final response.
+func (k *Key) Finished() bool { return k.RecoveryPoint == RecoveryPointFinished }
+
+// Request identifies an incoming request for Begin.
+type Request struct {
+	UserID int64
+	// Key is the Idempotency-Key header value.
+	Key    string
+	Method string
+	Path   string
+	// Params are the request's validated parameters, JSON-encodable. Their
+	// canonical JSON is what is stored and fingerprinted, so they must be
+	// the parsed values (not raw bytes): a replay of the stored params as a
+	// JSON body then yields the same fingerprint.
+	Params any
+}
+
+// ValidateKey checks the header value's presence and maximum length, which
+// need no database. The minimum length is checked by Begin for new keys.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return ErrKeyMissing
+	case !utf8.ValidString(key):
+		return ErrKeyInvalid
+	case utf8.RuneCountInString(key) > MaxKeyLength:
+		return fmt.Errorf("%w: at most %d characters", ErrKeyTooLong, MaxKeyLength)
+	}
+	for _, r := range key {
+		if unicode.IsControl(r) {
+			return ErrKeyInvalid
+		}
+	}
+	return nil
+}

@@ -1,0 +1,206 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Result is what a phase returns: NoOp, RecoveryPoint or Response.
+type Result interface {
+	apply(ctx context.Context, tx pgx.Tx, k *Key) error
+}
+
+type noOp struct{}
+
+// NoOp leaves the key where it is.
+func NoOp() Result { return noOp{} }
+
+func (noOp) apply(ctx context.Context, tx pgx.Tx, k *Key) error {
+	// Still confirm the lock inside the transaction: under SERIALIZABLE this
+	// read also makes a concurrent takeover of the key conflict with us.
+	var held bool
+	if err := tx.QueryRow(ctx, `SELECT locked_at IS NOT DISTINCT FROM $2 FROM idempotency_keys WHERE id = $1`, k.ID, k.LockedAt).Scan(&held); err != nil {
+		return err
+	}
+	if !held {
+		return ErrLockLost
+	}
+	return nil
+}
+
+type recoveryPoint string
+
+// RecoveryPoint moves the key to the named point when the phase commits.
+func RecoveryPoint(name string) Result { return recoveryPoint(name) }
+
+func (p recoveryPoint) apply(ctx context.Context, tx pgx.Tx, k *Key) error {
+	if p == RecoveryPointFinished {
+		return errors.New("recovery point finished is set by returning a Response")
+	}
+	tag, err := tx.Exec(ctx, `UPDATE idempotency_keys SET recovery_point = $3
+		WHERE id = $1 AND locked_at IS NOT DISTINCT FROM $2`, k.ID, k.LockedAt, string(p))
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return ErrLockLost
+	}
+	k.RecoveryPoint = string(p)
+	return nil
+}
+
+type response struct {
+	status int
+	body   []byte
+}
+
+// Response finishes the key with a final status and body, stored and then
+// replayed byte for byte to every later request with the same key.
+func Response(status int, body []byte) Result { return response{status: status, body: body} }
+
+func (r response) apply(ctx context.Context, tx pgx.Tx, k *Key) error {
+	body := string(r.body)
+	tag, err := tx.Exec(ctx, `UPDATE idempotency_keys
+		SET locked_at = NULL, recovery_point = $3, response_code = $4, response_body = $5
+		WHERE id = $1 AND locked_at IS NOT DISTINCT FROM $2`, k.ID, k.LockedAt, RecoveryPointFinished, r.status, body)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return ErrLockLost
+	}
+	k.RecoveryPoint = RecoveryPointFinished
+	k.LockedAt = nil
+	k.ResponseCode = &r.status
+	k.ResponseBody = &body
+	return nil
+}
+
+// ResponseError is an error a phase returns to answer the client without
+// finishing the key: the key is unlocked and stays at its recovery point, so
+// a retry continues from there (e.g. 503 while an upstream is down).
+type ResponseError struct {
+	Status int
+	Body   []byte
+	Err    error // the cause, for logs; may be nil
+}
+
+func (e *ResponseError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("idem: response %d: %v", e.Status, e.Err)
+	}
+	return fmt.Sprintf("idem: response %d", e.Status)
+}
+
+func (e *ResponseError) Unwrap() error { return e.Err }
+
+// PhaseFunc is the body of an atomic phase. It may be run more than once
+// (serialization retries), so it must do nothing outside tx that is not
+// itself idempotent: upstream calls carry k.UpstreamIdempotencyKey.
+type PhaseFunc func(ctx context.Context, tx pgx.Tx, k *Key) (Result, error)
+
+// Phase runs fn and applies its result in one SERIALIZABLE transaction,
+// retrying serialization failures. On any failure the key is unlocked
+// before the error is returned (ErrConflict when retries ran out).
+func (s *Store) Phase(ctx context.Context, k *Key, fn PhaseFunc) error {
+	before := *k
+	err := s.serializable(ctx, "phase "+k.RecoveryPoint, func(tx pgx.Tx) error {
+		*k = before // a retried attempt starts from the same key state
+		res, err := fn(ctx, tx, k)
+		if err != nil {
+			return err
+		}
+		if res == nil {
+			return errors.New("phase returned no result")
+		}
+		return res.apply(ctx, tx, k)
+	})
+	if err != nil {
+		*k = before
+		s.Unlock(ctx, k)
+		return err
+	}
+	return nil
+}
+
+// Unlock releases this request's lock on k, if it still holds it, so the
+// next retry need not wait for the lock timeout. It runs even when ctx is
+// cancelled (the client went away), and only logs failure: the lock timeout
+// is the backstop.
+func (s *Store) Unlock(ctx context.Context, k *Key) {
+	if k == nil || k.LockedAt == nil {
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := s.pool.Exec(uctx, `UPDATE idempotency_keys SET locked_at = NULL
+		WHERE id = $1 AND locked_at = $2`, k.ID, *k.LockedAt); err != nil {
+		s.logger.Warn("idem: unlock failed; the key stays locked until the lock timeout",
+			"key_id", k.ID, "error", err)
+		return
+	}
+	k.LockedAt = nil
+}
+
+// keyUniqueIndex is the article's unique index on (user_id, idempotency_key).
+const keyUniqueIndex = "idempotency_keys_user_id_idempotency_key"
+
+// serializable runs fn in a SERIALIZABLE transaction, re-running it on
+// serialization failures, deadlocks and unique violations (two requests
+// inserting one key) up to the configured retries, then ErrConflict.
+func (s *Store) serializable(ctx context.Context, op string, fn func(pgx.Tx) error) error {
+	for attempt := 0; ; attempt++ {
+		err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
+		if err == nil {
+			return nil
+		}
+		if !retryable(err) {
+			if isProtocolErr(err) {
+				return err
+			}
+			return fmt.Errorf("idem: %s: %w", op, err)
+		}
+		if attempt >= s.retries {
+			return fmt.Errorf("%w (%s, %d attempts): %v", ErrConflict, op, attempt+1, err)
+		}
+		// Short jittered backoff so the conflicting transactions do not
+		// collide again in lockstep.
+		d := time.Duration(1+rand.IntN(10*(attempt+1))) * time.Millisecond
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("idem: %s: %w", op, ctx.Err())
+		case <-time.After(d):
+		}
+	}
+}
+
+func retryable(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return false
+	}
+	switch pg.Code {
+	case "40001", "40P01":
+		return true
+	case "23505":
+		// Only our own unique index: a concurrent insert of the same key,
+		// which the retry then sees as in progress. An API's own unique
+		// violations are bugs to report, not conflicts to retry.
+		return pg.ConstraintName == keyUniqueIndex
+	}
+	return false
+}
+
+// isProtocolErr reports errors that are already the package's own sentinel
+// or a phase's response, which callers match with errors.Is/As unwrapped.
+func isProtocolErr(err error) bool {
+	var re *ResponseError
+	return errors.As(err, &re) || errors.Is(err, ErrKeyTooShort) || errors.Is(err, ErrParamsMismatch) ||
+		errors.Is(err, ErrInProgress) || errors.Is(err, ErrLockLost)
+}
