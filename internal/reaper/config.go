@@ -1,0 +1,141 @@
+package reaper
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/robfig/cron/v3"
+	"go.uber.org/zap"
+
+	"idemd/internal/config"
+	"idemd/internal/opshttp"
+)
+
+// Defaults. DefaultBatchSize comes from the benchmark in docs/reaper.md:
+// larger batches stop paying for themselves in throughput while each batch's
+// transaction (and the concurrent insert p99) keeps growing.
+const (
+	DefaultRetention        = 72 * time.Hour
+	DefaultBatchSize        = 5000
+	DefaultBatchPause       = 20 * time.Millisecond
+	DefaultStatementTimeout = 15 * time.Second
+	DefaultLockWindow       = time.Hour
+	DefaultMaxRuntime       = time.Hour
+
+	// MinRetention guards against a typo ("--retention 72s") deleting keys
+	// that clients may still legitimately retry.
+	MinRetention = time.Hour
+	// MaxBatchSize bounds one transaction's size whatever the flag says.
+	MaxBatchSize = 1_000_000
+	// minBatchSize is the floor the run shrinks a timing-out batch to.
+	minBatchSize = 100
+)
+
+// Settings are the operator-facing knobs. cmd/reaper parses them from flags
+// (each has an IDEMD_ environment variable through kong's DefaultEnvars).
+type Settings struct {
+	Once             bool          `name:"once" help:"Do one run and exit (the default when --schedule is not set; for a CronJob or a manual run)."`
+	Schedule         string        `name:"schedule" help:"Keep running and reap on this schedule: a robfig/cron spec (\"@every 1h\", \"@hourly\", \"15 * * * *\"). Empty: one run and exit."`
+	DryRun           bool          `name:"dry-run" help:"Change nothing: print how many keys would be deleted and which would be flagged for review."`
+	Retention        time.Duration `name:"retention" default:"72h" help:"Delete keys whose created_at is older than this, by the database clock. At least 1h."`
+	BatchSize        int           `name:"batch-size" default:"5000" help:"Keys deleted per batch; each batch is its own transaction."`
+	BatchPause       time.Duration `name:"batch-pause" default:"20ms" help:"Pause between batches, giving the API's writes room on a busy table."`
+	StatementTimeout time.Duration `name:"statement-timeout" default:"15s" help:"statement_timeout of each batch (SET LOCAL). A batch that times out is retried at half the size."`
+	LockWindow       time.Duration `name:"lock-window" default:"1h" help:"A key whose locked_at is newer than this is in flight and never deleted; an older lock is one a crashed request left behind."`
+	MaxRuntime       time.Duration `name:"max-runtime" default:"1h" help:"Stop starting new batches after this long; the next run continues."`
+	MaxDeletes       int64         `name:"max-deletes" default:"0" help:"Refuse (exit 1) a run that would delete more keys than this. 0: no cap."`
+	MaxFlags         int64         `name:"max-flags" default:"0" help:"Refuse (exit 1) a run that would flag more keys for review than this. 0: no cap."`
+	FlaggedBy        string        `name:"flagged-by" default:"reaper" help:"Recorded as flagged_by on the reviews this reaper creates."`
+}
+
+// DefaultSettings returns the settings with every default filled in, as
+// kong would parse an empty command line.
+func DefaultSettings() Settings {
+	return Settings{
+		Retention:        DefaultRetention,
+		BatchSize:        DefaultBatchSize,
+		BatchPause:       DefaultBatchPause,
+		StatementTimeout: DefaultStatementTimeout,
+		LockWindow:       DefaultLockWindow,
+		MaxRuntime:       DefaultMaxRuntime,
+		FlaggedBy:        "reaper",
+	}
+}
+
+// cronParser accepts the standard five fields and the descriptors
+// (@every 1h, @hourly, ...), the forms operators know from crontab.
+var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// Check returns every problem with the settings, not just the first.
+func (s *Settings) Check() []string {
+	var p []string
+	if s.Retention < MinRetention {
+		p = append(p, fmt.Sprintf("--retention %s is below the minimum %s: keys that young may still be retried by clients", s.Retention, MinRetention))
+	}
+	if s.BatchSize < 1 || s.BatchSize > MaxBatchSize {
+		p = append(p, fmt.Sprintf("--batch-size %d must be between 1 and %d", s.BatchSize, MaxBatchSize))
+	}
+	if s.BatchPause < 0 {
+		p = append(p, "--batch-pause must not be negative")
+	}
+	if s.StatementTimeout <= 0 {
+		p = append(p, "--statement-timeout must be positive")
+	}
+	if s.LockWindow <= 0 {
+		p = append(p, "--lock-window must be positive")
+	}
+	if s.MaxRuntime <= 0 {
+		p = append(p, "--max-runtime must be positive")
+	}
+	if s.MaxDeletes < 0 {
+		p = append(p, "--max-deletes must not be negative (0 means no cap)")
+	}
+	if s.MaxFlags < 0 {
+		p = append(p, "--max-flags must not be negative (0 means no cap)")
+	}
+	if strings.TrimSpace(s.FlaggedBy) == "" {
+		p = append(p, "--flagged-by must not be empty")
+	}
+	if s.Schedule != "" {
+		if _, err := cronParser.Parse(s.Schedule); err != nil {
+			p = append(p, fmt.Sprintf("--schedule %q: %v", s.Schedule, err))
+		}
+		if s.Once {
+			p = append(p, "--once and --schedule are mutually exclusive")
+		}
+		if s.DryRun {
+			p = append(p, "--dry-run is a one-off: it cannot be combined with --schedule")
+		}
+	}
+	return p
+}
+
+// Config is what New needs: validated settings plus the process's shared
+// resources.
+type Config struct {
+	Settings
+
+	Pool     *pgxpool.Pool
+	Logger   *zap.Logger
+	Registry prometheus.Registerer // nil: metrics are not registered
+	// Stdout receives the dry-run report.
+	Stdout io.Writer
+	// Ready, when set, is marked after every run that did its job (or
+	// found another run doing it), so /readyz reflects a stuck schedule.
+	Ready *opshttp.Readiness
+}
+
+func (c *Config) check() error {
+	p := c.Settings.Check()
+	if c.Pool == nil {
+		p = append(p, "a database pool is required")
+	}
+	if len(p) > 0 {
+		return &config.Error{Problems: p}
+	}
+	return nil
+}

@@ -1,0 +1,75 @@
+package reaper
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Run outcomes, the values of the result label of idemd_reaper_runs_total.
+const (
+	outcomeComplete   = "complete"   // everything eligible was reaped
+	outcomeIncomplete = "incomplete" // stopped by --max-runtime or shutdown; the next run continues
+	outcomeLockHeld   = "lock_held"  // another run held the advisory lock
+	outcomeDryRun     = "dry_run"    // nothing changed
+	outcomeError      = "error"      // failed; see the log
+)
+
+type metrics struct {
+	runs          *prometheus.CounterVec
+	deleted       prometheus.Counter
+	flagged       *prometheus.CounterVec
+	batches       prometheus.Counter
+	batchTimeouts prometheus.Counter
+	runDuration   prometheus.Histogram
+	batchDuration prometheus.Histogram
+	lastSuccess   prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_reaper_runs_total",
+			Help: "Reaper runs by result: complete, incomplete (max runtime or shutdown), lock_held, dry_run, error.",
+		}, []string{"result"}),
+		deleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_reaper_keys_deleted_total",
+			Help: "Idempotency keys deleted past the retention horizon.",
+		}),
+		flagged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_reaper_keys_flagged_total",
+			Help: "Reviews created for keys deleted unfinished or given up by the completer, by reason.",
+		}, []string{"reason"}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_reaper_batches_total",
+			Help: "Delete batches committed.",
+		}),
+		batchTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_reaper_batch_timeouts_total",
+			Help: "Batches cancelled by --statement-timeout (the run retries at half the batch size).",
+		}),
+		runDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "idemd_reaper_run_duration_seconds",
+			Help:    "Duration of reaper runs that took the lock.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10), // 10 ms .. ~45 min
+		}),
+		batchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "idemd_reaper_batch_duration_seconds",
+			Help:    "Duration of one delete batch (its transaction).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 3, 10), // 1 ms .. ~20 s
+		}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_reaper_last_success_timestamp_seconds",
+			Help: "Unix time of the end of the last run that completed (alert when it grows old).",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.runDuration, m.batchDuration, m.lastSuccess} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("reaper: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

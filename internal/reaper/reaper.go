@@ -1,0 +1,488 @@
+// Package reaper deletes idempotency keys past the retention window in
+// bounded batches, and copies the ones nobody finished into
+// idempotency_key_reviews in the same statement that deletes them, so no
+// unprocessable key disappears silently (DESIGN.md, invariant 4).
+//
+// A run takes a session advisory lock on a dedicated connection, so runs
+// never overlap whether they come from a CronJob, a manual run or a second
+// Deployment; a run that finds the lock held says so and ends successfully.
+// Each batch is its own transaction: a failing batch never undoes the work
+// of the batches before it.
+package reaper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/robfig/cron/v3"
+	"go.uber.org/zap"
+
+	"idemd/internal/review"
+)
+
+// Result is what one run did. Counts are of committed work: a batch that
+// failed or was rolled back contributes nothing.
+type Result struct {
+	// LockHeld: another run held the advisory lock, so this one did
+	// nothing (successfully).
+	LockHeld bool
+	DryRun   bool
+
+	// Deleted keys past the horizon.
+	Deleted int64
+	// Unprocessable of them were unfinished or given up by the completer;
+	// each has a review, either created now (Flagged) or earlier.
+	Unprocessable int64
+	// Flagged reviews created, by reason.
+	Flagged         int64
+	FlaggedByReason map[string]int64
+
+	// Batches committed, and how often a batch hit --statement-timeout and
+	// was retried at half the size.
+	Batches         int
+	BatchTimeouts   int
+	FinalBatchSize  int
+	Duration        time.Duration
+	Complete        bool   // nothing eligible was left when the run ended
+	StopReason      string // why an incomplete run stopped: max_runtime, shutdown, error
+	WouldDelete     int64  // dry run: keys a run would delete now
+	WouldFlag       int64  // dry run: reviews a run would create now
+	ListedFlagCount int    // dry run: how many of WouldFlag were printed
+}
+
+// BlockedError is a batch that a foreign key with ON DELETE RESTRICT or NO
+// ACTION refused. The run stops (it cannot make progress past that key) and
+// keeps the batches it committed before.
+type BlockedError struct {
+	Constraint string // the foreign key constraint's name
+	Table      string // the referencing table
+	Detail     string // PostgreSQL's detail: which key is still referenced
+	Err        error
+}
+
+func (e *BlockedError) Error() string {
+	return fmt.Sprintf("deleting keys is blocked by foreign key constraint %q on table %q (%s): "+
+		"make it ON DELETE SET NULL or CASCADE, or remove the referencing rows", e.Constraint, e.Table, e.Detail)
+}
+
+func (e *BlockedError) Unwrap() error { return e.Err }
+
+// ErrCapExceeded is returned (wrapped) when a run would delete or flag more
+// than --max-deletes or --max-flags.
+var ErrCapExceeded = errors.New("per-run cap exceeded")
+
+// Service runs the reaper, once (RunOnce) or on a schedule (Start/Stop).
+type Service struct {
+	cfg     Config
+	logger  *zap.Logger
+	metrics *metrics
+
+	// pinnedNow replaces the database's now() in every statement; tests use
+	// it to put keys exactly at the horizon. Production leaves it nil.
+	pinnedNow *time.Time
+	// hooks let tests stop a run at a known point; nil in production.
+	hooks testHooks
+
+	mu      sync.Mutex
+	cron    *cron.Cron
+	cancel  context.CancelFunc
+	started bool
+}
+
+type testHooks struct {
+	afterLock  func(ctx context.Context) // the lock is held, no batch yet
+	afterBatch func(ctx context.Context, batch int)
+}
+
+// New validates cfg and builds a Service. A bad configuration returns a
+// *config.Error listing every problem.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = io.Discard
+	}
+	m, err := newMetrics(cfg.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{cfg: cfg, logger: cfg.Logger, metrics: m}, nil
+}
+
+// RunOnce does one run: take the lock, reap (or plan, for a dry run), log
+// the summary. The Result is never nil, even with an error, so the counts of
+// the committed batches are known.
+func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
+	return s.runOnce(ctx)
+}
+
+func (s *Service) runOnce(ctx context.Context) (*Result, error) {
+	start := time.Now()
+	res := &Result{DryRun: s.cfg.DryRun, FlaggedByReason: map[string]int64{}, FinalBatchSize: s.cfg.BatchSize}
+	err := s.run(ctx, res, start)
+	res.Duration = time.Since(start)
+	s.finish(res, err)
+	return res, err
+}
+
+func (s *Service) run(ctx context.Context, res *Result, start time.Time) (err error) {
+	// A dedicated connection: the session advisory lock belongs to it, and
+	// every batch runs on it, so the lock lives exactly as long as the
+	// connection doing the work. If the process dies, PostgreSQL ends the
+	// session and the lock is gone with it.
+	conn, err := s.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("reaper: acquire connection: %w", err)
+	}
+	// A reaper killed while a batch waits on a row lock would otherwise keep
+	// its session (and the advisory lock) until the wait ends. PostgreSQL 14+
+	// notices the dead client within this interval; older servers reject the
+	// setting, which only costs that promptness.
+	if _, err := conn.Exec(ctx, "SELECT set_config('client_connection_check_interval', '1000', false)"); err != nil {
+		s.logger.Debug("client_connection_check_interval not supported", zap.Error(err))
+	}
+
+	var locked bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&locked); err != nil {
+		conn.Release()
+		return fmt.Errorf("reaper: try advisory lock: %w", err)
+	}
+	if !locked {
+		conn.Release()
+		res.LockHeld = true
+		s.logger.Info("another reaper run holds the lock; this run does nothing")
+		return nil
+	}
+	defer func() {
+		// Unlock before the connection goes back to the pool. If that fails
+		// the session state is unknown: close the connection, which ends the
+		// session and so the lock, rather than return a locked one.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, uerr := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", lockKey); uerr != nil {
+			s.logger.Warn("advisory unlock failed; closing the connection", zap.Error(uerr))
+			_ = conn.Conn().Close(uctx)
+		}
+		conn.Release()
+	}()
+
+	if s.hooks.afterLock != nil {
+		s.hooks.afterLock(ctx)
+	}
+	if s.cfg.DryRun {
+		return s.dryRun(ctx, conn.Conn(), res)
+	}
+	if err := s.checkCaps(ctx, conn.Conn()); err != nil {
+		res.StopReason = "error"
+		return err
+	}
+	return s.reap(ctx, conn.Conn(), res, start)
+}
+
+// reap deletes batches until one comes back short (nothing eligible left),
+// the run's time is up, or the process is shutting down.
+func (s *Service) reap(ctx context.Context, conn *pgx.Conn, res *Result, start time.Time) error {
+	size := s.cfg.BatchSize
+	var cursor *time.Time
+	for {
+		if ctx.Err() != nil {
+			res.StopReason = "shutdown"
+			return nil
+		}
+		if time.Since(start) >= s.cfg.MaxRuntime {
+			res.StopReason = "max_runtime"
+			return nil
+		}
+		limit := size
+		if s.cfg.MaxDeletes > 0 {
+			// Take at most one key past the cap: if the batch finds it, keys
+			// crossed the horizon during the run beyond what the pre-check
+			// allowed, and the batch's own check rolls it back and stops
+			// the run. If not, the batch comes back short and the run is
+			// complete.
+			if left := s.cfg.MaxDeletes - res.Deleted; left+1 < int64(limit) {
+				limit = int(left + 1)
+			}
+		}
+
+		b, err := s.deleteBatch(ctx, conn, limit, cursor, res)
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+		case errors.As(err, &pgErr) && pgErr.Code == "57014" && ctx.Err() == nil:
+			// statement_timeout: the database is slower than the batch size
+			// assumes. Halve and retry rather than fail the run, down to a
+			// floor below which the problem is not the batch size.
+			s.metrics.batchTimeouts.Inc()
+			res.BatchTimeouts++
+			if size <= minBatchSize {
+				res.StopReason = "error"
+				return fmt.Errorf("reaper: batch %d timed out after %s even at %d keys: %w", res.Batches+1, s.cfg.StatementTimeout, size, err)
+			}
+			size = max(size/2, minBatchSize)
+			res.FinalBatchSize = size
+			s.logger.Warn("batch hit the statement timeout; halving the batch size",
+				zap.Duration("statement_timeout", s.cfg.StatementTimeout), zap.Int("batch_size", size))
+			continue
+		case errors.Is(err, ErrCapExceeded):
+			res.StopReason = "error"
+			return fmt.Errorf("reaper: batch %d rolled back: %w; the %d keys deleted by earlier batches stay deleted", res.Batches+1, err, res.Deleted)
+		case errors.As(err, &pgErr) && pgErr.Code == "23503":
+			res.StopReason = "error"
+			blocked := &BlockedError{Constraint: pgErr.ConstraintName, Table: pgErr.TableName, Detail: pgErr.Detail, Err: err}
+			return fmt.Errorf("reaper: batch %d: %w; the %d keys deleted by earlier batches of this run stay deleted", res.Batches+1, blocked, res.Deleted)
+		default:
+			res.StopReason = "error"
+			if ctx.Err() != nil {
+				res.StopReason = "shutdown"
+			}
+			return fmt.Errorf("reaper: batch %d: %w", res.Batches+1, err)
+		}
+
+		if s.hooks.afterBatch != nil {
+			s.hooks.afterBatch(ctx, res.Batches)
+		}
+		// LIMIT not reached: the index scan ran out of eligible keys.
+		if b.deleted < int64(limit) {
+			res.Complete = true
+			return nil
+		}
+		if b.newest != nil {
+			cursor = b.newest
+		}
+		if s.cfg.BatchPause > 0 {
+			t := time.NewTimer(s.cfg.BatchPause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+			case <-t.C:
+			}
+		}
+	}
+}
+
+type batchResult struct {
+	deleted, unprocessable, flaggedUnfinished, flaggedGaveUp int64
+	newest                                                   *time.Time
+}
+
+// deleteBatch runs one batch in its own transaction. A SIGTERM does not
+// cancel a running batch (it finishes within --statement-timeout and the run
+// stops after it); only the statement timeout does.
+func (s *Service) deleteBatch(ctx context.Context, conn *pgx.Conn, limit int, cursor *time.Time, res *Result) (batchResult, error) {
+	var b batchResult
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StatementTimeout+10*time.Second)
+	defer cancel()
+	started := time.Now()
+
+	tx, err := conn.Begin(bctx)
+	if err != nil {
+		return b, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(bctx) //nolint:errcheck // a no-op after Commit
+
+	if _, err := tx.Exec(bctx, "SELECT set_config('statement_timeout', $1, true)", fmt.Sprint(s.cfg.StatementTimeout.Milliseconds())); err != nil {
+		return b, fmt.Errorf("set statement_timeout: %w", err)
+	}
+	err = tx.QueryRow(bctx, batchSQL,
+		s.cfg.Retention.Microseconds(), s.cfg.LockWindow.Microseconds(), s.pinnedNow,
+		limit, s.cfg.FlaggedBy, cursor, review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp,
+	).Scan(&b.deleted, &b.unprocessable, &b.flaggedUnfinished, &b.flaggedGaveUp, &b.newest)
+	if err != nil {
+		return b, err
+	}
+	if s.cfg.MaxDeletes > 0 && res.Deleted+b.deleted > s.cfg.MaxDeletes {
+		return b, fmt.Errorf("would delete more than --max-deletes %d: %w", s.cfg.MaxDeletes, ErrCapExceeded)
+	}
+	if s.cfg.MaxFlags > 0 && res.Flagged+b.flaggedUnfinished+b.flaggedGaveUp > s.cfg.MaxFlags {
+		return b, fmt.Errorf("would flag more than --max-flags %d keys: %w", s.cfg.MaxFlags, ErrCapExceeded)
+	}
+	if err := tx.Commit(bctx); err != nil {
+		return b, fmt.Errorf("commit: %w", err)
+	}
+
+	s.metrics.batchDuration.Observe(time.Since(started).Seconds())
+	s.metrics.batches.Inc()
+	s.metrics.deleted.Add(float64(b.deleted))
+	s.metrics.flagged.WithLabelValues(review.ReasonUnfinishedAtRetention).Add(float64(b.flaggedUnfinished))
+	s.metrics.flagged.WithLabelValues(review.ReasonCompleterGaveUp).Add(float64(b.flaggedGaveUp))
+	res.Batches++
+	res.Deleted += b.deleted
+	res.Unprocessable += b.unprocessable
+	res.Flagged += b.flaggedUnfinished + b.flaggedGaveUp
+	if b.flaggedUnfinished > 0 {
+		res.FlaggedByReason[review.ReasonUnfinishedAtRetention] += b.flaggedUnfinished
+	}
+	if b.flaggedGaveUp > 0 {
+		res.FlaggedByReason[review.ReasonCompleterGaveUp] += b.flaggedGaveUp
+	}
+	s.logger.Debug("batch committed", zap.Int("batch", res.Batches), zap.Int64("deleted", b.deleted),
+		zap.Int64("flagged", b.flaggedUnfinished+b.flaggedGaveUp), zap.Duration("duration", time.Since(started)))
+	return b, nil
+}
+
+// plan counts the eligible keys and the reviews they would need. limit
+// bounds the count (nil: count everything).
+func (s *Service) plan(ctx context.Context, conn *pgx.Conn, limit *int64) (deletes, flags int64, err error) {
+	err = conn.QueryRow(ctx, planSQL,
+		s.cfg.Retention.Microseconds(), s.cfg.LockWindow.Microseconds(), s.pinnedNow,
+		limit, review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp,
+	).Scan(&deletes, &flags)
+	if err != nil {
+		return 0, 0, fmt.Errorf("reaper: plan: %w", err)
+	}
+	return deletes, flags, nil
+}
+
+// checkCaps refuses a run that would exceed --max-deletes or --max-flags
+// before it deletes anything. The count stops one past the delete cap, so
+// it costs no more than the run it guards.
+func (s *Service) checkCaps(ctx context.Context, conn *pgx.Conn) error {
+	if s.cfg.MaxDeletes == 0 && s.cfg.MaxFlags == 0 {
+		return nil
+	}
+	var limit *int64
+	if s.cfg.MaxDeletes > 0 {
+		l := s.cfg.MaxDeletes + 1
+		limit = &l
+	}
+	deletes, flags, err := s.plan(ctx, conn, limit)
+	if err != nil {
+		return err
+	}
+	if s.cfg.MaxDeletes > 0 && deletes > s.cfg.MaxDeletes {
+		return fmt.Errorf("reaper: more than %d keys are past retention, the --max-deletes cap; nothing was deleted (check --retention, or raise the cap): %w", s.cfg.MaxDeletes, ErrCapExceeded)
+	}
+	if s.cfg.MaxFlags > 0 && flags > s.cfg.MaxFlags {
+		return fmt.Errorf("reaper: %d keys past retention would be flagged for review, more than the --max-flags cap %d; nothing was deleted (is the completer running?): %w", flags, s.cfg.MaxFlags, ErrCapExceeded)
+	}
+	return nil
+}
+
+// dryRunListLimit bounds the keys a dry run prints one by one.
+const dryRunListLimit = 100
+
+// dryRun reports what a run would do now, changing nothing.
+func (s *Service) dryRun(ctx context.Context, conn *pgx.Conn, res *Result) error {
+	deletes, flags, err := s.plan(ctx, conn, nil)
+	if err != nil {
+		return err
+	}
+	res.WouldDelete, res.WouldFlag = deletes, flags
+	res.Complete = true
+
+	rows, err := conn.Query(ctx, planFlagsSQL,
+		s.cfg.Retention.Microseconds(), s.cfg.LockWindow.Microseconds(), s.pinnedNow,
+		dryRunListLimit, review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp)
+	if err != nil {
+		return fmt.Errorf("reaper: dry run list: %w", err)
+	}
+	type flagRow struct {
+		id, userID         int64
+		key, point, reason string
+		createdAt          time.Time
+	}
+	var list []flagRow
+	for rows.Next() {
+		var r flagRow
+		if err := rows.Scan(&r.id, &r.userID, &r.key, &r.point, &r.createdAt, &r.reason); err != nil {
+			rows.Close()
+			return fmt.Errorf("reaper: dry run list: %w", err)
+		}
+		list = append(list, r)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reaper: dry run list: %w", err)
+	}
+	res.ListedFlagCount = len(list)
+
+	out := s.cfg.Stdout
+	fmt.Fprintf(out, "dry run: nothing was changed\n")
+	fmt.Fprintf(out, "would delete %d keys older than %s (locked keys and keys leased by the completer are skipped)\n", deletes, s.cfg.Retention)
+	fmt.Fprintf(out, "would flag %d keys for review\n", flags)
+	if s.cfg.MaxDeletes > 0 && deletes > s.cfg.MaxDeletes {
+		fmt.Fprintf(out, "a real run would refuse: %d exceeds --max-deletes %d\n", deletes, s.cfg.MaxDeletes)
+	}
+	if s.cfg.MaxFlags > 0 && flags > s.cfg.MaxFlags {
+		fmt.Fprintf(out, "a real run would refuse: %d exceeds --max-flags %d\n", flags, s.cfg.MaxFlags)
+	}
+	if len(list) > 0 {
+		fmt.Fprintf(out, "keys that would be flagged (oldest first")
+		if int64(len(list)) < flags {
+			fmt.Fprintf(out, ", first %d of %d", len(list), flags)
+		}
+		fmt.Fprintf(out, "):\n")
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "KEY_ID\tUSER_ID\tIDEMPOTENCY_KEY\tRECOVERY_POINT\tCREATED_AT\tREASON")
+		for _, r := range list {
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\n", r.id, r.userID, r.key, r.point, r.createdAt.UTC().Format(time.RFC3339), r.reason)
+		}
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("reaper: dry run output: %w", err)
+		}
+	}
+	return nil
+}
+
+// finish records the run in metrics, readiness and the one summary line.
+func (s *Service) finish(res *Result, err error) {
+	outcome := outcomeComplete
+	switch {
+	case err != nil:
+		outcome = outcomeError
+	case res.LockHeld:
+		outcome = outcomeLockHeld
+	case res.DryRun:
+		outcome = outcomeDryRun
+	case !res.Complete:
+		outcome = outcomeIncomplete
+	}
+	s.metrics.runs.WithLabelValues(outcome).Inc()
+	if !res.LockHeld {
+		s.metrics.runDuration.Observe(res.Duration.Seconds())
+	}
+	if err == nil {
+		if outcome == outcomeComplete {
+			s.metrics.lastSuccess.SetToCurrentTime()
+		}
+		if s.cfg.Ready != nil {
+			s.cfg.Ready.MarkPass(time.Now())
+		}
+	}
+
+	fields := []zap.Field{
+		zap.String("result", outcome),
+		zap.Int64("deleted", res.Deleted),
+		zap.Int64("flagged", res.Flagged),
+		zap.Int64("flagged_unfinished", res.FlaggedByReason[review.ReasonUnfinishedAtRetention]),
+		zap.Int64("flagged_completer_gave_up", res.FlaggedByReason[review.ReasonCompleterGaveUp]),
+		zap.Int64("unprocessable_deleted", res.Unprocessable),
+		zap.Int("batches", res.Batches),
+		zap.Int("batch_timeouts", res.BatchTimeouts),
+		zap.Duration("duration", res.Duration),
+		zap.Bool("complete", res.Complete),
+		zap.Duration("retention", s.cfg.Retention),
+	}
+	if res.StopReason != "" {
+		fields = append(fields, zap.String("stop_reason", res.StopReason))
+	}
+	if res.DryRun {
+		fields = append(fields, zap.Int64("would_delete", res.WouldDelete), zap.Int64("would_flag", res.WouldFlag))
+	}
+	if err != nil {
+		s.logger.Error("reaper run summary", append(fields, zap.Error(err))...)
+		return
+	}
+	s.logger.Info("reaper run summary", fields...)
+}

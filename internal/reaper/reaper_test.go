@@ -1,0 +1,438 @@
+package reaper
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"idemd/internal/dbtest"
+	"idemd/internal/review"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// TestBoundaries puts keys at every edge of eligibility, with the run's
+// clock pinned to the database's now() at insert time so ±1 s is exact.
+func TestBoundaries(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	t0 := dbNow(t, pool)
+	const R, LW = 72 * time.Hour, time.Hour
+	horizon := t0.Add(-R)
+	sec := time.Second
+
+	type want struct {
+		deleted bool
+		flags   []string
+	}
+	cases := []struct {
+		spec keySpec
+		want want
+	}{
+		{keySpec{name: "finished-past", createdAt: horizon.Add(-sec)}, want{deleted: true}},
+		{keySpec{name: "finished-at-horizon", createdAt: horizon}, want{}},
+		{keySpec{name: "finished-young", createdAt: horizon.Add(sec)}, want{}},
+		{keySpec{name: "finished-new", createdAt: t0}, want{}},
+		{keySpec{name: "unfinished-past", createdAt: horizon.Add(-sec), point: "started"}, want{true, []string{review.ReasonUnfinishedAtRetention}}},
+		{keySpec{name: "unfinished-young", createdAt: horizon.Add(sec), point: "ride_created"}, want{}},
+		{keySpec{name: "unfinished-past-locked-in-flight", createdAt: horizon.Add(-time.Hour), point: "started", lockedAt: ptr(t0.Add(-LW + sec))}, want{}},
+		{keySpec{name: "finished-past-locked-in-flight", createdAt: horizon.Add(-sec), lockedAt: ptr(t0.Add(-sec))}, want{}},
+		{keySpec{name: "unfinished-past-lock-abandoned", createdAt: horizon.Add(-time.Hour), point: "started", lockedAt: ptr(t0.Add(-LW - sec))}, want{true, []string{review.ReasonUnfinishedAtRetention}}},
+		{keySpec{name: "finished-past-lock-at-window", createdAt: horizon.Add(-sec), lockedAt: ptr(t0.Add(-LW))}, want{}},
+		{keySpec{name: "unfinished-young-locked", createdAt: horizon.Add(sec), point: "started", lockedAt: ptr(t0)}, want{}},
+		{keySpec{name: "unfinished-past-leased", createdAt: horizon.Add(-sec), point: "started", leasedUntil: ptr(t0.Add(sec))}, want{}},
+		{keySpec{name: "unfinished-past-lease-expired", createdAt: horizon.Add(-sec), point: "started", leasedUntil: ptr(t0.Add(-sec))}, want{true, []string{review.ReasonUnfinishedAtRetention}}},
+		{keySpec{name: "gave-up-unflagged", createdAt: horizon.Add(-sec), point: "started", gaveUpAt: ptr(t0.Add(-48 * time.Hour))}, want{true, []string{review.ReasonCompleterGaveUp}}},
+		{keySpec{name: "gave-up-young", createdAt: horizon.Add(sec), point: "started", gaveUpAt: ptr(t0)}, want{}},
+	}
+	ids := make([]int64, len(cases))
+	for i, c := range cases {
+		ids[i] = insertKey(t, pool, c.spec)
+	}
+	// The completer already flagged one given-up key, and a human resolved
+	// another's review: neither is flagged again at deletion.
+	flaggedByCompleter := insertKey(t, pool, keySpec{name: "gave-up-flagged", createdAt: horizon.Add(-sec), point: "started", gaveUpAt: ptr(t0.Add(-48 * time.Hour))})
+	if _, err := review.Flag(ctx, pool, flaggedByCompleter, review.ReasonCompleterGaveUp, "5 attempts", "completer"); err != nil {
+		t.Fatal(err)
+	}
+	resolved := insertKey(t, pool, keySpec{name: "gave-up-resolved", createdAt: horizon.Add(-sec), point: "started", gaveUpAt: ptr(t0.Add(-48 * time.Hour))})
+	if _, err := review.Flag(ctx, pool, resolved, review.ReasonCompleterGaveUp, "5 attempts", "completer"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE idempotency_key_reviews SET resolved_at = now(), resolved_by = 'ops' WHERE key_id = $1", resolved); err != nil {
+		t.Fatal(err)
+	}
+
+	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 2 })
+	svc.pinnedNow = &t0
+	res, err := svc.runOnce(ctx)
+	if err != nil {
+		t.Fatalf("runOnce: %v", err)
+	}
+
+	wantDeleted, wantFlagged := int64(2), int64(0) // the two flagged-before keys
+	for i, c := range cases {
+		if got := !keyExists(t, pool, ids[i]); got != c.want.deleted {
+			t.Errorf("%s: deleted = %v, want %v", c.spec.name, got, c.want.deleted)
+		}
+		if got := reviewReasons(t, pool, ids[i]); !slices.Equal(got, c.want.flags) {
+			t.Errorf("%s: reviews = %v, want %v", c.spec.name, got, c.want.flags)
+		}
+		if c.want.deleted {
+			wantDeleted++
+		}
+		wantFlagged += int64(len(c.want.flags))
+	}
+	for _, id := range []int64{flaggedByCompleter, resolved} {
+		if keyExists(t, pool, id) {
+			t.Errorf("given-up key %d was not deleted", id)
+		}
+		if got := reviewReasons(t, pool, id); len(got) != 1 {
+			t.Errorf("given-up key %d has reviews %v, want the completer's one only", id, got)
+		}
+	}
+	if res.Deleted != wantDeleted || res.Flagged != wantFlagged || res.Unprocessable != wantFlagged+2 {
+		t.Errorf("result deleted=%d flagged=%d unprocessable=%d, want %d, %d, %d", res.Deleted, res.Flagged, res.Unprocessable, wantDeleted, wantFlagged, wantFlagged+2)
+	}
+	if !res.Complete || res.Batches != int(wantDeleted+1)/2 {
+		t.Errorf("complete=%v batches=%d, want complete in %d batches of 2", res.Complete, res.Batches, (wantDeleted+1)/2)
+	}
+
+	// The review holds the full row as it was when deleted.
+	var snap map[string]any
+	if err := pool.QueryRow(ctx, "SELECT snapshot FROM idempotency_key_reviews WHERE key_id = $1", ids[4]).Scan(&snap); err != nil {
+		t.Fatal(err)
+	}
+	if snap["idempotency_key"] != "unfinished-past" || snap["recovery_point"] != "started" || snap["request_params"] == nil || snap["request_path"] != "/rides" {
+		t.Errorf("snapshot incomplete: %v", snap)
+	}
+
+	// A second run finds nothing to do.
+	res2, err := svc.runOnce(ctx)
+	if err != nil || res2.Deleted != 0 || res2.Flagged != 0 || !res2.Complete {
+		t.Fatalf("second run: %+v, %v", res2, err)
+	}
+}
+
+// TestDatabaseClockDecides does not pin the clock: the statement's now()
+// decides.
+func TestDatabaseClockDecides(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+INSERT INTO idempotency_keys (created_at, idempotency_key, request_method, request_params, request_path, recovery_point, user_id, locked_at)
+VALUES (now() - interval '72 hours' - interval '1 minute', 'old', 'POST', '{}', '/', 'finished', 1, NULL),
+       (now() - interval '72 hours' + interval '1 minute', 'young', 'POST', '{}', '/', 'finished', 1, NULL)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := newService(t, pool, nil)
+	res, err := svc.runOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != 1 || queryInt(t, pool, "SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'young'") != 1 {
+		t.Fatalf("deleted %d; want only the key past the horizon", res.Deleted)
+	}
+}
+
+func TestDryRunChangesNothing(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	ids := insertOldKeys(t, pool, 30) // 10 unfinished
+	insertKey(t, pool, keySpec{name: "young", createdAt: dbNow(t, pool)})
+	if _, err := review.Flag(ctx, pool, ids[2], review.ReasonUnfinishedAtRetention, "", "test"); err != nil {
+		t.Fatal(err)
+	}
+	before := tableDigest(t, pool)
+
+	svc, out := newService(t, pool, func(s *Settings) { s.DryRun = true; s.BatchSize = 7; s.MaxDeletes = 10 })
+	res, err := svc.runOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := tableDigest(t, pool); after != before {
+		t.Fatal("dry run changed the tables")
+	}
+	if res.WouldDelete != 30 || res.WouldFlag != 9 || res.Deleted != 0 || res.Batches != 0 {
+		t.Fatalf("dry run result %+v; want 30 deletes, 9 new flags", res)
+	}
+	text := out.String()
+	for _, want := range []string{"would delete 30 keys", "would flag 9 keys", "exceeds --max-deletes 10", "bulk-6", "unfinished_at_retention"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("dry run output lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "bulk-3\t") || strings.Contains(text, "bulk-3 ") {
+		t.Errorf("dry run lists bulk-3, which is already flagged:\n%s", text)
+	}
+
+	// What the dry run predicted is what a run does.
+	real, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 7 })
+	got, err := real.runOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Deleted != res.WouldDelete || got.Flagged != res.WouldFlag {
+		t.Fatalf("run deleted %d flagged %d; dry run said %d and %d", got.Deleted, got.Flagged, res.WouldDelete, res.WouldFlag)
+	}
+}
+
+// TestConcurrentRunsNeverOverlap: one run holds the lock (stopped by a hook
+// right after taking it); a second run at that moment does nothing and
+// succeeds. Then many runs race; at no point are two inside the lock.
+func TestConcurrentRunsNeverOverlap(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	insertOldKeys(t, pool, 90) // 30 unfinished
+
+	first, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
+	locked, release := make(chan struct{}), make(chan struct{})
+	first.hooks.afterLock = func(context.Context) { close(locked); <-release }
+	type outcome struct {
+		res *Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		r, err := first.runOnce(ctx)
+		done <- outcome{r, err}
+	}()
+	<-locked
+	second, _ := newService(t, pool, nil)
+	res, err := second.runOnce(ctx)
+	if err != nil || !res.LockHeld || res.Deleted != 0 {
+		t.Fatalf("second run while the first holds the lock: %+v, %v", res, err)
+	}
+	close(release)
+	o := <-done
+	if o.err != nil || o.res.Deleted != 90 || o.res.Flagged != 30 {
+		t.Fatalf("first run: %+v, %v", o.res, o.err)
+	}
+
+	// The race: 8 runs start together on fresh work.
+	insertOldKeys(t, pool, 200)
+	var inside, maxInside atomic.Int32
+	var total, flagged atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 8 {
+		svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
+		enter := func(context.Context) {
+			n := inside.Add(1)
+			for {
+				m := maxInside.Load()
+				if n <= m || maxInside.CompareAndSwap(m, n) {
+					break
+				}
+			}
+		}
+		svc.hooks.afterLock = enter
+		svc.hooks.afterBatch = func(context.Context, int) {}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			r, err := svc.runOnce(ctx)
+			if !r.LockHeld {
+				inside.Add(-1)
+			}
+			if err != nil {
+				t.Errorf("run: %v", err)
+			}
+			total.Add(r.Deleted)
+			flagged.Add(r.Flagged)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if maxInside.Load() > 1 {
+		t.Fatalf("%d runs held the lock at once", maxInside.Load())
+	}
+	if total.Load() != 200 || flagged.Load() != 66 {
+		t.Fatalf("runs deleted %d and flagged %d in total; want 200 and 66", total.Load(), flagged.Load())
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM (SELECT key_id FROM idempotency_key_reviews GROUP BY key_id, reason HAVING count(*) > 1) d"); n != 0 {
+		t.Fatalf("%d keys flagged twice", n)
+	}
+}
+
+// TestForeignKeySetNull: the article's rides reference keys ON DELETE SET
+// NULL; rides survive with the reference cleared.
+func TestForeignKeySetNull(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	ids := insertOldKeys(t, pool, 20)
+	young := insertKey(t, pool, keySpec{name: "young", createdAt: dbNow(t, pool)})
+	createRides(t, pool, "SET NULL", append(ids[:10:10], young)...)
+
+	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 6 })
+	res, err := svc.runOnce(ctx)
+	if err != nil || res.Deleted != 20 {
+		t.Fatalf("run: %+v, %v", res, err)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM rides WHERE idempotency_key_id IS NULL"); n != 10 {
+		t.Fatalf("%d rides lost their key, want 10", n)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM rides WHERE idempotency_key_id = $1", young); n != 1 {
+		t.Fatal("the young key's ride lost its reference")
+	}
+}
+
+// TestForeignKeyRestrict: a RESTRICT reference to a key in the second batch
+// stops the run with an error naming the constraint; the first batch stays
+// deleted, the run does not loop, and a second run stops at the same place.
+func TestForeignKeyRestrict(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	ids := insertOldKeys(t, pool, 12)
+	createRides(t, pool, "RESTRICT", ids[7])
+
+	for run := 1; run <= 2; run++ {
+		svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 5 })
+		res, err := svc.runOnce(ctx)
+		var blocked *BlockedError
+		if !errors.As(err, &blocked) {
+			t.Fatalf("run %d: error %v, want a BlockedError", run, err)
+		}
+		if blocked.Constraint != "rides_idempotency_key_id_fkey" || blocked.Table != "rides" {
+			t.Fatalf("run %d: blocked by %q on %q", run, blocked.Constraint, blocked.Table)
+		}
+		if !strings.Contains(err.Error(), `"rides_idempotency_key_id_fkey"`) {
+			t.Fatalf("error does not name the constraint: %v", err)
+		}
+		wantDeleted := int64(5)
+		if run == 2 {
+			wantDeleted = 0
+		}
+		if res.Deleted != wantDeleted || res.Complete {
+			t.Fatalf("run %d: %+v", run, res)
+		}
+	}
+	for i, id := range ids {
+		if got, want := keyExists(t, pool, id), i >= 5; got != want {
+			t.Errorf("key %d exists = %v, want %v", i, got, want)
+		}
+	}
+	// Flags of the rolled-back batch were rolled back with it.
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_key_reviews"); n != 1 {
+		t.Fatalf("%d reviews, want 1 (bulk-3 from the committed batch)", n)
+	}
+}
+
+func TestCaps(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	insertOldKeys(t, pool, 10) // 3 unfinished
+	before := tableDigest(t, pool)
+
+	for _, c := range []struct {
+		name string
+		set  func(*Settings)
+	}{
+		{"max-deletes", func(s *Settings) { s.MaxDeletes = 9 }},
+		{"max-flags", func(s *Settings) { s.MaxFlags = 2 }},
+	} {
+		svc, _ := newService(t, pool, c.set)
+		res, err := svc.runOnce(ctx)
+		if !errors.Is(err, ErrCapExceeded) || res.Deleted != 0 {
+			t.Fatalf("%s: %+v, %v; want ErrCapExceeded and nothing deleted", c.name, res, err)
+		}
+		if !strings.Contains(err.Error(), "--"+c.name) {
+			t.Errorf("%s: error does not name the flag: %v", c.name, err)
+		}
+	}
+	if tableDigest(t, pool) != before {
+		t.Fatal("a refused run changed the tables")
+	}
+	svc, _ := newService(t, pool, func(s *Settings) { s.MaxDeletes = 10; s.MaxFlags = 3; s.BatchSize = 4 })
+	res, err := svc.runOnce(ctx)
+	if err != nil || res.Deleted != 10 || res.Flagged != 3 {
+		t.Fatalf("run at the caps: %+v, %v", res, err)
+	}
+}
+
+func TestMaxRuntimeStopsBeforeNextBatch(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	insertOldKeys(t, pool, 10)
+	svc, _ := newService(t, pool, func(s *Settings) { s.MaxRuntime = time.Nanosecond })
+	res, err := svc.runOnce(context.Background())
+	if err != nil || res.Complete || res.StopReason != "max_runtime" || res.Deleted != 0 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+}
+
+// TestStatementTimeoutHalvesBatch: a batch stuck behind a row lock hits
+// statement_timeout; the run halves the batch, and gives up with an error
+// at the floor instead of looping.
+func TestStatementTimeoutHalvesBatch(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	ids := insertOldKeys(t, pool, 5)
+	createRides(t, pool, "SET NULL", ids[0])
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, "SELECT * FROM rides FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 2 * minBatchSize; s.StatementTimeout = 100 * time.Millisecond })
+	res, err := svc.runOnce(ctx)
+	if err == nil || !strings.Contains(err.Error(), "timed out") {
+		t.Fatalf("want a timeout error, got %v", err)
+	}
+	if res.BatchTimeouts != 2 || res.FinalBatchSize != minBatchSize || res.Deleted != 0 {
+		t.Fatalf("%+v", res)
+	}
+}
+
+func TestScheduleMode(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	insertOldKeys(t, pool, 10)
+	svc, _ := newService(t, pool, func(s *Settings) { s.Schedule = "@every 1s" })
+	if err := svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for queryInt(t, pool, "SELECT count(*) FROM idempotency_keys") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("scheduled run did not reap within 30 s")
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := svc.Stop(sctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNewReportsEveryProblem(t *testing.T) {
+	s := Settings{Retention: time.Minute, BatchSize: 0, StatementTimeout: 0, LockWindow: -1, MaxRuntime: 0, MaxDeletes: -1, Schedule: "every hour", Once: true}
+	_, err := New(Config{Settings: s})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"--retention", "--batch-size", "--statement-timeout", "--lock-window", "--max-runtime", "--max-deletes", "--schedule", "--once and --schedule", "--flagged-by", "pool"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+}
+
+func TestSummaryIsJSONFriendly(t *testing.T) {
+	// The summary's counts are plain fields; make sure Result marshals
+	// (the benchmark and any caller may print it).
+	if _, err := json.Marshal(&Result{FlaggedByReason: map[string]int64{"x": 1}}); err != nil {
+		t.Fatal(err)
+	}
+}

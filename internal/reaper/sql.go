@@ -1,0 +1,125 @@
+package reaper
+
+// The statements share one definition of an eligible key, spelled out in
+// each because PostgreSQL plans a statement as a whole:
+//
+//   - created_at < now - retention. The database clock decides ($now is
+//     NULL in production; tests pin it to make the ±1 s boundary exact).
+//     Strictly older: a key exactly at the horizon is kept.
+//   - locked_at IS NULL or older than the lock window. The article sets
+//     locked_at when a request takes the key and clears it when the request
+//     returns, so a recent locked_at means a request is in flight. A request
+//     that crashed leaves locked_at set forever; such a lock older than the
+//     window (default 1 h, far above any request or API lock timeout) is
+//     abandoned, and the key is reaped like any other (and flagged, since it
+//     is unfinished).
+//   - completer_leased_until not in the future: the completer is replaying
+//     the key right now.
+//
+// Parameters common to all: $1 retention (µs), $2 lock window (µs), $3 pinned
+// now (timestamptz or NULL).
+
+// batchSQL deletes one batch and copies the keys that need a human into
+// idempotency_key_reviews in the same statement, so a key can never be
+// deleted without its snapshot being kept. Further parameters: $4 limit,
+// $5 flagged_by, $6 cursor (created_at of the previous batch's newest
+// deleted key, or NULL), $7 reason for unfinished keys, $8 reason for keys
+// the completer gave up on.
+//
+// The cursor lets each batch start its index scan where the previous one
+// ended instead of wading through the index entries of the keys it just
+// deleted (dead until vacuum). ORDER BY created_at LIMIT makes the plan an
+// index scan on idempotency_keys_created_at that stops after $4 rows, and
+// an idle pass a single index probe.
+//
+// A key already flagged for the same reason (say the completer gave up and
+// flagged it, or a human resolved that review) is not flagged again.
+const batchSQL = `
+WITH batch AS (
+    SELECT k.id
+    FROM idempotency_keys k
+    WHERE k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
+      AND k.created_at >= COALESCE($6::timestamptz, '-infinity')
+      AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
+      AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))
+    ORDER BY k.created_at
+    LIMIT $4
+    FOR UPDATE OF k SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM idempotency_keys k
+    USING batch b
+    WHERE k.id = b.id
+    RETURNING k.*
+),
+needs_review AS (
+    SELECT d.*,
+           CASE WHEN d.completer_gave_up_at IS NOT NULL THEN $8::text ELSE $7::text END AS review_reason
+    FROM deleted d
+    WHERE d.recovery_point <> 'finished' OR d.completer_gave_up_at IS NOT NULL
+),
+flagged AS (
+    INSERT INTO idempotency_key_reviews (key_id, user_id, idempotency_key, reason, detail, snapshot, flagged_by)
+    SELECT n.id, n.user_id, n.idempotency_key, n.review_reason,
+           'deleted by the reaper at the retention horizon at recovery point ' || n.recovery_point,
+           to_jsonb(d), $5
+    FROM needs_review n
+    JOIN deleted d ON d.id = n.id
+    WHERE NOT EXISTS (
+        SELECT 1 FROM idempotency_key_reviews r
+        WHERE r.key_id = n.id AND r.reason = n.review_reason
+    )
+    ON CONFLICT (key_id, reason) WHERE resolved_at IS NULL DO NOTHING
+    RETURNING reason
+)
+SELECT
+    (SELECT count(*) FROM deleted),
+    (SELECT count(*) FROM needs_review),
+    (SELECT count(*) FROM flagged WHERE reason = $7::text),
+    (SELECT count(*) FROM flagged WHERE reason = $8::text),
+    (SELECT max(created_at) FROM deleted)`
+
+// planSQL counts what a run would do, without locking or changing anything:
+// the dry run's report and the caps' pre-check. Further parameters: $4 row
+// limit (NULL: count all), $5/$6 the two reasons.
+const planSQL = `
+WITH eligible AS (
+    SELECT k.id, k.recovery_point, k.completer_gave_up_at
+    FROM idempotency_keys k
+    WHERE k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
+      AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
+      AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))
+    ORDER BY k.created_at
+    LIMIT $4
+),
+flags AS (
+    SELECT e.id, CASE WHEN e.completer_gave_up_at IS NOT NULL THEN $6::text ELSE $5::text END AS reason
+    FROM eligible e
+    WHERE e.recovery_point <> 'finished' OR e.completer_gave_up_at IS NOT NULL
+)
+SELECT
+    (SELECT count(*) FROM eligible),
+    (SELECT count(*) FROM flags f WHERE NOT EXISTS (
+        SELECT 1 FROM idempotency_key_reviews r WHERE r.key_id = f.id AND r.reason = f.reason))`
+
+// planFlagsSQL lists the keys a dry run would flag, oldest first.
+// Parameters as planSQL, $4 the number of rows to list.
+const planFlagsSQL = `
+SELECT k.id, k.user_id, k.idempotency_key, k.recovery_point, k.created_at,
+       CASE WHEN k.completer_gave_up_at IS NOT NULL THEN $6::text ELSE $5::text END AS reason
+FROM idempotency_keys k
+WHERE k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
+  AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
+  AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))
+  AND (k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL)
+  AND NOT EXISTS (
+      SELECT 1 FROM idempotency_key_reviews r
+      WHERE r.key_id = k.id
+        AND r.reason = CASE WHEN k.completer_gave_up_at IS NOT NULL THEN $6::text ELSE $5::text END)
+ORDER BY k.created_at
+LIMIT $4`
+
+// lockKey is the advisory lock every reaper takes for a run ("idemdrea").
+// Advisory locks are per database, so two deployments sharing a server but
+// not a database do not block each other.
+const lockKey int64 = 0x6964656d64726561
