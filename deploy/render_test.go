@@ -299,7 +299,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // with client-side validation off.
 func TestDecodeStrictRejectsUnknownFields(t *testing.T) {
 	for name, doc := range map[string]string{
-		"misspelt field": "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: x\nautomountServiceAccountTokn: false\n",
+		"misspelt field":  "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: x\nautomountServiceAccountTokn: false\n",
 		"duplicate field": "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: x\n  name: y\n",
 		"unknown kind":    "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n",
 	} {
