@@ -1,0 +1,326 @@
+package reaper
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"idemd/internal/dbtest"
+)
+
+// buildReaper builds cmd/reaper into a temporary directory.
+func buildReaper(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "reaper")
+	cmd := exec.Command("go", "build", "-o", bin, "idemd/cmd/reaper")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type proc struct {
+	cmd            *exec.Cmd
+	stdout, stderr *bytes.Buffer
+	done           chan struct{}
+	err            error
+}
+
+func startReaper(t *testing.T, bin, dbURL string, args ...string) *proc {
+	t.Helper()
+	p := &proc{stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, append([]string{"--http-addr", "", "--batch-pause", "0s"}, args...)...)
+	p.cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// wait returns the exit code, failing the test after a generous deadline.
+func (p *proc) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("reaper did not exit; stderr:\n%s", p.stderr)
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	if p.err != nil {
+		t.Fatal(p.err)
+	}
+	return 0
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// reaperWaitingOnLock reports whether a reaper session of this database is
+// blocked on a row lock (the test's).
+func reaperWaitingOnLock(t *testing.T, pool *pgxpool.Pool) bool {
+	return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = 'idemd-reaper' AND wait_event_type = 'Lock'`) > 0
+}
+
+func advisoryLockHeld(t *testing.T, pool *pgxpool.Pool) bool {
+	return queryInt(t, pool, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+WHERE l.locktype = 'advisory' AND d.datname = current_database()
+  AND ((l.classid::bigint << 32) | l.objid::bigint) = $1`, lockKey) > 0
+}
+
+// blockOnRide opens a transaction holding the row lock of the ride that
+// references key, so a reaper deleting that key (ON DELETE SET NULL) waits
+// inside its batch. The returned func releases it.
+func blockOnRide(t *testing.T, pool *pgxpool.Pool, key int64) func() {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT * FROM rides WHERE idempotency_key_id = $1 FOR UPDATE", key); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			_ = tx.Rollback(ctx)
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
+
+func TestProcessConcurrentRunsNeverOverlap(t *testing.T) {
+	bin := buildReaper(t)
+	dbURL := dbtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ids := insertOldKeys(t, pool, 30)
+	createRides(t, pool, "SET NULL", ids[15])
+	release := blockOnRide(t, pool, ids[15])
+
+	// The first process deletes one batch, then waits inside the second.
+	first := startReaper(t, bin, dbURL, "--batch-size", "10")
+	waitFor(t, "the first reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != 20 {
+		t.Fatalf("%d keys left while the first run is mid-way, want 20", n)
+	}
+
+	second := startReaper(t, bin, dbURL, "--batch-size", "10")
+	if code := second.wait(t); code != 0 {
+		t.Fatalf("second process exit %d; stderr:\n%s", code, second.stderr)
+	}
+	if !strings.Contains(second.stderr.String(), "another reaper run holds the lock") {
+		t.Fatalf("second process did not say the lock was held:\n%s", second.stderr)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != 20 {
+		t.Fatalf("the second process deleted keys: %d left", n)
+	}
+
+	release()
+	if code := first.wait(t); code != 0 {
+		t.Fatalf("first process exit %d; stderr:\n%s", code, first.stderr)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != 0 {
+		t.Fatalf("%d keys left", n)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_key_reviews"); n != 10 {
+		t.Fatalf("%d reviews, want 10", n)
+	}
+	// The summary line is one JSON object with the counts.
+	if !strings.Contains(first.stderr.String(), `"msg":"reaper run summary"`) || !strings.Contains(first.stderr.String(), `"deleted":30`) {
+		t.Fatalf("no JSON summary in:\n%s", first.stderr)
+	}
+}
+
+// TestProcessLockHeldExternally: a manual run while anything holds the lock
+// (here the test itself) exits 0 and does nothing.
+func TestProcessLockHeldExternally(t *testing.T) {
+	bin := buildReaper(t)
+	dbURL := dbtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	insertOldKeys(t, pool, 5)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+		t.Fatal(err)
+	}
+	p := startReaper(t, bin, dbURL)
+	code := p.wait(t)
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", lockKey); err != nil {
+		t.Fatal(err)
+	}
+	conn.Release()
+	if code != 0 || queryInt(t, pool, "SELECT count(*) FROM idempotency_keys") != 5 {
+		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr)
+	}
+}
+
+// TestProcessSIGKILLMidRun kills a reaper inside its second batch: the first
+// batch stays done (with its reviews), the second leaves no trace, the lock
+// is released, and the next run finishes the job.
+func TestProcessSIGKILLMidRun(t *testing.T) {
+	bin := buildReaper(t)
+	dbURL := dbtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ids := insertOldKeys(t, pool, 30) // every third unfinished
+	createRides(t, pool, "SET NULL", ids[15])
+	release := blockOnRide(t, pool, ids[15])
+
+	p := startReaper(t, bin, dbURL, "--batch-size", "10")
+	waitFor(t, "the reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	// The server notices the dead client (client_connection_check_interval)
+	// and ends the session, rolling back the batch and freeing the lock,
+	// even while the test still holds the row lock.
+	waitFor(t, "the killed reaper's advisory lock to be released", func() bool { return !advisoryLockHeld(t, pool) })
+	release()
+
+	consistent := func(wantKeys int64) {
+		t.Helper()
+		if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != wantKeys {
+			t.Fatalf("%d keys, want %d", n, wantKeys)
+		}
+		// Every deleted unfinished key has exactly one review; no present
+		// key has one.
+		if n := queryInt(t, pool, `SELECT count(*) FROM idempotency_key_reviews r
+WHERE EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.id = r.key_id)`); n != 0 {
+			t.Fatalf("%d reviews of keys that were not deleted", n)
+		}
+		deletedUnfinished := int64(0)
+		for i, id := range ids {
+			if (i+1)%3 == 0 && !keyExists(t, pool, id) {
+				deletedUnfinished++
+				if got := reviewReasons(t, pool, id); len(got) != 1 {
+					t.Fatalf("deleted unfinished key %d has reviews %v", id, got)
+				}
+			}
+		}
+		if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_key_reviews"); n != deletedUnfinished {
+			t.Fatalf("%d reviews, %d deleted unfinished keys", n, deletedUnfinished)
+		}
+	}
+	consistent(20)
+
+	next := startReaper(t, bin, dbURL, "--batch-size", "10")
+	if code := next.wait(t); code != 0 {
+		t.Fatalf("next run exit %d; stderr:\n%s", code, next.stderr)
+	}
+	consistent(0)
+	if n := queryInt(t, pool, "SELECT count(*) FROM rides WHERE idempotency_key_id IS NULL"); n != 1 {
+		t.Fatal("the ride did not lose its reference")
+	}
+}
+
+func TestProcessRestrictExits1NamingTheConstraint(t *testing.T) {
+	bin := buildReaper(t)
+	dbURL := dbtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ids := insertOldKeys(t, pool, 12)
+	createRides(t, pool, "RESTRICT", ids[7])
+	p := startReaper(t, bin, dbURL, "--batch-size", "5")
+	if code := p.wait(t); code != 1 {
+		t.Fatalf("exit %d, want 1; stderr:\n%s", code, p.stderr)
+	}
+	if !strings.Contains(p.stderr.String(), `rides_idempotency_key_id_fkey`) {
+		t.Fatalf("stderr does not name the constraint:\n%s", p.stderr)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != 7 {
+		t.Fatalf("%d keys left, want 7 (the first batch kept)", n)
+	}
+}
+
+func TestProcessBadFlagsExit2ListingEveryProblem(t *testing.T) {
+	bin := buildReaper(t)
+	cmd := exec.Command(bin, "--retention", "10m", "--batch-size", "0", "--schedule", "every hour",
+		"--max-runtime", "soon", "--statement-timeout", "0s", "--max-deletes", "-5")
+	cmd.Env = append(os.Environ(), "DATABASE_URL=", "IDEMD_LOCK_WINDOW=-1s")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("exit %v, want 2; stderr:\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"--database-url", "--retention", "--batch-size", "--schedule", "--max-runtime", "--statement-timeout", "--max-deletes", "--lock-window"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+}
+
+func TestProcessDryRunPrints(t *testing.T) {
+	bin := buildReaper(t)
+	dbURL := dbtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	insertOldKeys(t, pool, 6)
+	before := tableDigest(t, pool)
+	p := startReaper(t, bin, dbURL, "--dry-run")
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr)
+	}
+	if !strings.Contains(p.stdout.String(), "would delete 6 keys") || !strings.Contains(p.stdout.String(), "would flag 2 keys") {
+		t.Fatalf("stdout:\n%s", p.stdout)
+	}
+	if tableDigest(t, pool) != before {
+		t.Fatal("dry run changed the tables")
+	}
+}
