@@ -25,6 +25,8 @@ type CLI struct {
 	config.Logging  `embed:""`
 
 	Migrate MigrateCmd `cmd:"" help:"Apply idemd's and River's migrations (safe to run twice or concurrently)."`
+	Status  StatusCmd  `cmd:"" help:"Show staged-job backlog, unfinished keys by recovery point, keys past retention and open reviews."`
+	Review  ReviewCmd  `cmd:"" help:"List and resolve idempotency keys flagged for review."`
 }
 
 // Check reports configuration problems.

@@ -1,0 +1,253 @@
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ReviewCmd groups the review subcommands.
+type ReviewCmd struct {
+	List    ReviewListCmd    `cmd:"" help:"List keys flagged for review (open ones by default)."`
+	Resolve ReviewResolveCmd `cmd:"" help:"Mark a review resolved, recording who, when and a note."`
+}
+
+// ReviewListCmd lists reviews.
+type ReviewListCmd struct {
+	Reason    string        `name:"reason" help:"Only this reason (unfinished_at_retention, completer_gave_up, ...)."`
+	OlderThan time.Duration `name:"older-than" help:"Only reviews flagged longer ago than this (e.g. 24h)."`
+	NewerThan time.Duration `name:"newer-than" help:"Only reviews flagged more recently than this."`
+	State     string        `name:"state" default:"open" enum:"open,resolved,all" help:"Which reviews: open, resolved or all."`
+	Limit     int           `name:"limit" default:"100" help:"At most this many, oldest first."`
+	Format    string        `name:"format" default:"table" enum:"table,json" help:"Output: table or json."`
+}
+
+// Validate reports every problem with the list flags (exit 2).
+func (c *ReviewListCmd) Validate() error {
+	var p []string
+	if c.OlderThan < 0 || c.NewerThan < 0 {
+		p = append(p, "--older-than and --newer-than must not be negative")
+	}
+	if c.OlderThan > 0 && c.NewerThan > 0 && c.NewerThan <= c.OlderThan {
+		p = append(p, "--newer-than must be longer than --older-than, or nothing matches")
+	}
+	if c.Limit < 1 {
+		p = append(p, "--limit must be at least 1")
+	}
+	return problems(p)
+}
+
+// Review is one row of idempotency_key_reviews, as listed.
+type Review struct {
+	ID             int64           `json:"id"`
+	KeyID          int64           `json:"key_id"`
+	UserID         int64           `json:"user_id"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	Reason         string          `json:"reason"`
+	Detail         *string         `json:"detail"`
+	RecoveryPoint  *string         `json:"recovery_point"`
+	FlaggedBy      string          `json:"flagged_by"`
+	FlaggedAt      time.Time       `json:"flagged_at"`
+	AgeSeconds     float64         `json:"age_seconds"`
+	ResolvedAt     *time.Time      `json:"resolved_at"`
+	ResolvedBy     *string         `json:"resolved_by"`
+	ResolutionNote *string         `json:"resolution_note"`
+	Snapshot       json.RawMessage `json:"snapshot"`
+}
+
+// listReviewsSQL is parameterised on every filter; NULL disables one.
+const listReviewsSQL = `
+SELECT id, key_id, user_id, idempotency_key, reason, detail, snapshot->>'recovery_point',
+       flagged_by, flagged_at, extract(epoch FROM now() - flagged_at)::float8,
+       resolved_at, resolved_by, resolution_note, snapshot
+FROM idempotency_key_reviews
+WHERE ($1::text IS NULL OR reason = $1)
+  AND ($2::bigint IS NULL OR flagged_at < now() - $2::bigint * interval '1 microsecond')
+  AND ($3::bigint IS NULL OR flagged_at >= now() - $3::bigint * interval '1 microsecond')
+  AND CASE $4::text WHEN 'open' THEN resolved_at IS NULL
+                    WHEN 'resolved' THEN resolved_at IS NOT NULL
+                    ELSE true END
+ORDER BY flagged_at, id
+LIMIT $5`
+
+// Run lists the reviews.
+func (c *ReviewListCmd) Run(ctx context.Context, g *Globals) error {
+	rows, err := g.Pool.Query(ctx, listReviewsSQL, nullString(c.Reason), nullMicros(c.OlderThan), nullMicros(c.NewerThan), c.State, c.Limit)
+	if err != nil {
+		return fmt.Errorf("review list: %w", err)
+	}
+	reviews, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Review, error) {
+		var v Review
+		err := r.Scan(&v.ID, &v.KeyID, &v.UserID, &v.IdempotencyKey, &v.Reason, &v.Detail, &v.RecoveryPoint,
+			&v.FlaggedBy, &v.FlaggedAt, &v.AgeSeconds, &v.ResolvedAt, &v.ResolvedBy, &v.ResolutionNote, &v.Snapshot)
+		return v, err
+	})
+	if err != nil {
+		return fmt.Errorf("review list: %w", err)
+	}
+	if c.Format == "json" {
+		if reviews == nil {
+			reviews = []Review{} // [] rather than null for scripts
+		}
+		return writeJSON(g.Stdout, reviews)
+	}
+	return writeReviewTable(g.Stdout, reviews, c.State != "open")
+}
+
+func writeReviewTable(w io.Writer, reviews []Review, withResolution bool) error {
+	if len(reviews) == 0 {
+		_, err := fmt.Fprintln(w, "no reviews match")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	header := "ID\tKEY_ID\tUSER_ID\tIDEMPOTENCY_KEY\tREASON\tRECOVERY_POINT\tFLAGGED_AT\tAGE\tFLAGGED_BY"
+	if withResolution {
+		header += "\tRESOLVED_AT\tRESOLVED_BY\tNOTE"
+	}
+	fmt.Fprintln(tw, header)
+	for _, r := range reviews {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s", r.ID, r.KeyID, r.UserID, r.IdempotencyKey, r.Reason,
+			deref(r.RecoveryPoint), r.FlaggedAt.UTC().Format(time.RFC3339), age(r.AgeSeconds), r.FlaggedBy)
+		if withResolution {
+			resolvedAt := ""
+			if r.ResolvedAt != nil {
+				resolvedAt = r.ResolvedAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "\t%s\t%s\t%s", resolvedAt, deref(r.ResolvedBy), oneLine(deref(r.ResolutionNote)))
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
+}
+
+// ReviewResolveCmd resolves one review.
+type ReviewResolveCmd struct {
+	ID   int64  `arg:"" name:"id" help:"The review's id (the ID column of review list)."`
+	Note string `name:"note" help:"What was done about the key. Required."`
+	By   string `name:"by" help:"Who resolved it. Default: the current OS user ($USER)."`
+}
+
+// Validate reports every problem with the resolve arguments (exit 2).
+func (c *ReviewResolveCmd) Validate() error {
+	var p []string
+	if c.ID < 1 {
+		p = append(p, "the review id must be positive")
+	}
+	if strings.TrimSpace(c.Note) == "" {
+		p = append(p, "--note is required: say what was done about the key")
+	}
+	if strings.TrimSpace(c.By) == "" && currentUser() == "" {
+		p = append(p, "--by is required: the current OS user is unknown")
+	}
+	return problems(p)
+}
+
+func currentUser() string {
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return ""
+}
+
+// Run resolves the review, refusing one already resolved so a note is never
+// overwritten.
+func (c *ReviewResolveCmd) Run(ctx context.Context, g *Globals) error {
+	by := strings.TrimSpace(c.By)
+	if by == "" {
+		by = currentUser()
+	}
+	var resolvedAt time.Time
+	err := g.Pool.QueryRow(ctx, `
+UPDATE idempotency_key_reviews
+SET resolved_at = now(), resolved_by = $2, resolution_note = $3
+WHERE id = $1 AND resolved_at IS NULL
+RETURNING resolved_at`, c.ID, by, c.Note).Scan(&resolvedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		var prevAt *time.Time
+		var prevBy *string
+		err := g.Pool.QueryRow(ctx, "SELECT resolved_at, resolved_by FROM idempotency_key_reviews WHERE id = $1", c.ID).Scan(&prevAt, &prevBy)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("review resolve: no review %d", c.ID)
+		}
+		if err != nil {
+			return fmt.Errorf("review resolve: %w", err)
+		}
+		return fmt.Errorf("review resolve: review %d was already resolved by %s at %s", c.ID, deref(prevBy), prevAt.UTC().Format(time.RFC3339))
+	}
+	if err != nil {
+		return fmt.Errorf("review resolve: %w", err)
+	}
+	fmt.Fprintf(g.Stdout, "review %d resolved by %s at %s\n", c.ID, by, resolvedAt.UTC().Format(time.RFC3339))
+	return nil
+}
+
+func problems(p []string) error {
+	if len(p) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(p, "; "))
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nullMicros(d time.Duration) *int64 {
+	if d == 0 {
+		return nil
+	}
+	us := d.Microseconds()
+	return &us
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 60 {
+		s = s[:57] + "..."
+	}
+	return s
+}
+
+// age renders seconds the way operators read them: 3d4h, 5h12m, 40s.
+func age(seconds float64) string {
+	d := time.Duration(seconds * float64(time.Second)).Round(time.Second)
+	switch {
+	case d >= 24*time.Hour:
+		return fmt.Sprintf("%dd%dh", d/(24*time.Hour), (d%(24*time.Hour))/time.Hour)
+	case d >= time.Hour:
+		return fmt.Sprintf("%dh%dm", d/time.Hour, (d%time.Hour)/time.Minute)
+	default:
+		return d.String()
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write json: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,189 @@
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// StatusCmd shows what the daemons have left to do.
+type StatusCmd struct {
+	Retention time.Duration `name:"retention" default:"72h" help:"The reaper's retention, to count keys past it."`
+	Format    string        `name:"format" default:"table" enum:"table,json" help:"Output: table or json."`
+}
+
+// Validate reports problems with the status flags (exit 2).
+func (c *StatusCmd) Validate() error {
+	if c.Retention <= 0 {
+		return fmt.Errorf("--retention must be positive")
+	}
+	return nil
+}
+
+// Status is idemctl status's output.
+type Status struct {
+	At time.Time `json:"at"`
+
+	// Enqueuer: staged rows not yet moved to River, and dead-lettered ones.
+	StagedJobs         int64      `json:"staged_jobs"`
+	OldestStagedJobAt  *time.Time `json:"oldest_staged_job_at"`
+	OldestStagedJobAge float64    `json:"oldest_staged_job_age_seconds"`
+	DeadStagedJobs     int64      `json:"dead_staged_jobs"`
+	// River jobs not yet finalized, by state.
+	RiverJobs map[string]int64 `json:"river_jobs"`
+
+	// Completer: unfinished keys it may still work on, by recovery point.
+	UnfinishedKeys []GroupCount `json:"unfinished_keys"`
+
+	// Reaper: keys past retention still in the table.
+	Retention              string     `json:"retention"`
+	KeysPastRetention      int64      `json:"keys_past_retention"`
+	OldestKeyPastRetention *time.Time `json:"oldest_key_past_retention_at"`
+
+	// Humans: open reviews by reason.
+	OpenReviews []GroupCount `json:"open_reviews"`
+}
+
+// GroupCount is a count and the oldest timestamp of one group.
+type GroupCount struct {
+	Name   string    `json:"name"`
+	Count  int64     `json:"count"`
+	Oldest time.Time `json:"oldest"`
+}
+
+// Each query is answered from an index: staged_jobs is a short queue, the
+// unfinished keys from the completer's partial index, keys past retention
+// from idempotency_keys_created_at, open reviews from their partial index.
+const (
+	statusStagedSQL = `
+SELECT now(), (SELECT count(*) FROM staged_jobs), (SELECT min(created_at) FROM staged_jobs),
+       (SELECT count(*) FROM staged_jobs_dead)`
+	statusRiverSQL = `
+SELECT state::text, count(*) FROM river_job
+WHERE state IN ('available', 'running', 'retryable', 'scheduled', 'pending')
+GROUP BY state ORDER BY state`
+	statusUnfinishedSQL = `
+SELECT recovery_point, count(*), min(created_at) FROM idempotency_keys
+WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL
+GROUP BY recovery_point ORDER BY recovery_point`
+	statusRetentionSQL = `
+SELECT count(*), min(created_at) FROM idempotency_keys
+WHERE created_at < now() - $1::bigint * interval '1 microsecond'`
+	statusReviewsSQL = `
+SELECT reason, count(*), min(flagged_at) FROM idempotency_key_reviews
+WHERE resolved_at IS NULL
+GROUP BY reason ORDER BY reason`
+)
+
+// Run gathers and prints the status.
+func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
+	st := Status{Retention: c.Retention.String(), RiverJobs: map[string]int64{}, UnfinishedKeys: []GroupCount{}, OpenReviews: []GroupCount{}}
+	// One read-only snapshot, so the numbers are of the same moment.
+	tx, err := g.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return fmt.Errorf("status: begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read-only
+
+	if err := tx.QueryRow(ctx, statusStagedSQL).Scan(&st.At, &st.StagedJobs, &st.OldestStagedJobAt, &st.DeadStagedJobs); err != nil {
+		return fmt.Errorf("status: staged jobs: %w", err)
+	}
+	if st.OldestStagedJobAt != nil {
+		st.OldestStagedJobAge = st.At.Sub(*st.OldestStagedJobAt).Seconds()
+	}
+	rows, err := tx.Query(ctx, statusRiverSQL)
+	if err != nil {
+		return fmt.Errorf("status: river jobs: %w", err)
+	}
+	for rows.Next() {
+		var state string
+		var n int64
+		if err := rows.Scan(&state, &n); err != nil {
+			rows.Close()
+			return fmt.Errorf("status: river jobs: %w", err)
+		}
+		st.RiverJobs[state] = n
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("status: river jobs: %w", err)
+	}
+	if st.UnfinishedKeys, err = groupCounts(ctx, tx, statusUnfinishedSQL); err != nil {
+		return fmt.Errorf("status: unfinished keys: %w", err)
+	}
+	if err := tx.QueryRow(ctx, statusRetentionSQL, c.Retention.Microseconds()).Scan(&st.KeysPastRetention, &st.OldestKeyPastRetention); err != nil {
+		return fmt.Errorf("status: keys past retention: %w", err)
+	}
+	if st.OpenReviews, err = groupCounts(ctx, tx, statusReviewsSQL); err != nil {
+		return fmt.Errorf("status: open reviews: %w", err)
+	}
+
+	if c.Format == "json" {
+		return writeJSON(g.Stdout, st)
+	}
+	return writeStatus(g, &st)
+}
+
+func groupCounts(ctx context.Context, tx pgx.Tx, sql string) ([]GroupCount, error) {
+	rows, err := tx.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (GroupCount, error) {
+		var gc GroupCount
+		err := r.Scan(&gc.Name, &gc.Count, &gc.Oldest)
+		return gc, err
+	})
+	if out == nil {
+		out = []GroupCount{}
+	}
+	return out, err
+}
+
+func writeStatus(g *Globals, st *Status) error {
+	tw := tabwriter.NewWriter(g.Stdout, 0, 4, 2, ' ', 0)
+	since := func(t time.Time) string { return age(st.At.Sub(t).Seconds()) }
+	fmt.Fprintf(tw, "status at %s\n\n", st.At.UTC().Format(time.RFC3339))
+
+	fmt.Fprintln(tw, "ENQUEUER\t")
+	oldest := "-"
+	if st.OldestStagedJobAt != nil {
+		oldest = since(*st.OldestStagedJobAt)
+	}
+	fmt.Fprintf(tw, "  staged jobs (backlog)\t%d\toldest %s\n", st.StagedJobs, oldest)
+	fmt.Fprintf(tw, "  dead-lettered staged jobs\t%d\t\n", st.DeadStagedJobs)
+	for _, state := range []string{"available", "scheduled", "retryable", "running", "pending"} {
+		if n, ok := st.RiverJobs[state]; ok {
+			fmt.Fprintf(tw, "  river jobs %s\t%d\t\n", state, n)
+		}
+	}
+
+	fmt.Fprintln(tw, "\nCOMPLETER: unfinished keys by recovery point\t")
+	if len(st.UnfinishedKeys) == 0 {
+		fmt.Fprintln(tw, "  none\t")
+	}
+	for _, u := range st.UnfinishedKeys {
+		fmt.Fprintf(tw, "  %s\t%d\toldest %s\n", u.Name, u.Count, since(u.Oldest))
+	}
+
+	fmt.Fprintf(tw, "\nREAPER (retention %s)\t\n", st.Retention)
+	oldest = "-"
+	if st.OldestKeyPastRetention != nil {
+		oldest = since(*st.OldestKeyPastRetention)
+	}
+	fmt.Fprintf(tw, "  keys past retention\t%d\toldest %s\n", st.KeysPastRetention, oldest)
+
+	fmt.Fprintln(tw, "\nOPEN REVIEWS (idemctl review list)\t")
+	if len(st.OpenReviews) == 0 {
+		fmt.Fprintln(tw, "  none\t")
+	}
+	for _, r := range st.OpenReviews {
+		fmt.Fprintf(tw, "  %s\t%d\toldest %s\n", r.Name, r.Count, since(r.Oldest))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("status: write: %w", err)
+	}
+	return nil
+}
