@@ -1,0 +1,9 @@
+package api_test
+
+import (
+	"testing"
+
+	"idemd/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
