@@ -1,0 +1,15 @@
+// Command completer drives abandoned idempotency keys to finished by
+// replaying their stored requests against the API through the signed
+// internal path. See docs/completer.md.
+package main
+
+import (
+	"os"
+
+	"idemd/internal/completer"
+	"idemd/internal/daemon"
+)
+
+func main() {
+	os.Exit(daemon.Main("completer", completer.Description, &completer.CLI{}, os.Args[1:]))
+}

@@ -1,0 +1,752 @@
+// Package completer drives abandoned idempotency keys to finished: it finds
+// keys whose client gave up, leases a batch of them in the row (so replicas
+// never replay one key at once) and replays each stored request against the
+// API through the signed internal path (idem/replayauth). It never makes a
+// side effect itself: the API owns the atomic phases; every write the
+// completer does checks the state it expects (its own lease).
+//
+// The shape follows River's maintenance services (job_cleaner.go): a
+// Service with a validated Config, Start/Stop, and a runOnce that returns a
+// result struct which tests call directly.
+package completer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"golang.org/x/time/rate"
+
+	"idemd/idem/replayauth"
+	"idemd/internal/review"
+)
+
+// FlaggedBy is recorded in idempotency_key_reviews.flagged_by.
+const FlaggedBy = "completer"
+
+// Result is what one runOnce did.
+type Result struct {
+	Claimed      int
+	Finished     int
+	InProgress   int
+	Retried      int // 5xx, 429, timeouts, connection errors
+	Unauthorized int // 401/403 on an unfinished key
+	Rejected     int // other answers that left the key unfinished
+	GaveUp       int
+	Deferred     int // released without a request
+	LeaseLost    int
+	Gone         int
+	// BreakerOpen: nothing was claimed because the breaker is open.
+	BreakerOpen bool
+}
+
+func (r *Result) add(o Outcome) {
+	switch o {
+	case OutcomeFinished:
+		r.Finished++
+	case OutcomeInProgress:
+		r.InProgress++
+	case OutcomeRetry:
+		r.Retried++
+	case OutcomeUnauthorized:
+		r.Unauthorized++
+	case OutcomeRejected:
+		r.Rejected++
+	case OutcomeGaveUp:
+		r.GaveUp++
+	case OutcomeDeferred:
+		r.Deferred++
+	case OutcomeLeaseLost:
+		r.LeaseLost++
+	case OutcomeGone:
+		r.Gone++
+	}
+}
+
+// Add accumulates o into r (for sweep totals).
+func (r *Result) Add(o Result) {
+	r.Claimed += o.Claimed
+	r.Finished += o.Finished
+	r.InProgress += o.InProgress
+	r.Retried += o.Retried
+	r.Unauthorized += o.Unauthorized
+	r.Rejected += o.Rejected
+	r.GaveUp += o.GaveUp
+	r.Deferred += o.Deferred
+	r.LeaseLost += o.LeaseLost
+	r.Gone += o.Gone
+	r.BreakerOpen = r.BreakerOpen || o.BreakerOpen
+}
+
+// Service is the completer.
+type Service struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	log     *zap.Logger
+	client  *http.Client
+	base    *url.URL
+	limiter *rate.Limiter
+	breaker *breaker
+	metrics *metrics
+
+	// Test seams.
+	now       func() time.Time    // limiter and breaker clock
+	jitter    func(n int64) int64 // uniform in [0, n)
+	onReserve func(at time.Time)  // when each rate-limited request may go
+	onOutcome func(id int64, o Outcome)
+
+	rateMu sync.Mutex
+
+	mu         sync.Mutex
+	started    bool
+	stopClaims chan struct{}
+	cancelWork context.CancelFunc
+	done       chan struct{}
+	lastGauges time.Time
+}
+
+// New validates cfg and returns a Service.
+func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
+	if p := cfg.Problems(); len(p) > 0 {
+		return nil, fmt.Errorf("completer: invalid config: %s", strings.Join(p, "; "))
+	}
+	if cfg.Signer == nil {
+		return nil, errors.New("completer: invalid config: a Signer is required")
+	}
+	if pool == nil {
+		return nil, errors.New("completer: a pool is required")
+	}
+	base, _ := url.Parse(strings.TrimRight(cfg.APIURL, "/"))
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	client := cfg.HTTPClient
+	if client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = cfg.Concurrency
+		client = &http.Client{
+			Transport: tr,
+			// A redirect would carry a signed replay somewhere else.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	s := &Service{
+		cfg:     cfg,
+		pool:    pool,
+		log:     log,
+		client:  client,
+		base:    base,
+		limiter: rate.NewLimiter(rate.Limit(cfg.Rate), cfg.Burst),
+		metrics: newMetrics(cfg.Registry),
+		now:     time.Now,
+		jitter:  rand.Int64N,
+	}
+	s.breaker = newBreaker(func() time.Time { return s.now() }, cfg.BreakerFailures, cfg.BreakerCooldown, cfg.BreakerMaxCooldown, s.breakerChanged)
+	return s, nil
+}
+
+func (s *Service) breakerChanged(from, to BreakerState) {
+	s.metrics.breakerState.Set(float64(to))
+	if to == BreakerOpen {
+		s.metrics.breakerOpens.Inc()
+	}
+	s.log.Info("circuit breaker state changed", zap.Stringer("from", from), zap.Stringer("to", to))
+}
+
+// Start runs the completer loop in the background until Stop (or until ctx
+// is cancelled, after which it stops claiming; in-flight replays are only
+// aborted by Stop's deadline).
+func (s *Service) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return errors.New("completer: already started")
+	}
+	s.started = true
+	s.stopClaims = make(chan struct{})
+	s.done = make(chan struct{})
+	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancelWork = cancel
+	go s.loop(ctx, workCtx)
+	return nil
+}
+
+// Stop stops claiming, lets the current batch finish until ctx's deadline,
+// then aborts what is left (those leases simply expire) and returns.
+func (s *Service) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	if !s.started {
+		s.mu.Unlock()
+		return nil
+	}
+	s.started = false
+	close(s.stopClaims)
+	done, cancel := s.done, s.cancelWork
+	s.mu.Unlock()
+	defer cancel()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		cancel()
+		<-done
+		return fmt.Errorf("completer: stop: current batch aborted: %w", ctx.Err())
+	}
+}
+
+func (s *Service) loop(parent, ctx context.Context) {
+	defer close(s.done)
+	stopping := func() bool {
+		select {
+		case <-s.stopClaims:
+			return true
+		case <-parent.Done():
+			return true
+		default:
+			return false
+		}
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-s.stopClaims:
+			return
+		case <-parent.Done():
+			return
+		case <-timer.C:
+		}
+		s.maybeRefreshGauges(ctx, false)
+		wait := s.cfg.PollInterval
+		for !stopping() {
+			res, err := s.runOnce(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				s.log.Error("completer pass failed", zap.Error(err))
+				break
+			}
+			if s.cfg.Ready != nil {
+				s.cfg.Ready.MarkPass(time.Now())
+			}
+			if res.Claimed > 0 {
+				s.log.Info("completer pass",
+					zap.Int("claimed", res.Claimed), zap.Int("finished", res.Finished),
+					zap.Int("in_progress", res.InProgress), zap.Int("retried", res.Retried),
+					zap.Int("unauthorized", res.Unauthorized), zap.Int("rejected", res.Rejected),
+					zap.Int("gave_up", res.GaveUp), zap.Int("deferred", res.Deferred),
+					zap.Int("lease_lost", res.LeaseLost), zap.Int("gone", res.Gone))
+			}
+			if res.BreakerOpen {
+				if r := s.breaker.Remaining(); r > 0 && r < wait {
+					wait = r
+				}
+				break
+			}
+			s.maybeRefreshGauges(ctx, false)
+			if res.Claimed < s.cfg.BatchSize || res.Deferred == res.Claimed {
+				break // drained what is due right now
+			}
+		}
+		s.maybeRefreshGauges(ctx, true)
+		timer.Reset(wait)
+	}
+}
+
+// Sweep claims and processes batches until no candidate is due right now
+// (or the breaker opens), and returns the totals. It is --once.
+func (s *Service) Sweep(ctx context.Context) (Result, error) {
+	var total Result
+	defer s.maybeRefreshGauges(ctx, true)
+	for {
+		res, err := s.runOnce(ctx)
+		total.Add(res)
+		if err != nil {
+			return total, err
+		}
+		if res.BreakerOpen || res.Claimed == 0 || res.Deferred == res.Claimed {
+			return total, nil
+		}
+	}
+}
+
+// claimSQL leases up to $1 due candidates. The inner SELECT walks the
+// partial index idempotency_keys_unfinished (created_at, only keys not
+// finished and not given up) and skips rows another replica or the API
+// holds; the UPDATE sets the lease in the same statement, so two replicas
+// can never both lease a key. $2 lease, $3 grace, $4 idle, $5 lock timeout,
+// $6 give-up horizon.
+const claimSQL = `
+UPDATE idempotency_keys k
+SET completer_leased_until = now() + $2::interval
+WHERE k.id IN (
+    SELECT c.id FROM idempotency_keys c
+    WHERE c.recovery_point <> 'finished'
+      AND c.completer_gave_up_at IS NULL
+      AND c.created_at < now() - $3::interval
+      AND c.last_run_at < now() - $4::interval
+      AND (c.locked_at IS NULL OR c.locked_at < now() - $5::interval)
+      AND (c.completer_next_attempt_at IS NULL OR c.completer_next_attempt_at <= now())
+      AND (c.completer_leased_until IS NULL OR c.completer_leased_until < now())
+    ORDER BY c.created_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING k.id, k.user_id, k.idempotency_key, k.request_method, k.request_path,
+          k.request_params, k.completer_attempts, k.completer_leased_until,
+          k.created_at + $6::interval <= now() AS past_horizon`
+
+type claimedKey struct {
+	ID          int64
+	UserID      int64
+	Key         string
+	Method      string
+	Path        string
+	Params      []byte
+	Attempts    int
+	Lease       time.Time
+	PastHorizon bool
+}
+
+// runOnce claims one batch and processes it with bounded concurrency.
+func (s *Service) runOnce(ctx context.Context) (Result, error) {
+	var res Result
+	limit := s.cfg.BatchSize
+	switch s.breaker.State() {
+	case BreakerOpen:
+		res.BreakerOpen = true
+		return res, nil
+	case BreakerHalfOpen:
+		limit = 1 // one probe
+	}
+	// The lease is measured from before the claim on the local monotonic
+	// clock: the database's now()+lease is at least this late.
+	leaseDeadline := time.Now().Add(s.cfg.Lease)
+	keys, err := s.claim(ctx, limit)
+	if err != nil {
+		return res, err
+	}
+	res.Claimed = len(keys)
+	s.metrics.claimed.Add(float64(len(keys)))
+
+	var mu sync.Mutex
+	work := make(chan claimedKey)
+	var wg sync.WaitGroup
+	n := min(s.cfg.Concurrency, len(keys))
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range work {
+				o := s.process(ctx, k, leaseDeadline)
+				s.metrics.replays.WithLabelValues(string(o)).Inc()
+				if s.onOutcome != nil {
+					s.onOutcome(k.ID, o)
+				}
+				mu.Lock()
+				res.add(o)
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, k := range keys {
+		work <- k
+	}
+	close(work)
+	wg.Wait()
+	return res, nil
+}
+
+func (s *Service) claim(ctx context.Context, limit int) ([]claimedKey, error) {
+	rows, err := s.pool.Query(ctx, claimSQL, limit, s.cfg.Lease, s.cfg.Grace, s.cfg.Idle, s.cfg.LockTimeout, s.cfg.GiveUpAfter)
+	if err != nil {
+		return nil, fmt.Errorf("completer: claim: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimedKey, error) {
+		var k claimedKey
+		err := r.Scan(&k.ID, &k.UserID, &k.Key, &k.Method, &k.Path, &k.Params, &k.Attempts, &k.Lease, &k.PastHorizon)
+		return k, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("completer: claim: %w", err)
+	}
+	return keys, nil
+}
+
+// reply is what the API answered.
+type reply struct {
+	status int   // 0 when err != nil
+	err    error // transport error or timeout
+}
+
+// process drives one leased key and returns its outcome.
+func (s *Service) process(ctx context.Context, k claimedKey, leaseDeadline time.Time) Outcome {
+	log := s.log.With(zap.Int64("key_id", k.ID), zap.Int64("user_id", k.UserID))
+	if k.PastHorizon {
+		return s.giveUp(ctx, log, k, k.Attempts, fmt.Sprintf("past the give-up horizon of %s after creation", s.cfg.GiveUpAfter), "")
+	}
+	if !s.breaker.Allow() {
+		return s.release(ctx, log, k)
+	}
+	if err := s.waitRate(ctx); err != nil {
+		s.breaker.Cancel()
+		return s.release(ctx, log, k)
+	}
+	if time.Until(leaseDeadline) < s.cfg.RequestTimeout+leaseMargin {
+		// Not enough lease left for a full request: hand the key back
+		// rather than risk another replica claiming it mid-request.
+		s.breaker.Cancel()
+		return s.release(ctx, log, k)
+	}
+
+	start := time.Now()
+	rep := s.send(ctx, k)
+	s.metrics.duration.Observe(time.Since(start).Seconds())
+
+	// Writes after the request must happen even when shutdown cancelled
+	// it: the request may have reached the API.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	st, err := s.reread(wctx, k)
+	if err != nil {
+		s.breaker.Cancel()
+		log.Error("re-read after replay failed; the lease will expire", zap.Error(err))
+		return OutcomeLeaseLost
+	}
+	switch {
+	case !st.exists:
+		s.breaker.Done(false)
+		return OutcomeGone
+	case st.finished:
+		// The database is the truth: finished whatever status came back
+		// (a stored 402 or even a stored 500 is a final answer).
+		s.breaker.Done(false)
+		return s.markFinished(wctx, log, k)
+	case !st.leaseOurs:
+		s.breaker.Cancel()
+		log.Warn("lease lost during replay")
+		return OutcomeLeaseLost
+	}
+
+	if rep.err != nil && ctx.Err() != nil {
+		// Shutting down: the request was aborted by us, not failed.
+		s.breaker.Cancel()
+		return s.release(wctx, log, k)
+	}
+	switch {
+	case rep.err != nil:
+		s.breaker.Done(true)
+		return s.fail(wctx, log, k, st, OutcomeRetry, "request failed: "+describeErr(rep.err))
+	case rep.status == http.StatusConflict:
+		s.breaker.Done(false)
+		return s.inProgress(wctx, log, k)
+	case rep.status >= 500 || rep.status == http.StatusTooManyRequests:
+		s.breaker.Done(true)
+		return s.fail(wctx, log, k, st, OutcomeRetry, fmt.Sprintf("API answered %d %s", rep.status, http.StatusText(rep.status)))
+	case rep.status == http.StatusUnauthorized || rep.status == http.StatusForbidden:
+		// A misconfigured secret looks like this on every key: count it
+		// against the breaker so attempts burn slowly while an operator
+		// fixes it.
+		s.breaker.Done(true)
+		return s.fail(wctx, log, k, st, OutcomeUnauthorized, fmt.Sprintf(
+			"API answered %d %s to the signed replay of an unfinished key: the completer's --auth-secret-file does not match the API's replay secret, or the API does not accept replays on %s",
+			rep.status, http.StatusText(rep.status), k.Path))
+	default:
+		s.breaker.Done(false)
+		return s.fail(wctx, log, k, st, OutcomeRejected, fmt.Sprintf("API answered %d %s but the key is still at recovery point %q", rep.status, http.StatusText(rep.status), st.recoveryPoint))
+	}
+}
+
+// waitRate blocks until the global limiter lets one request go.
+func (s *Service) waitRate(ctx context.Context) error {
+	// Reservations are made under a mutex so the limiter sees
+	// non-decreasing times: a reservation stamped earlier than the previous
+	// one makes x/time/rate refill the overlap twice.
+	s.rateMu.Lock()
+	now := s.now()
+	r := s.limiter.ReserveN(now, 1)
+	d := r.DelayFrom(now)
+	if s.onReserve != nil && r.OK() {
+		s.onReserve(now.Add(d))
+	}
+	s.rateMu.Unlock()
+	if !r.OK() {
+		return errors.New("rate limiter refused")
+	}
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		r.CancelAt(s.now())
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func (s *Service) send(ctx context.Context, k claimedKey) reply {
+	body, ctype, err := encodeBody(s.cfg.Encoding, k.Params)
+	if err != nil {
+		return reply{err: err}
+	}
+	sig, err := s.cfg.Signer.Sign(replayauth.Request{
+		Method: k.Method, Path: k.Path, UserID: k.UserID, IdempotencyKey: k.Key, Body: body,
+	})
+	if err != nil {
+		return reply{err: err}
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	u := *s.base
+	u.Path = strings.TrimRight(s.base.Path, "/") + k.Path
+	u.RawPath = ""
+	req, err := http.NewRequestWithContext(rctx, strings.ToUpper(k.Method), u.String(), strings.NewReader(string(body)))
+	if err != nil {
+		return reply{err: err}
+	}
+	req.Header.Set("Content-Type", ctype)
+	req.Header.Set(replayauth.IdempotencyKeyHeader, k.Key)
+	req.Header.Set(replayauth.Header, sig)
+	req.Header.Set("User-Agent", "idemd-completer")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return reply{err: err}
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	_ = resp.Body.Close()
+	return reply{status: resp.StatusCode}
+}
+
+// describeErr renders a transport error without anything secret: the
+// request's URL (already stripped of any password by net/http) and the
+// cause, never headers.
+func describeErr(err error) string {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "timeout: " + err.Error()
+	}
+	return err.Error()
+}
+
+type keyState struct {
+	exists        bool
+	finished      bool
+	leaseOurs     bool
+	pastHorizon   bool
+	recoveryPoint string
+}
+
+func (s *Service) reread(ctx context.Context, k claimedKey) (keyState, error) {
+	st := keyState{exists: true}
+	err := s.pool.QueryRow(ctx, `
+SELECT recovery_point, recovery_point = 'finished',
+       completer_leased_until IS NOT DISTINCT FROM $2,
+       created_at + $3::interval <= now()
+FROM idempotency_keys WHERE id = $1`, k.ID, k.Lease, s.cfg.GiveUpAfter).
+		Scan(&st.recoveryPoint, &st.finished, &st.leaseOurs, &st.pastHorizon)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return keyState{}, nil
+	}
+	return st, err
+}
+
+// markFinished clears our bookkeeping on a finished key.
+func (s *Service) markFinished(ctx context.Context, log *zap.Logger, k claimedKey) Outcome {
+	_, err := s.pool.Exec(ctx, `
+UPDATE idempotency_keys SET completer_leased_until = NULL, completer_next_attempt_at = NULL
+WHERE id = $1 AND completer_leased_until = $2`, k.ID, k.Lease)
+	if err != nil {
+		log.Warn("clearing the lease of a finished key failed (harmless: finished keys are never claimed)", zap.Error(err))
+	}
+	log.Debug("key finished")
+	return OutcomeFinished
+}
+
+// release hands a key back without counting an attempt.
+func (s *Service) release(ctx context.Context, log *zap.Logger, k claimedKey) Outcome {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_, err := s.pool.Exec(wctx, `
+UPDATE idempotency_keys SET completer_leased_until = NULL
+WHERE id = $1 AND completer_leased_until = $2`, k.ID, k.Lease)
+	if err != nil {
+		log.Warn("releasing a lease failed; it will expire", zap.Error(err))
+	}
+	return OutcomeDeferred
+}
+
+func (s *Service) inProgress(ctx context.Context, log *zap.Logger, k claimedKey) Outcome {
+	tag, err := s.pool.Exec(ctx, `
+UPDATE idempotency_keys
+SET completer_leased_until = NULL, completer_next_attempt_at = now() + $3::interval
+WHERE id = $1 AND completer_leased_until = $2 AND recovery_point <> 'finished'`,
+		k.ID, k.Lease, s.cfg.InProgressDelay)
+	if err != nil {
+		log.Error("recording in-progress failed; the lease will expire", zap.Error(err))
+		return OutcomeLeaseLost
+	}
+	if tag.RowsAffected() == 0 {
+		return OutcomeLeaseLost
+	}
+	log.Debug("key in progress (409), left alone")
+	return OutcomeInProgress
+}
+
+// fail records a failed attempt: retry later with backoff, or give up when
+// attempts or the horizon are exhausted.
+func (s *Service) fail(ctx context.Context, log *zap.Logger, k claimedKey, st keyState, o Outcome, msg string) Outcome {
+	attempts := k.Attempts + 1
+	if attempts >= s.cfg.MaxAttempts {
+		return s.giveUp(ctx, log, k, attempts, fmt.Sprintf("%d failed attempts (--max-attempts %d)", attempts, s.cfg.MaxAttempts), msg)
+	}
+	if st.pastHorizon {
+		return s.giveUp(ctx, log, k, attempts, fmt.Sprintf("past the give-up horizon of %s after creation", s.cfg.GiveUpAfter), msg)
+	}
+	delay := Backoff(attempts, s.cfg.BackoffBase, s.cfg.BackoffMax, s.jitter)
+	// The next attempt is never later than the horizon, so giving up is
+	// not delayed by a long backoff.
+	tag, err := s.pool.Exec(ctx, `
+UPDATE idempotency_keys
+SET completer_attempts = $3,
+    completer_last_error = $4,
+    completer_next_attempt_at = LEAST(now() + $5::interval, created_at + $6::interval),
+    completer_leased_until = NULL
+WHERE id = $1 AND completer_leased_until = $2 AND recovery_point <> 'finished'`,
+		k.ID, k.Lease, attempts, msg, delay, s.cfg.GiveUpAfter)
+	if err != nil {
+		log.Error("recording a failed attempt failed; the lease will expire", zap.Error(err))
+		return OutcomeLeaseLost
+	}
+	if tag.RowsAffected() == 0 {
+		return OutcomeLeaseLost
+	}
+	lvl := zap.InfoLevel
+	if o == OutcomeUnauthorized {
+		lvl = zap.ErrorLevel
+	}
+	log.Log(lvl, "replay failed, will retry", zap.String("outcome", string(o)), zap.Int("attempts", attempts),
+		zap.Duration("retry_in", delay), zap.String("error", msg))
+	return o
+}
+
+// giveUp sets completer_gave_up_at and flags the key for review in one
+// transaction, only if we still hold the lease and the key is unfinished.
+func (s *Service) giveUp(ctx context.Context, log *zap.Logger, k claimedKey, attempts int, why, lastErr string) Outcome {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	detail := "completer gave up: " + why
+	if lastErr != "" {
+		detail += "; last error: " + lastErr
+	}
+	var outcome Outcome
+	err := pgx.BeginFunc(wctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(wctx, `
+UPDATE idempotency_keys
+SET completer_gave_up_at = now(), completer_leased_until = NULL, completer_attempts = $3,
+    completer_last_error = COALESCE(NULLIF($4, ''), completer_last_error)
+WHERE id = $1 AND completer_leased_until = $2 AND recovery_point <> 'finished' AND completer_gave_up_at IS NULL`,
+			k.ID, k.Lease, attempts, lastErr)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			outcome = OutcomeLeaseLost
+			return nil
+		}
+		if _, err := review.Flag(wctx, tx, k.ID, review.ReasonCompleterGaveUp, detail, FlaggedBy); err != nil {
+			return err
+		}
+		outcome = OutcomeGaveUp
+		return nil
+	})
+	if err != nil {
+		log.Error("giving up failed; the lease will expire and the key be retried", zap.Error(err))
+		return OutcomeLeaseLost
+	}
+	if outcome == OutcomeGaveUp {
+		log.Warn("gave up on key, flagged for review", zap.String("reason", review.ReasonCompleterGaveUp), zap.String("detail", detail))
+	}
+	return outcome
+}
+
+// Backoff is the delay before retry number attempt (1 = after the first
+// failure): full jitter, uniform in [0, min(max, base·2^(attempt-1))).
+// jitter(n) must return a uniform value in [0, n).
+func Backoff(attempt int, base, max time.Duration, jitter func(n int64) int64) time.Duration {
+	if attempt < 1 {
+		attempt = 1
+	}
+	ceil := base
+	for i := 1; i < attempt && ceil < max; i++ {
+		ceil *= 2
+	}
+	if ceil > max {
+		ceil = max
+	}
+	if ceil <= 0 {
+		return 0
+	}
+	return time.Duration(jitter(int64(ceil)))
+}
+
+// maybeRefreshGauges updates the backlog gauges at most once per poll
+// interval unless forced.
+func (s *Service) maybeRefreshGauges(ctx context.Context, force bool) {
+	s.mu.Lock()
+	if !force && time.Since(s.lastGauges) < s.cfg.PollInterval {
+		s.mu.Unlock()
+		return
+	}
+	s.lastGauges = time.Now()
+	s.mu.Unlock()
+	if err := s.RefreshGauges(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("refreshing backlog gauges failed", zap.Error(err))
+	}
+}
+
+// RefreshGauges recomputes keys pending by recovery point and the oldest
+// unfinished key's age (both walk only the partial unfinished index).
+func (s *Service) RefreshGauges(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, `
+SELECT recovery_point, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8
+FROM idempotency_keys
+WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL
+GROUP BY recovery_point`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	s.metrics.pending.Reset()
+	oldest := 0.0
+	for rows.Next() {
+		var rp string
+		var n int64
+		var age float64
+		if err := rows.Scan(&rp, &n, &age); err != nil {
+			return err
+		}
+		s.metrics.pending.WithLabelValues(rp).Set(float64(n))
+		oldest = max(oldest, age)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	s.metrics.oldestAge.Set(oldest)
+	return nil
+}

@@ -1,0 +1,85 @@
+package completer
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcome of one claimed key, the label of idemd_completer_replays_total.
+type Outcome string
+
+const (
+	// OutcomeFinished: the key is finished (whatever final status the API stored).
+	OutcomeFinished Outcome = "finished"
+	// OutcomeInProgress: the API answered 409, a live request holds the key.
+	OutcomeInProgress Outcome = "in_progress"
+	// OutcomeRetry: 5xx, 429, timeout or connection error; retried with backoff.
+	OutcomeRetry Outcome = "retry"
+	// OutcomeUnauthorized: 401/403 on an unfinished key (misconfigured
+	// secret); a failed attempt.
+	OutcomeUnauthorized Outcome = "unauthorized"
+	// OutcomeRejected: another answer that left the key unfinished (4xx,
+	// 3xx, 2xx without finishing); a failed attempt.
+	OutcomeRejected Outcome = "rejected"
+	// OutcomeGaveUp: attempts or horizon exhausted; flagged for review.
+	OutcomeGaveUp Outcome = "gave_up"
+	// OutcomeDeferred: released without a request and without counting an
+	// attempt (breaker open, lease too short, shutting down).
+	OutcomeDeferred Outcome = "deferred"
+	// OutcomeLeaseLost: our lease no longer matched when we came to write.
+	OutcomeLeaseLost Outcome = "lease_lost"
+	// OutcomeGone: the key was deleted (reaped) meanwhile.
+	OutcomeGone Outcome = "gone"
+)
+
+var allOutcomes = []Outcome{OutcomeFinished, OutcomeInProgress, OutcomeRetry, OutcomeUnauthorized, OutcomeRejected, OutcomeGaveUp, OutcomeDeferred, OutcomeLeaseLost, OutcomeGone}
+
+type metrics struct {
+	replays      *prometheus.CounterVec
+	pending      *prometheus.GaugeVec
+	oldestAge    prometheus.Gauge
+	breakerState prometheus.Gauge
+	breakerOpens prometheus.Counter
+	duration     prometheus.Histogram
+	claimed      prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_completer_replays_total",
+			Help: "Claimed keys by outcome (finished, in_progress, retry, unauthorized, rejected, gave_up, deferred, lease_lost, gone).",
+		}, []string{"outcome"}),
+		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemd_completer_keys_pending",
+			Help: "Unfinished keys the completer has not given up on, by recovery point.",
+		}, []string{"recovery_point"}),
+		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_completer_oldest_unfinished_key_age_seconds",
+			Help: "Age of the oldest unfinished key not given up (0 when none), by the database clock.",
+		}),
+		breakerState: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_completer_breaker_state",
+			Help: "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
+		}),
+		breakerOpens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_completer_breaker_opens_total",
+			Help: "Times the circuit breaker opened.",
+		}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "idemd_completer_replay_duration_seconds",
+			Help:    "Duration of replay HTTP requests.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		claimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_completer_claimed_total",
+			Help: "Keys claimed (leased) by this process.",
+		}),
+	}
+	for _, o := range allOutcomes {
+		m.replays.WithLabelValues(string(o))
+	}
+	if reg != nil {
+		reg.MustRegister(m.replays, m.pending, m.oldestAge, m.breakerState, m.breakerOpens, m.duration, m.claimed)
+	}
+	return m
+}
