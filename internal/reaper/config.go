@@ -20,8 +20,8 @@ import (
 // transaction (and the concurrent insert p99) keeps growing.
 const (
 	DefaultRetention        = 72 * time.Hour
-	DefaultBatchSize        = 5000
-	DefaultBatchPause       = 20 * time.Millisecond
+	DefaultBatchSize        = 10000
+	DefaultBatchPause       = 10 * time.Millisecond
 	DefaultStatementTimeout = 15 * time.Second
 	DefaultLockWindow       = time.Hour
 	DefaultMaxRuntime       = time.Hour
@@ -42,8 +42,8 @@ type Settings struct {
 	Schedule         string        `name:"schedule" help:"Keep running and reap on this schedule: a robfig/cron spec (\"@every 1h\", \"@hourly\", \"15 * * * *\"). Empty: one run and exit."`
 	DryRun           bool          `name:"dry-run" help:"Change nothing: print how many keys would be deleted and which would be flagged for review."`
 	Retention        time.Duration `name:"retention" default:"72h" help:"Delete keys whose created_at is older than this, by the database clock. At least 1h."`
-	BatchSize        int           `name:"batch-size" default:"5000" help:"Keys deleted per batch; each batch is its own transaction."`
-	BatchPause       time.Duration `name:"batch-pause" default:"20ms" help:"Pause between batches, giving the API's writes room on a busy table."`
+	BatchSize        int           `name:"batch-size" default:"10000" help:"Keys deleted per batch; each batch is its own transaction."`
+	BatchPause       time.Duration `name:"batch-pause" default:"10ms" help:"Pause between batches, giving the API's writes room on a busy table."`
 	StatementTimeout time.Duration `name:"statement-timeout" default:"15s" help:"statement_timeout of each batch (SET LOCAL). A batch that times out is retried at half the size."`
 	LockWindow       time.Duration `name:"lock-window" default:"1h" help:"A key whose locked_at is newer than this is in flight and never deleted; an older lock is one a crashed request left behind."`
 	MaxRuntime       time.Duration `name:"max-runtime" default:"1h" help:"Stop starting new batches after this long; the next run continues."`

@@ -47,24 +47,25 @@ WITH batch AS (
     FOR UPDATE OF k SKIP LOCKED
 ),
 deleted AS (
+    -- Only the few keys that need a review carry their full row out of the
+    -- DELETE (as the snapshot); the rest return a few narrow columns, which
+    -- keeps the CTE's materialised result small.
     DELETE FROM idempotency_keys k
     USING batch b
     WHERE k.id = b.id
-    RETURNING k.*
+    RETURNING k.id, k.user_id, k.idempotency_key, k.recovery_point, k.created_at,
+              CASE WHEN k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL THEN to_jsonb(k) END AS snapshot,
+              CASE WHEN k.completer_gave_up_at IS NOT NULL THEN $8::text ELSE $7::text END AS review_reason
 ),
 needs_review AS (
-    SELECT d.*,
-           CASE WHEN d.completer_gave_up_at IS NOT NULL THEN $8::text ELSE $7::text END AS review_reason
-    FROM deleted d
-    WHERE d.recovery_point <> 'finished' OR d.completer_gave_up_at IS NOT NULL
+    SELECT d.* FROM deleted d WHERE d.snapshot IS NOT NULL
 ),
 flagged AS (
     INSERT INTO idempotency_key_reviews (key_id, user_id, idempotency_key, reason, detail, snapshot, flagged_by)
     SELECT n.id, n.user_id, n.idempotency_key, n.review_reason,
            'deleted by the reaper at the retention horizon at recovery point ' || n.recovery_point,
-           to_jsonb(d), $5
+           n.snapshot, $5
     FROM needs_review n
-    JOIN deleted d ON d.id = n.id
     WHERE NOT EXISTS (
         SELECT 1 FROM idempotency_key_reviews r
         WHERE r.key_id = n.id AND r.reason = n.review_reason

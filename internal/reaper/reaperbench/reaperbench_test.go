@@ -1,0 +1,71 @@
+package reaperbench
+
+import (
+	"os"
+	"strconv"
+
+	"context"
+	"idemd/internal/reaper"
+	"testing"
+	"time"
+
+	"idemd/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// BenchmarkReaper runs the whole comparison at a small size so `go test
+// -bench` exercises it; the report's numbers come from a full-size Run.
+func BenchmarkReaper(b *testing.B) {
+	admin := dbtest.ServerURL(b)
+	for b.Loop() {
+		r, err := Run(context.Background(), admin, Options{Keys: 20000, BaselineDuration: time.Second, Logf: b.Logf})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(r.Rows[0].KeysPerSec, "reaper-keys/s")
+		b.ReportMetric(r.Rows[0].VsArticle, "x-article")
+		b.ReportMetric(r.Rows[0].VsSingle, "x-single")
+		b.ReportMetric(float64(r.IdleReaper.Microseconds()), "idle-µs")
+		b.ReportMetric(r.InsertP99Ratio, "x-insert-p99")
+		b.Log("\n" + r.String())
+	}
+}
+
+// TestRunSmall checks the benchmark itself works (every strategy deletes
+// exactly the old half).
+func TestRunSmall(t *testing.T) {
+	r, err := Run(context.Background(), dbtest.ServerURL(t), Options{Keys: 4000, BaselineDuration: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range r.Rows {
+		if row.Deleted != int64(r.PastRetention) {
+			t.Errorf("%s deleted %d, want %d", row.Name, row.Deleted, r.PastRetention)
+		}
+	}
+	t.Log("\n" + r.String())
+}
+
+// TestFullRun runs the benchmark at the size REAPERBENCH_KEYS (skipped when
+// unset), optionally with REAPERBENCH_BATCH and REAPERBENCH_PAUSE:
+//
+//	REAPERBENCH_KEYS=2000000 go test -run TestFullRun -v -timeout 1h ./internal/reaper/reaperbench
+func TestFullRun(t *testing.T) {
+	keys, _ := strconv.Atoi(os.Getenv("REAPERBENCH_KEYS"))
+	if keys == 0 {
+		t.Skip("REAPERBENCH_KEYS not set")
+	}
+	s := reaper.DefaultSettings()
+	if v, err := strconv.Atoi(os.Getenv("REAPERBENCH_BATCH")); err == nil {
+		s.BatchSize = v
+	}
+	if v, err := time.ParseDuration(os.Getenv("REAPERBENCH_PAUSE")); err == nil {
+		s.BatchPause = v
+	}
+	r, err := Run(context.Background(), dbtest.ServerURL(t), Options{Keys: keys, Reaper: &s, SkipRides: os.Getenv("REAPERBENCH_SKIP_RIDES") != "", Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + r.String())
+}
