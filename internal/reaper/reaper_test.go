@@ -436,3 +436,29 @@ func TestSummaryIsJSONFriendly(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMaxDeletesDuringRun: keys that cross the horizon while a run goes on
+// cannot take it past --max-deletes: the batch that would is rolled back and
+// the run exits with the cap's error, keeping the batches before.
+func TestMaxDeletesDuringRun(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	insertOldKeys(t, pool, 10)
+	svc, _ := newService(t, pool, func(s *Settings) { s.MaxDeletes = 10; s.BatchSize = 4 })
+	svc.hooks.afterBatch = func(ctx context.Context, batch int) {
+		if batch == 1 {
+			if _, err := pool.Exec(ctx, `
+INSERT INTO idempotency_keys (created_at, idempotency_key, request_method, request_params, request_path, recovery_point, user_id, locked_at)
+SELECT now() - interval '80 hours', 'late-' || g, 'POST', '{}', '/', 'finished', 1, NULL FROM generate_series(1, 3) g`); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	res, err := svc.runOnce(ctx)
+	if !errors.Is(err, ErrCapExceeded) || res.Deleted != 8 || res.Batches != 2 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != 5 {
+		t.Fatalf("%d keys left, want 5", n)
+	}
+}
