@@ -1,6 +1,21 @@
 package deploy
 
-import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
 
 // prometheusRule is the subset of prometheus-operator's PrometheusRule the
 // manifests use, declared here so strict decoding catches a misspelt field
@@ -36,4 +51,300 @@ type podMonitor struct {
 			Interval string `json:"interval,omitempty"`
 		} `json:"podMetricsEndpoints"`
 	} `json:"spec"`
+}
+
+var (
+	metricName   = regexp.MustCompile(`\bidemd_[a-z0-9_]+`)
+	labelMatcher = regexp.MustCompile(`\b(outcome|result|reason|cause)=~?"([^"]+)"`)
+	objectRef    = regexp.MustCompile(`"(idemd-[a-z-]+)"`)
+	heading      = regexp.MustCompile(`(?m)^#{2,4} (.+)$`)
+)
+
+// metricsContract returns the metric names listed in docs/operations.md's
+// "Metrics" section: the names alerts and dashboards may rely on.
+func metricsContract(t *testing.T) map[string]bool {
+	t.Helper()
+	doc := readFile(t, "../docs/operations.md")
+	start := strings.Index(doc, "\n## Metrics\n")
+	if start < 0 {
+		t.Fatal("docs/operations.md has no \"## Metrics\" section")
+	}
+	section := doc[start+1:]
+	if end := strings.Index(section[3:], "\n## "); end >= 0 {
+		section = section[:end+3]
+	}
+	names := map[string]bool{}
+	for _, m := range regexp.MustCompile("`(idemd_[a-z0-9_]+)`").FindAllStringSubmatch(section, -1) {
+		names[m[1]] = true
+	}
+	if len(names) == 0 {
+		t.Fatal("the Metrics section of docs/operations.md lists no metrics")
+	}
+	return names
+}
+
+// goSource concatenates the non-test Go files under dir.
+func goSource(t *testing.T, dirs ...string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, dir := range dirs {
+		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if !d.IsDir() && strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") {
+				b.WriteString(readFile(t, p))
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b.String()
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// baseMetric maps a histogram's series name to the metric's name.
+func baseMetric(name string, contract map[string]bool) string {
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		if b, ok := strings.CutSuffix(name, suffix); ok && contract[b] {
+			return b
+		}
+	}
+	return name
+}
+
+// githubAnchor is the fragment GitHub gives a Markdown heading.
+func githubAnchor(h string) string {
+	h = strings.ToLower(strings.TrimSpace(h))
+	var b strings.Builder
+	for _, r := range h {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_':
+			b.WriteRune(r)
+		case r == ' ':
+			b.WriteByte('-')
+		}
+	}
+	return b.String()
+}
+
+// observabilityExprs returns every PromQL expression of the alerts and
+// the dashboard, keyed by where it is.
+func observabilityExprs(t *testing.T, r *rendered) map[string]string {
+	t.Helper()
+	exprs := map[string]string{}
+	for _, o := range r.byKind("PrometheusRule") {
+		for _, g := range o.Obj.(*prometheusRule).Spec.Groups {
+			for _, rule := range g.Rules {
+				exprs["alert "+rule.Alert+rule.Record] = rule.Expr
+			}
+		}
+	}
+	data, ok := r.configData("ConfigMap", "idemd-grafana-dashboard")
+	if !ok {
+		t.Fatal("no ConfigMap idemd-grafana-dashboard")
+	}
+	var dash struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal([]byte(data["idemd-dashboard.json"]), &dash); err != nil {
+		t.Fatalf("grafana dashboard: %v", err)
+	}
+	if dash.UID == "" {
+		t.Error("grafana dashboard has no uid (a re-import would duplicate it)")
+	}
+	for _, p := range dash.Panels {
+		for i, tg := range p.Targets {
+			if strings.TrimSpace(tg.Expr) == "" {
+				t.Errorf("dashboard panel %q target %d has no expr", p.Title, i)
+			}
+			exprs[fmt.Sprintf("panel %q #%d", p.Title, i)] = tg.Expr
+		}
+	}
+	return exprs
+}
+
+func TestObservability(t *testing.T) {
+	r := render(t, "observability")
+	base := render(t, "base")
+	contract := metricsContract(t)
+	docs := readFile(t, "../docs/operations.md")
+	anchors := map[string]bool{}
+	for _, m := range heading.FindAllStringSubmatch(docs, -1) {
+		anchors[githubAnchor(m[1])] = true
+	}
+
+	alerts := 0
+	for _, o := range r.byKind("PrometheusRule") {
+		for _, g := range o.Obj.(*prometheusRule).Spec.Groups {
+			for _, rule := range g.Rules {
+				if rule.Alert == "" {
+					continue
+				}
+				alerts++
+				if s := rule.Labels["severity"]; s != "critical" && s != "warning" && s != "info" {
+					t.Errorf("alert %s: severity %q", rule.Alert, s)
+				}
+				for _, a := range []string{"summary", "description", "runbook"} {
+					if rule.Annotations[a] == "" {
+						t.Errorf("alert %s has no %s annotation", rule.Alert, a)
+					}
+				}
+				if want := "docs/operations.md#" + strings.ToLower(rule.Alert); rule.Annotations["runbook"] != want {
+					t.Errorf("alert %s: runbook %q, want %q", rule.Alert, rule.Annotations["runbook"], want)
+				} else if !anchors[strings.ToLower(rule.Alert)] {
+					t.Errorf("alert %s: docs/operations.md has no \"### %s\" section", rule.Alert, rule.Alert)
+				}
+				if rule.For != "" {
+					if _, err := time.ParseDuration(rule.For); err != nil {
+						t.Errorf("alert %s: for %q: %v", rule.Alert, rule.For, err)
+					}
+				}
+			}
+		}
+	}
+	if alerts == 0 {
+		t.Fatal("no alerts rendered")
+	}
+
+	code := map[string]string{}
+	for _, daemon := range []string{"enqueuer", "completer", "reaper"} {
+		code[daemon] = goSource(t, filepath.Join("..", "internal", daemon))
+	}
+	for where, expr := range observabilityExprs(t, r) {
+		if !balanced(expr) {
+			t.Errorf("%s: unbalanced brackets in %q", where, expr)
+		}
+		for _, name := range metricName.FindAllString(expr, -1) {
+			if !contract[baseMetric(name, contract)] {
+				t.Errorf("%s uses %s, which the Metrics section of docs/operations.md does not list", where, name)
+			}
+		}
+		// Label values must be ones the code emits.
+		for _, m := range labelMatcher.FindAllStringSubmatch(expr, -1) {
+			for _, v := range strings.Split(m[2], "|") {
+				if !strings.Contains(strings.Join(mapsValues(code), "\n"), `"`+v+`"`) {
+					t.Errorf("%s: %s=%q: no daemon emits the value %q", where, m[1], m[2], v)
+				}
+			}
+		}
+		// Names of objects (cronjob="idemd-reaper") must exist.
+		for _, m := range objectRef.FindAllStringSubmatch(expr, -1) {
+			if !hasObjectNamed(base, m[1]) {
+				t.Errorf("%s refers to %q, which the base does not render", where, m[1])
+			}
+		}
+	}
+	// The contract matches the code: every listed metric is registered by
+	// the daemon its prefix names.
+	for name := range contract {
+		daemon := strings.SplitN(strings.TrimPrefix(name, "idemd_"), "_", 2)[0]
+		src, ok := code[daemon]
+		if !ok {
+			t.Errorf("metric %s: no daemon %q", name, daemon)
+			continue
+		}
+		if !strings.Contains(src, `"`+name+`"`) {
+			t.Errorf("metric %s is listed in docs/operations.md but internal/%s does not define it", name, daemon)
+		}
+	}
+	// And every metric the daemons define is documented.
+	for daemon, src := range code {
+		for _, m := range regexp.MustCompile(`Name:\s*"(idemd_[a-z0-9_]+)"`).FindAllStringSubmatch(src, -1) {
+			if !contract[m[1]] {
+				t.Errorf("internal/%s defines %s, which docs/operations.md's Metrics section does not list", daemon, m[1])
+			}
+		}
+	}
+
+	checkPodMonitor(t, r, base)
+}
+
+func checkPodMonitor(t *testing.T, r, base *rendered) {
+	t.Helper()
+	pms := r.byKind("PodMonitor")
+	if len(pms) == 0 {
+		t.Fatal("no PodMonitor")
+	}
+	for _, name := range daemons {
+		o, ok := base.find("Deployment", "idemd-"+name)
+		if !ok {
+			continue
+		}
+		d := o.Obj.(*appsv1.Deployment)
+		scraped := false
+		for _, p := range pms {
+			pm := p.Obj.(*podMonitor)
+			sel, err := metav1.LabelSelectorAsSelector(&pm.Spec.Selector)
+			if err != nil {
+				t.Fatalf("%s: %v", p, err)
+			}
+			if !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+				continue
+			}
+			for _, ep := range pm.Spec.PodMetricsEndpoints {
+				c := container(d.Spec.Template.Spec.Containers, name)
+				if c != nil && resolvePort(c, intstr.FromString(ep.Port)) != "unresolved:"+ep.Port && (ep.Path == "" || ep.Path == "/metrics") {
+					scraped = true
+				}
+			}
+		}
+		if !scraped {
+			t.Errorf("%s: no PodMonitor scrapes its metrics port", o)
+		}
+	}
+}
+
+func hasObjectNamed(r *rendered, name string) bool {
+	for _, o := range r.Objects {
+		if o.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func balanced(s string) bool {
+	var stack []rune
+	pairs := map[rune]rune{')': '(', ']': '[', '}': '{'}
+	inString := false
+	for _, c := range s {
+		switch {
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '(' || c == '[' || c == '{':
+			stack = append(stack, c)
+		case pairs[c] != 0:
+			if len(stack) == 0 || stack[len(stack)-1] != pairs[c] {
+				return false
+			}
+			stack = stack[:len(stack)-1]
+		}
+	}
+	return len(stack) == 0 && !inString
+}
+
+func mapsValues(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		out = append(out, m[k])
+	}
+	return out
 }

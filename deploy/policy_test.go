@@ -3,7 +3,9 @@ package deploy
 import (
 	"fmt"
 	"net"
+	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -29,12 +31,25 @@ const (
 // daemons are the long-running Deployments, by container name.
 var daemons = []string{"enqueuer", "completer"}
 
+// TestOverlaysRenderStrictly renders and decodes every kustomization. With
+// DEPLOY_CHECK_OUT set (scripts/deploy-check.sh) it also writes each
+// rendering there, for a reader without kubectl.
 func TestOverlaysRenderStrictly(t *testing.T) {
-	for _, dir := range overlays {
+	for _, dir := range append(slices.Clone(overlays), "observability") {
 		t.Run(dir, func(t *testing.T) {
 			r := render(t, dir)
 			for _, o := range r.Objects {
 				t.Logf("%s", o)
+			}
+			if out := os.Getenv("DEPLOY_CHECK_OUT"); out != "" {
+				b, err := kustomizeYAML(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				name := "go-" + strings.ReplaceAll(dir, "/", "-") + ".yaml"
+				if err := os.WriteFile(filepath.Join(out, name), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
 			}
 		})
 	}
