@@ -1,0 +1,624 @@
+// Package enqueuer moves transactionally staged jobs from staged_jobs into
+// River, exactly once.
+//
+// Each batch is one transaction: take up to BatchSize committed rows in id
+// order with FOR UPDATE SKIP LOCKED (deleting them and returning them in the
+// same statement), insert the valid ones into River with COPY through an
+// insert-only River client on the same transaction, move the invalid ones to
+// staged_jobs_dead with a reason, commit. A row is therefore either still
+// staged or (a River job xor a dead row) — never both, never neither, whatever
+// process dies or connection drops. There is no high-water mark: a row whose
+// transaction commits late, with an id lower than rows already moved, is
+// simply found by the next batch.
+//
+// The service sleeps on LISTEN idemd_staged_jobs (a statement-level trigger
+// on staged_jobs sends it at commit) and falls back to polling when
+// notifications are lost or the listener reconnects. After a wake it drains
+// until a batch comes back short.
+package enqueuer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"go.uber.org/zap"
+
+	"idemd/internal/opshttp"
+)
+
+// NotifyChannel is the channel the staged_jobs trigger notifies.
+const NotifyChannel = "idemd_staged_jobs"
+
+// Defaults, chosen by the benchmark in enqueuerbench (docs/enqueuer.md).
+const (
+	DefaultBatchSize     = 2000
+	DefaultPollInterval  = 2 * time.Second
+	DefaultMaxArgsBytes  = 256 << 10
+	DefaultStatsInterval = 5 * time.Second
+)
+
+// Config configures a Service. Zero values take the defaults.
+type Config struct {
+	// BatchSize is the most rows one transaction moves.
+	BatchSize int
+	// PollInterval is the fallback wake-up when no notification arrives.
+	PollInterval time.Duration
+	// AllowedKinds, when non-empty, dead-letters any other job_name.
+	AllowedKinds []string
+	// MaxArgsBytes dead-letters rows whose job_args are larger.
+	MaxArgsBytes int
+	// StatsInterval is how often the backlog gauges are refreshed.
+	StatsInterval time.Duration
+	// Logger; nil discards.
+	Logger *zap.Logger
+	// Metrics; nil creates unregistered ones.
+	Metrics *Metrics
+	// Ready is marked after every successful drain; optional.
+	Ready *opshttp.Readiness
+}
+
+func (c *Config) validate() error {
+	var p []string
+	if c.BatchSize < 0 || c.BatchSize > 100_000 {
+		p = append(p, fmt.Sprintf("batch size must be between 1 and 100000, got %d", c.BatchSize))
+	}
+	if c.PollInterval < 0 {
+		p = append(p, "poll interval must be positive")
+	}
+	if c.MaxArgsBytes < 0 {
+		p = append(p, "max args bytes must be positive")
+	}
+	if c.StatsInterval < 0 {
+		p = append(p, "stats interval must be positive")
+	}
+	for _, k := range c.AllowedKinds {
+		if k == "" || len(k) >= 128 {
+			p = append(p, fmt.Sprintf("allowed kind %q must be 1 to 127 bytes", k))
+		}
+	}
+	if len(p) > 0 {
+		return errors.New("enqueuer config: " + strings.Join(p, "; "))
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.MaxArgsBytes == 0 {
+		c.MaxArgsBytes = DefaultMaxArgsBytes
+	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = DefaultStatsInterval
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics()
+	}
+	return nil
+}
+
+// Service is the enqueuer.
+type Service struct {
+	cfg    Config
+	pool   *pgxpool.Pool
+	river  *river.Client[pgx.Tx]
+	valid  validator
+	logger *zap.Logger
+	m      *Metrics
+
+	wake chan string // cause of the pending wake-up; buffered 1
+
+	mu       sync.Mutex
+	stop     chan struct{} // closed by Stop: finish the current batch, then exit
+	cancel   context.CancelFunc
+	done     chan struct{} // every goroutine has exited
+	loopDone chan struct{} // the drain loop has exited
+	started  bool
+}
+
+// New builds a Service on pool.
+func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	// An insert-only River client: no queues, no workers. It validates and
+	// encodes jobs exactly as any River client would, and inserts with COPY.
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: nil})
+	if err != nil {
+		return nil, fmt.Errorf("enqueuer: river client: %w", err)
+	}
+	s := &Service{
+		cfg:    cfg,
+		pool:   pool,
+		river:  rc,
+		valid:  validator{maxArgsBytes: cfg.MaxArgsBytes},
+		logger: cfg.Logger,
+		m:      cfg.Metrics,
+		wake:   make(chan string, 1),
+	}
+	if len(cfg.AllowedKinds) > 0 {
+		s.valid.allowed = make(map[string]bool, len(cfg.AllowedKinds))
+		for _, k := range cfg.AllowedKinds {
+			s.valid.allowed[k] = true
+		}
+	}
+	return s, nil
+}
+
+// BatchResult is what one batch did.
+type BatchResult struct {
+	Moved        int // rows that became River jobs
+	DeadLettered int // rows moved to staged_jobs_dead
+	Taken        int // rows taken from staged_jobs (Moved + DeadLettered)
+}
+
+// DrainResult sums the batches of one drain.
+type DrainResult struct {
+	Batches      int
+	Moved        int
+	DeadLettered int
+}
+
+const takeSQL = `
+WITH picked AS (
+    SELECT id FROM staged_jobs ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+DELETE FROM staged_jobs s USING picked WHERE s.id = picked.id
+RETURNING s.id, s.created_at, s.job_name, s.job_args, s.queue, s.priority,
+          s.max_attempts, s.scheduled_at, s.tags, s.metadata`
+
+// runOnce moves one batch in one transaction.
+func (s *Service) runOnce(ctx context.Context) (*BatchResult, error) {
+	start := time.Now()
+	res, err := s.moveBatch(ctx)
+	s.m.BatchDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.m.BatchErrors.Inc()
+		return nil, err
+	}
+	s.m.Moved.Add(float64(res.Moved))
+	return res, nil
+}
+
+func (s *Service) moveBatch(ctx context.Context) (*BatchResult, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("enqueuer batch: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	rows, err := tx.Query(ctx, takeSQL, s.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("enqueuer batch: take: %w", err)
+	}
+	staged := make([]stagedRow, 0, s.cfg.BatchSize)
+	for rows.Next() {
+		var r stagedRow
+		if err := rows.Scan(&r.ID, &r.CreatedAt, &r.Kind, &r.Args, &r.Queue, &r.Priority, &r.MaxAttempts, &r.ScheduledAt, &r.Tags, &r.Metadata); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("enqueuer batch: scan: %w", err)
+		}
+		staged = append(staged, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("enqueuer batch: take: %w", err)
+	}
+	res := &BatchResult{Taken: len(staged)}
+	if len(staged) == 0 {
+		return res, nil
+	}
+
+	params := make([]river.InsertManyParams, 0, len(staged))
+	good := make([]*stagedRow, 0, len(staged))
+	var dead []deadRow
+	for i := range staged {
+		r := &staged[i]
+		if bad := s.valid.check(r); bad != nil {
+			dead = append(dead, deadRow{row: r, why: bad})
+			continue
+		}
+		p, err := insertParams(r)
+		if err != nil {
+			dead = append(dead, deadRow{row: r, why: &invalid{ReasonInvalidMeta, err.Error()}})
+			continue
+		}
+		params = append(params, p)
+		good = append(good, r)
+	}
+
+	moved, more, err := s.insertRows(ctx, tx, params, good)
+	if err != nil {
+		return nil, err
+	}
+	dead = append(dead, more...)
+	if err := insertDead(ctx, tx, dead); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("enqueuer batch: commit: %w", err)
+	}
+	res.Moved = moved
+	res.DeadLettered = len(dead)
+	for _, d := range dead {
+		s.m.DeadLettered.WithLabelValues(d.why.code).Inc()
+		s.logger.Warn("staged job dead-lettered",
+			zap.Int64("staged_id", d.row.ID), zap.String("kind", d.row.Kind),
+			zap.String("reason", d.why.code), zap.String("detail", d.why.detail))
+	}
+	return res, nil
+}
+
+// insertRows inserts params into River on tx. If River rejects the batch for
+// a reason this package's validation did not foresee, it falls back to one
+// savepoint per row so only the offending rows are dead-lettered; errors that
+// are not about the data (connection lost, serialization) fail the batch and
+// it is retried whole.
+func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, rows []*stagedRow) (int, []deadRow, error) {
+	if len(params) == 0 {
+		return 0, nil, nil
+	}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return 0, nil, fmt.Errorf("enqueuer batch: savepoint: %w", err)
+	}
+	n, err := s.river.InsertManyFastTx(ctx, sp, params)
+	if err == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return 0, nil, fmt.Errorf("enqueuer batch: release savepoint: %w", err)
+		}
+		return n, nil, nil
+	}
+	if !isDataError(err, tx.Conn()) {
+		return 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return 0, nil, fmt.Errorf("enqueuer batch: rollback savepoint: %w", err)
+	}
+	s.logger.Warn("river rejected a batch; retrying row by row", zap.Error(err), zap.Int("rows", len(rows)))
+	moved := 0
+	var dead []deadRow
+	for i := range params {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return 0, nil, fmt.Errorf("enqueuer batch: savepoint: %w", err)
+		}
+		if _, err := s.river.InsertManyFastTx(ctx, sp, params[i:i+1]); err != nil {
+			if !isDataError(err, tx.Conn()) {
+				return 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
+			}
+			if err := sp.Rollback(ctx); err != nil {
+				return 0, nil, fmt.Errorf("enqueuer batch: rollback savepoint: %w", err)
+			}
+			dead = append(dead, deadRow{row: rows[i], why: &invalid{ReasonRejectedByRiver, err.Error()}})
+			continue
+		}
+		if err := sp.Commit(ctx); err != nil {
+			return 0, nil, fmt.Errorf("enqueuer batch: release savepoint: %w", err)
+		}
+		moved++
+	}
+	return moved, dead, nil
+}
+
+// isDataError tells a row's fault from the environment's. River validates
+// params before touching the database (plain errors on a live connection);
+// PostgreSQL reports bad data as class 22 (data exception) or 23 (integrity
+// constraint violation). Anything else — a dropped connection, a timeout, a
+// cancelled context — fails the whole batch, which is retried: no row is
+// dead-lettered because of the environment.
+func isDataError(err error, conn *pgx.Conn) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var netErr interface{ Timeout() bool }
+	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) {
+		return false
+	}
+	return !conn.IsClosed()
+}
+
+// rawArgs hands River the staged job_args unchanged.
+type rawArgs struct {
+	kind string
+	args json.RawMessage
+}
+
+func (a rawArgs) Kind() string                 { return a.kind }
+func (a rawArgs) MarshalJSON() ([]byte, error) { return a.args, nil }
+
+func insertParams(r *stagedRow) (river.InsertManyParams, error) {
+	md, err := metadataFor(r)
+	if err != nil {
+		return river.InsertManyParams{}, err
+	}
+	opts := &river.InsertOpts{Metadata: md, Tags: r.Tags}
+	if r.Queue != nil {
+		opts.Queue = *r.Queue
+	}
+	if r.Priority != nil {
+		opts.Priority = int(*r.Priority)
+	}
+	if r.MaxAttempts != nil {
+		opts.MaxAttempts = int(*r.MaxAttempts)
+	}
+	if r.ScheduledAt != nil {
+		opts.ScheduledAt = *r.ScheduledAt
+	}
+	return river.InsertManyParams{Args: rawArgs{kind: r.Kind, args: r.Args}, InsertOpts: opts}, nil
+}
+
+type deadRow struct {
+	row *stagedRow
+	why *invalid
+}
+
+func insertDead(ctx context.Context, tx pgx.Tx, dead []deadRow) error {
+	if len(dead) == 0 {
+		return nil
+	}
+	// Few rows, rarely: a plain batch of inserts is simplest and clearest.
+	batch := &pgx.Batch{}
+	for _, d := range dead {
+		r := d.row
+		batch.Queue(`INSERT INTO staged_jobs_dead (id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, reason)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+			r.ID, r.CreatedAt, r.Kind, json.RawMessage(r.Args), r.Queue, r.Priority, r.MaxAttempts, r.ScheduledAt, r.Tags, nullJSON(r.Metadata), d.why.code+": "+d.why.detail)
+	}
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return fmt.Errorf("enqueuer batch: dead-letter: %w", err)
+	}
+	return nil
+}
+
+func nullJSON(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return json.RawMessage(b)
+}
+
+// Drain runs batches until one comes back short (the table is empty of
+// committed, unlocked rows). It is `enqueuer --once` and the body of every
+// wake-up.
+func (s *Service) Drain(ctx context.Context) (*DrainResult, error) {
+	return s.drain(ctx, nil)
+}
+
+func (s *Service) drain(ctx context.Context, stop <-chan struct{}) (*DrainResult, error) {
+	total := &DrainResult{}
+	for {
+		res, err := s.runOnce(ctx)
+		if err != nil {
+			return total, err
+		}
+		total.Batches++
+		total.Moved += res.Moved
+		total.DeadLettered += res.DeadLettered
+		if res.Taken < s.cfg.BatchSize {
+			if s.cfg.Ready != nil {
+				s.cfg.Ready.MarkPass(time.Now())
+			}
+			return total, nil
+		}
+		select {
+		case <-stop:
+			return total, nil
+		default:
+		}
+	}
+}
+
+// Start launches the listener and the drain loop. It returns at once.
+func (s *Service) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return errors.New("enqueuer: already started")
+	}
+	s.started = true
+	// Work runs on its own context so that Stop can let the current batch
+	// commit; cancel is the hard stop when the shutdown bound passes.
+	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	s.stop = make(chan struct{})
+	s.done = make(chan struct{})
+	if s.cfg.Ready != nil {
+		s.cfg.Ready.MarkStarted(time.Now())
+		s.cfg.Ready.MaxPassAge = max(3*s.cfg.PollInterval, 30*time.Second)
+	}
+
+	s.loopDone = make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); s.listen(workCtx) }()
+	go func() { defer wg.Done(); s.statsLoop(workCtx) }()
+	go func() { defer wg.Done(); defer close(s.loopDone); s.loop(workCtx) }()
+	go func() { wg.Wait(); close(s.done) }()
+	s.trigger("start")
+	return nil
+}
+
+// Stop lets the current batch finish and stops; if ctx ends first, the
+// batch is abandoned (its transaction rolls back: nothing is lost).
+func (s *Service) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	if !s.started {
+		s.mu.Unlock()
+		return nil
+	}
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	s.mu.Unlock()
+
+	// Let the drain loop finish its batch; the listener and stats loop have
+	// nothing to finish and are cancelled right after.
+	select {
+	case <-s.loopDone:
+	case <-ctx.Done():
+	}
+	s.cancel()
+	<-s.done
+	if ctx.Err() != nil {
+		return fmt.Errorf("enqueuer stop: %w", ctx.Err())
+	}
+	return nil
+}
+
+func (s *Service) trigger(cause string) {
+	select {
+	case s.wake <- cause:
+		s.m.Wakeups.WithLabelValues(cause).Inc()
+	default:
+		// A wake-up is already pending; it will see these rows too.
+	}
+}
+
+func (s *Service) loop(ctx context.Context) {
+	poll := time.NewTimer(s.cfg.PollInterval)
+	defer poll.Stop()
+	failures := 0
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		case <-poll.C:
+			s.m.Wakeups.WithLabelValues("poll").Inc()
+		}
+		res, err := s.drain(ctx, s.stop)
+		if err != nil {
+			failures++
+			backoff := retryDelay(failures)
+			s.logger.Error("drain failed; retrying", zap.Error(err), zap.Duration("retry_in", backoff), zap.Int("moved_before_error", res.Moved))
+			select {
+			case <-time.After(backoff):
+				s.trigger("retry")
+			case <-s.stop:
+				return
+			case <-ctx.Done():
+				return
+			}
+		} else {
+			failures = 0
+			if res.Moved+res.DeadLettered > 0 {
+				s.logger.Debug("drained", zap.Int("moved", res.Moved), zap.Int("dead_lettered", res.DeadLettered), zap.Int("batches", res.Batches))
+			}
+		}
+		if !poll.Stop() {
+			select {
+			case <-poll.C:
+			default:
+			}
+		}
+		poll.Reset(s.cfg.PollInterval)
+	}
+}
+
+// retryDelay is exponential with full jitter, capped at 10 s.
+func retryDelay(failures int) time.Duration {
+	base := 100 * time.Millisecond << min(failures, 7)
+	base = min(base, 10*time.Second)
+	return time.Duration(rand.Int64N(int64(base))) + 50*time.Millisecond
+}
+
+// listen holds a dedicated connection (not a pool one: LISTEN is session
+// state) and turns notifications into wake-ups. After a reconnect it wakes
+// the loop, since notifications sent while it was down are lost.
+func (s *Service) listen(ctx context.Context) {
+	failures := 0
+	for ctx.Err() == nil {
+		err := s.listenOnce(ctx, func() { failures = 0 })
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		s.m.ListenerUp.Set(0)
+		delay := retryDelay(failures)
+		s.logger.Warn("listener lost; reconnecting", zap.Error(err), zap.Duration("retry_in", delay))
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *Service) listenOnce(ctx context.Context, connected func()) error {
+	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("enqueuer listen: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("enqueuer listen: %w", err)
+	}
+	connected()
+	s.m.ListenerUp.Set(1)
+	s.trigger("reconnect")
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return fmt.Errorf("enqueuer listen: wait: %w", err)
+		}
+		s.trigger("notify")
+	}
+}
+
+// statsLoop refreshes the backlog gauges. count(*) is exact and cheap at the
+// backlogs this table should ever have; the oldest row is found through the
+// primary key.
+func (s *Service) statsLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.StatsInterval)
+	defer t.Stop()
+	for {
+		if err := s.refreshStats(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Debug("backlog stats failed", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Service) refreshStats(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var n int64
+	var age *float64
+	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM staged_jobs),
+       (SELECT extract(epoch FROM now() - created_at)::float8 FROM staged_jobs ORDER BY id LIMIT 1)`).Scan(&n, &age)
+	if err != nil {
+		return fmt.Errorf("enqueuer stats: %w", err)
+	}
+	s.m.Backlog.Set(float64(n))
+	if age != nil {
+		s.m.OldestAge.Set(*age)
+	} else {
+		s.m.OldestAge.Set(0)
+	}
+	return nil
+}

@@ -1,0 +1,502 @@
+package enqueuer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"idemd/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func newService(t *testing.T, pool *pgxpool.Pool, cfg Config) *Service {
+	t.Helper()
+	s, err := New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// stagedIDsInRiver is the oracle: the staged ids River holds, read from the
+// job metadata with SQL, independent of the enqueuer's own counters.
+func stagedIDsInRiver(t *testing.T, pool *pgxpool.Pool) []int64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT (metadata->>'idemd_staged_id')::bigint FROM river_job ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// waitFor polls cond until it holds or the deadline passes. The deadline only
+// bounds a hung test; nothing is asserted about how long it took.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestDrainMovesRowsWithOptions(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+INSERT INTO staged_jobs (job_name, job_args) VALUES ('send_ride_receipt', '{"ride_id": 1}');
+INSERT INTO staged_jobs (job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata)
+VALUES ('send_ride_receipt', '{"ride_id": 2}', 'mail', 2, 5, now() + interval '1 hour', '{ride,receipt}', '{"trace": "abc"}');`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newService(t, pool, Config{})
+	res, err := s.Drain(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Moved != 2 || res.DeadLettered != 0 {
+		t.Fatalf("drain result %+v", res)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM staged_jobs"); n != 0 {
+		t.Fatalf("%d rows left staged", n)
+	}
+	type job struct {
+		Kind, Queue, State string
+		Priority, Max      int16
+		Args, Meta         []byte
+		Tags               []string
+		Future             bool
+	}
+	rows, _ := pool.Query(ctx, `SELECT kind, queue, state::text, priority, max_attempts, args, metadata, tags, scheduled_at > now()
+FROM river_job ORDER BY (metadata->>'idemd_staged_id')::bigint`)
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (job, error) {
+		var j job
+		err := r.Scan(&j.Kind, &j.Queue, &j.State, &j.Priority, &j.Max, &j.Args, &j.Meta, &j.Tags, &j.Future)
+		return j, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs) != 2 {
+		t.Fatalf("got %d jobs", len(jobs))
+	}
+	if j := jobs[0]; j.Kind != "send_ride_receipt" || j.Queue != "default" || j.State != "available" || j.Priority != 1 || j.Max != 25 || string(j.Args) != `{"ride_id": 1}` {
+		t.Fatalf("plain job: %+v", j)
+	}
+	if j := jobs[1]; j.Queue != "mail" || j.Priority != 2 || j.Max != 5 || j.State != "scheduled" || !j.Future || !slices.Equal(j.Tags, []string{"ride", "receipt"}) {
+		t.Fatalf("job with options: %+v", j)
+	}
+	var meta map[string]any
+	if err := json.Unmarshal(jobs[1].Meta, &meta); err != nil {
+		t.Fatal(err)
+	}
+	if meta["trace"] != "abc" || meta["idemd_staged_id"] == nil || meta["idemd_staged_at"] == nil {
+		t.Fatalf("metadata not merged: %v", meta)
+	}
+	if _, err := time.Parse(time.RFC3339Nano, meta["idemd_staged_at"].(string)); err != nil {
+		t.Fatalf("staged_at: %v", err)
+	}
+}
+
+func TestPoisonRowsAreDeadLetteredAndNeverBlockTheBatch(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	big := `{"blob": "` + strings.Repeat("x", 2000) + `"}`
+	_, err := pool.Exec(ctx, `
+INSERT INTO staged_jobs (job_name, job_args) VALUES ('good', '{"n": 1}');
+INSERT INTO staged_jobs (job_name, job_args) VALUES ('unlisted', '{"n": 2}');
+INSERT INTO staged_jobs (job_name, job_args, queue) VALUES ('good', '{"n": 3}', 'Bad Queue!');
+INSERT INTO staged_jobs (job_name, job_args, priority) VALUES ('good', '{"n": 4}', 9);
+INSERT INTO staged_jobs (job_name, job_args, max_attempts) VALUES ('good', '{"n": 5}', 0);
+INSERT INTO staged_jobs (job_name, job_args) VALUES ('good', '{"big": "placeholder"}');
+INSERT INTO staged_jobs (job_name, job_args) VALUES ('good', '[1, 2]');
+INSERT INTO staged_jobs (job_name, job_args, tags) VALUES ('good', '{"n": 8}', '{"no spaces allowed"}');
+INSERT INTO staged_jobs (job_name, job_args, metadata) VALUES ('good', '{"n": 9}', '[1]');
+INSERT INTO staged_jobs (job_name, job_args) VALUES ('good', '{"n": 10}');
+INSERT INTO staged_jobs (job_name, job_args) VALUES ('', '{"n": 11}');
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE staged_jobs SET job_args = $1 WHERE job_args ? 'big'`, big); err != nil {
+		t.Fatal(err)
+	}
+	s := newService(t, pool, Config{AllowedKinds: []string{"good"}, MaxArgsBytes: 1024})
+	res, err := s.Drain(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Moved != 2 || res.DeadLettered != 9 {
+		t.Fatalf("drain result %+v", res)
+	}
+	var moved []int
+	rows, _ := pool.Query(ctx, `SELECT (args->>'n')::int FROM river_job ORDER BY 1`)
+	moved, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(moved, []int{1, 10}) {
+		t.Fatalf("moved %v, want [1 10]", moved)
+	}
+	wantReasons := map[string]string{
+		"unlisted":  ReasonUnknownKind,
+		`{"n": 3}`:  ReasonInvalidQueue,
+		`{"n": 4}`:  ReasonInvalidPrio,
+		`{"n": 5}`:  ReasonInvalidMaxAtt,
+		"big":       ReasonArgsTooLarge,
+		"[1, 2]":    ReasonInvalidArgs,
+		`{"n": 8}`:  ReasonInvalidTags,
+		`{"n": 9}`:  ReasonInvalidMeta,
+		`{"n": 11}`: ReasonInvalidKind,
+	}
+	rows, _ = pool.Query(ctx, `SELECT CASE WHEN job_name = 'unlisted' THEN 'unlisted' WHEN length(job_args::text) > 1000 THEN 'big' ELSE job_args::text END, reason FROM staged_jobs_dead`)
+	got := map[string]string{}
+	for rows.Next() {
+		var k, reason string
+		if err := rows.Scan(&k, &reason); err != nil {
+			t.Fatal(err)
+		}
+		got[k] = reason
+	}
+	if len(got) != len(wantReasons) {
+		t.Fatalf("dead rows %v", got)
+	}
+	for k, code := range wantReasons {
+		if !strings.HasPrefix(got[k], code+": ") {
+			t.Errorf("row %s: reason %q, want prefix %q", k, got[k], code)
+		}
+	}
+	if n := count(t, pool, "SELECT count(*) FROM staged_jobs"); n != 0 {
+		t.Fatalf("%d rows left staged", n)
+	}
+	if v := testutil.ToFloat64(s.m.DeadLettered.WithLabelValues(ReasonInvalidQueue)); v != 1 {
+		t.Fatalf("dead-letter metric for invalid_queue = %v", v)
+	}
+}
+
+// A transaction holding a low id open across several drains: rows with
+// higher ids move past it, and it moves once it commits. A high-water-mark
+// design would lose it.
+func TestLateCommittingLowerIDIsMoved(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	s := newService(t, pool, Config{BatchSize: 10})
+
+	late, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Rollback(ctx) //nolint:errcheck
+	var lateID int64
+	if err := late.QueryRow(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('late', '{}') RETURNING id`).Scan(&lateID); err != nil {
+		t.Fatal(err)
+	}
+	for pass := range 3 {
+		if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'early', '{}' FROM generate_series(1, 25)`); err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Drain(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Moved != 25 {
+			t.Fatalf("pass %d moved %d, want 25", pass, res.Moved)
+		}
+	}
+	if ids := stagedIDsInRiver(t, pool); slices.Contains(ids, lateID) || len(ids) != 75 || ids[0] <= lateID {
+		t.Fatalf("before commit: %d jobs, lowest %d, late id %d", len(ids), ids[0], lateID)
+	}
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Drain(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Moved != 1 || !slices.Contains(stagedIDsInRiver(t, pool), lateID) {
+		t.Fatalf("late row not moved: %+v", res)
+	}
+}
+
+// The invariant under concurrency: writers staging (some rolling back) while
+// three started services drain. River ends with exactly one job per
+// committed staged id and none for rolled-back ones.
+func TestExactlyOnceWithConcurrentWritersAndReplicas(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	const (
+		writers     = 4
+		txPerWriter = 50
+		rowsPerTx   = 500 // 4*50*500 = 100k rows attempted
+	)
+
+	var services []*Service
+	for range 3 {
+		// A long poll interval: the services must be woken by NOTIFY.
+		s := newService(t, pool, Config{BatchSize: 1000, PollInterval: time.Hour})
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		services = append(services, s)
+	}
+
+	var (
+		mu         sync.Mutex
+		committed  []int64
+		rolledBack []int64
+	)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 42))
+			for range txPerWriter {
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				rows, err := tx.Query(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'work', jsonb_build_object('i', g) FROM generate_series(1, $1) g RETURNING id`, rowsPerTx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if rng.IntN(10) == 0 {
+					_ = tx.Rollback(ctx)
+					mu.Lock()
+					rolledBack = append(rolledBack, ids...)
+					mu.Unlock()
+					continue
+				}
+				if err := tx.Commit(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				committed = append(committed, ids...)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	waitFor(t, "staged_jobs to drain", func() bool {
+		return count(t, pool, "SELECT count(*) FROM staged_jobs") == 0
+	})
+	for _, s := range services {
+		if err := s.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(committed) < 80_000 || len(rolledBack) == 0 {
+		t.Fatalf("test did not exercise enough: %d committed, %d rolled back", len(committed), len(rolledBack))
+	}
+	got := stagedIDsInRiver(t, pool)
+	slices.Sort(committed)
+	if !slices.Equal(got, committed) {
+		t.Fatalf("River holds %d jobs for %d committed rows (duplicates or losses)", len(got), len(committed))
+	}
+	if n := count(t, pool, "SELECT count(*) FROM river_job WHERE (metadata->>'idemd_staged_id')::bigint = ANY($1)", rolledBack); n != 0 {
+		t.Fatalf("%d jobs for rolled-back rows", n)
+	}
+	var woken float64
+	for _, s := range services {
+		woken += testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify"))
+	}
+	if woken == 0 {
+		t.Fatal("no service was woken by NOTIFY")
+	}
+}
+
+func TestWakesOnNotifyWithoutPolling(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	s := newService(t, pool, Config{PollInterval: time.Hour})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx) //nolint:errcheck
+	waitFor(t, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 1 })
+	if testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify")) < 1 {
+		t.Fatal("moved without a notify wake-up")
+	}
+	if testutil.ToFloat64(s.m.Wakeups.WithLabelValues("poll")) != 0 {
+		t.Fatal("a poll happened with an hour-long interval")
+	}
+}
+
+// Connections cut under the service: its listener and batch connections are
+// terminated by the server repeatedly while rows are staged. It reconnects
+// by itself and every committed row still becomes exactly one job.
+func TestSurvivesTerminatedConnections(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["application_name"] = "idemd-enqueuer-under-test"
+	svcPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svcPool.Close()
+	s := newService(t, svcPool, Config{BatchSize: 200, PollInterval: 50 * time.Millisecond})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var staged atomic.Int64
+	for round := range 20 {
+		if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', '{}' FROM generate_series(1, 1000)`); err != nil {
+			t.Fatal(err)
+		}
+		staged.Add(1000)
+		// Cut every connection the service has, mid-drain or mid-wait.
+		if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idemd-enqueuer-under-test'`); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+	waitFor(t, "drain after connection cuts", func() bool {
+		return count(t, pool, "SELECT count(*) FROM staged_jobs") == 0
+	})
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ids := stagedIDsInRiver(t, pool)
+	if int64(len(ids)) != staged.Load() || len(slices.Compact(ids)) != len(ids) {
+		t.Fatalf("%d jobs (%d distinct) for %d staged rows", len(ids), len(slices.Compact(slices.Clone(ids))), staged.Load())
+	}
+	if testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect")) < 2 {
+		t.Fatal("listener never reconnected")
+	}
+}
+
+type workArgs struct {
+	N int `json:"n"`
+}
+
+func (workArgs) Kind() string { return "idemd_test_work" }
+
+type worker struct {
+	river.WorkerDefaults[workArgs]
+	seen chan int
+}
+
+func (w *worker) Work(_ context.Context, j *river.Job[workArgs]) error {
+	w.seen <- j.Args.N
+	return nil
+}
+
+// A real River client with a worker registered works what the enqueuer moved.
+func TestRiverWorkerWorksMovedJobs(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	const n = 200
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'idemd_test_work', jsonb_build_object('n', g) FROM generate_series(1, $1) g`, n); err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{seen: make(chan int, n)}
+	workers := river.NewWorkers()
+	river.AddWorker(workers, w)
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 20}},
+		Workers:           workers,
+		FetchPollInterval: 200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Stop(ctx) //nolint:errcheck
+
+	s := newService(t, pool, Config{BatchSize: 64})
+	if _, err := s.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := map[int]bool{}
+	deadline := time.After(2 * time.Minute)
+	for len(got) < n {
+		select {
+		case v := <-w.seen:
+			if got[v] {
+				t.Fatalf("job %d worked twice", v)
+			}
+			got[v] = true
+		case <-deadline:
+			t.Fatalf("worked %d of %d", len(got), n)
+		}
+	}
+	waitFor(t, "jobs completed", func() bool {
+		return count(t, pool, "SELECT count(*) FROM river_job WHERE state = 'completed'") == n
+	})
+}
+
+func TestStopFinishesTheCurrentBatch(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', '{}' FROM generate_series(1, 20000)`); err != nil {
+		t.Fatal(err)
+	}
+	s := newService(t, pool, Config{BatchSize: 500, PollInterval: time.Hour})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "some progress", func() bool { return testutil.ToFloat64(s.m.Moved) > 0 })
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Whatever moved, moved whole: staged + River == 20000 and the moved
+	// count is a whole number of batches.
+	inRiver := count(t, pool, "SELECT count(*) FROM river_job")
+	left := count(t, pool, "SELECT count(*) FROM staged_jobs")
+	if inRiver+left != 20000 || inRiver%500 != 0 || inRiver != int64(testutil.ToFloat64(s.m.Moved)) {
+		t.Fatalf("after stop: %d in River, %d staged", inRiver, left)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, cfg := range []Config{{BatchSize: -1}, {BatchSize: 1_000_000}, {PollInterval: -time.Second}, {AllowedKinds: []string{""}}} {
+		if _, err := New(nil, cfg); err == nil {
+			t.Errorf("config %+v accepted", cfg)
+		}
+	}
+	_ = fmt.Sprint()
+}

@@ -1,0 +1,56 @@
+package enqueuer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the enqueuer's Prometheus collectors.
+type Metrics struct {
+	Moved         prometheus.Counter
+	DeadLettered  *prometheus.CounterVec
+	BatchDuration prometheus.Histogram
+	BatchErrors   prometheus.Counter
+	Backlog       prometheus.Gauge
+	OldestAge     prometheus.Gauge
+	Wakeups       *prometheus.CounterVec
+	ListenerUp    prometheus.Gauge
+}
+
+// NewMetrics creates the collectors; Register adds them to a registry.
+func NewMetrics() *Metrics {
+	return &Metrics{
+		Moved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_jobs_moved_total", Help: "Staged jobs inserted into River.",
+		}),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_jobs_dead_lettered_total", Help: "Staged jobs moved to staged_jobs_dead, by reason.",
+		}, []string{"reason"}),
+		BatchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "idemd_enqueuer_batch_duration_seconds", Help: "Duration of one move transaction.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		BatchErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_batch_errors_total", Help: "Batches that failed and were rolled back (retried).",
+		}),
+		Backlog: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_enqueuer_backlog_jobs", Help: "Rows in staged_jobs.",
+		}),
+		OldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_enqueuer_oldest_staged_age_seconds", Help: "Age of the oldest row in staged_jobs (0 when empty).",
+		}),
+		Wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_wakeups_total", Help: "Drain wake-ups by cause (notify, poll, reconnect, retry, start).",
+		}, []string{"cause"}),
+		ListenerUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_enqueuer_listener_up", Help: "1 while the LISTEN connection is established.",
+		}),
+	}
+}
+
+// Register adds the collectors to reg.
+func (m *Metrics) Register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.Moved, m.DeadLettered, m.BatchDuration, m.BatchErrors, m.Backlog, m.OldestAge, m.Wakeups, m.ListenerUp} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
