@@ -1,0 +1,240 @@
+// Package server runs Rocket Rides as one process for the demo: the API, the
+// fake Stripe (unless a real Stripe URL is given), the receipt worker (River)
+// and an admin listener for the fault switch. cmd/rocketrides is its main.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"go.uber.org/zap"
+
+	"idemd/examples/rocketrides/api"
+	"idemd/examples/rocketrides/fakestripe"
+	"idemd/examples/rocketrides/receipts"
+	"idemd/idem/replayauth"
+	"idemd/internal/config"
+	"idemd/internal/daemon"
+	"idemd/internal/logging"
+)
+
+// Description is the command's --help summary.
+const Description = "Rocket Rides: the reference API (POST /rides) with a fake Stripe and the receipt worker."
+
+// Command is the CLI of cmd/rocketrides. Flags have IDEMD_ environment
+// equivalents, like idemd's daemons.
+type Command struct {
+	config.Common `embed:""`
+
+	Addr                     string        `name:"addr" default:":8080" help:"API listen address."`
+	AdminAddr                string        `name:"admin-addr" default:"127.0.0.1:8081" help:"Admin listener: GET/PUT /faults. Empty disables it."`
+	StripeAddr               string        `name:"stripe-addr" default:"127.0.0.1:12111" help:"Where to serve the fake Stripe (ignored with --stripe-url)."`
+	StripeURL                string        `name:"stripe-url" help:"Use this Stripe instead of the built-in fake."`
+	StripeKeyFile            string        `name:"stripe-key-file" help:"File holding the Stripe secret key (required with --stripe-url)."`
+	StripeLatency            time.Duration `name:"stripe-latency" default:"0s" help:"Delay of each fake Stripe charge, so clients can give up mid-request."`
+	ReplaySecretFile         string        `name:"replay-secret-file" help:"Secret for the completer's replay signature; empty disables the replay path."`
+	ReplaySecretFilePrevious string        `name:"replay-secret-file-previous" help:"Previous replay secret, accepted during a rotation."`
+	FaultAt                  string        `name:"fault-at" help:"Inject faults at: before, started, ride_created, charge_created, or empty for every point."`
+	FaultRate                float64       `name:"fault-rate" default:"0" help:"Fraction of requests failed at --fault-at (0..1)."`
+	FaultKind                string        `name:"fault-kind" default:"internal" enum:"internal,serialization" help:"Injected fault: internal (500) or serialization (409 after retries)."`
+	Receipts                 bool          `name:"receipts" default:"true" negatable:"" help:"Run the send_ride_receipt River worker."`
+	ReceiptWorkers           int           `name:"receipt-workers" default:"10" help:"Receipt worker concurrency."`
+}
+
+// CommonConfig implements daemon.Command.
+func (c *Command) CommonConfig() *config.Common { return &c.Common }
+
+// Check lists every configuration problem.
+func (c *Command) Check() []string {
+	p := c.Common.Check()
+	if c.StripeURL != "" && c.StripeKeyFile == "" {
+		p = append(p, "--stripe-key-file is required with --stripe-url")
+	}
+	if c.FaultRate < 0 || c.FaultRate > 1 {
+		p = append(p, "--fault-rate must be within 0..1")
+	}
+	switch c.FaultAt {
+	case "", api.AtBefore, api.RecoveryPointStarted, api.RecoveryPointRideCreated, api.RecoveryPointChargeCreated:
+	default:
+		p = append(p, fmt.Sprintf("--fault-at %q: want before, started, ride_created or charge_created", c.FaultAt))
+	}
+	if c.ReceiptWorkers <= 0 {
+		p = append(p, "--receipt-workers must be positive")
+	}
+	return p
+}
+
+// Run implements daemon.Command.
+func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
+	log := env.Logger
+	if err := api.Migrate(ctx, env.Pool); err != nil {
+		return err
+	}
+
+	stripeURL, stripeKey := c.StripeURL, "sk_test_rocketrides_fake"
+	var stops []func(context.Context) error
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+		defer cancel()
+		for i := len(stops) - 1; i >= 0; i-- {
+			if err := stops[i](sctx); err != nil {
+				log.Warn("shutdown", zap.Error(err))
+			}
+		}
+	}()
+
+	if stripeURL == "" {
+		fake := fakestripe.New()
+		fake.SetLatency(c.StripeLatency)
+		addr, stop, err := serve(c.StripeAddr, fake)
+		if err != nil {
+			return fmt.Errorf("fake stripe: %w", err)
+		}
+		stops = append(stops, stop)
+		stripeURL = "http://" + addr
+		log.Info("fake stripe listening", zap.String("addr", addr),
+			zap.String("charges", "http://"+addr+"/_fake/charges"), zap.String("stats", "http://"+addr+"/_fake/stats"))
+	} else {
+		s, err := readSecretFile(c.StripeKeyFile)
+		if err != nil {
+			return &config.Error{Problems: []string{"--stripe-key-file: " + err.Error()}}
+		}
+		stripeKey = s
+	}
+
+	var verifier *replayauth.Verifier
+	if c.ReplaySecretFile != "" {
+		secrets, err := replayauth.ReadSecretFiles(c.ReplaySecretFile, c.ReplaySecretFilePrevious)
+		if err != nil {
+			return &config.Error{Problems: []string{err.Error()}}
+		}
+		if verifier, err = replayauth.NewVerifier(0, secrets...); err != nil {
+			return err
+		}
+	} else {
+		log.Warn("no --replay-secret-file: the completer's replay path is disabled")
+	}
+
+	faults := api.NewFaults()
+	if c.FaultRate > 0 {
+		if err := faults.Set(api.FaultRule{At: c.FaultAt, Rate: c.FaultRate, Kind: api.FaultKind(c.FaultKind)}); err != nil {
+			return &config.Error{Problems: []string{err.Error()}}
+		}
+	}
+
+	h, err := api.New(api.Config{
+		Pool: env.Pool, StripeURL: stripeURL, StripeKey: stripeKey, Replay: verifier, Logger: log, Faults: faults,
+	})
+	if err != nil {
+		return err
+	}
+	responses := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rocketrides_http_responses_total", Help: "API responses by status code.",
+	}, []string{"code"})
+	env.Registry.MustRegister(responses)
+	addr, stop, err := serve(c.Addr, countResponses(h, responses))
+	if err != nil {
+		return fmt.Errorf("api: %w", err)
+	}
+	stops = append(stops, stop)
+	log.Info("rocketrides API listening", zap.String("addr", addr))
+
+	if c.AdminAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/faults", faults)
+		a, stop, err := serve(c.AdminAddr, mux)
+		if err != nil {
+			return fmt.Errorf("admin: %w", err)
+		}
+		stops = append(stops, stop)
+		log.Info("admin listening", zap.String("faults", "http://"+a+"/faults"))
+	}
+
+	if c.Receipts {
+		rc, err := startReceipts(ctx, env.Pool, log, c.ReceiptWorkers)
+		if err != nil {
+			return err
+		}
+		stops = append(stops, rc.Stop)
+	}
+	env.Ready.MarkStarted(time.Now())
+	<-ctx.Done()
+	return nil
+}
+
+func startReceipts(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, workers int) (*river.Client[pgx.Tx], error) {
+	ws := river.NewWorkers()
+	receipts.Register(ws, pool)
+	rc, err := river.NewClient[pgx.Tx](riverpgxv5.New(pool), &river.Config{
+		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: workers}},
+		Workers: ws,
+		Logger:  logging.Slog(log),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("receipts: river client: %w", err)
+	}
+	// Started on a context that outlives SIGTERM, so Stop can drain.
+	if err := rc.Start(context.WithoutCancel(ctx)); err != nil {
+		return nil, fmt.Errorf("receipts: start river: %w", err)
+	}
+	return rc, nil
+}
+
+func serve(addr string, h http.Handler) (string, func(context.Context) error, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	return ln.Addr().String(), func(ctx context.Context) error {
+		err := srv.Shutdown(ctx)
+		if serr := <-done; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+			return serr
+		}
+		return err
+	}, nil
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.code = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func countResponses(h http.Handler, c *prometheus.CounterVec) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		h.ServeHTTP(rec, r)
+		c.WithLabelValues(strconv.Itoa(rec.code)).Inc()
+	})
+}
+
+func readSecretFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "", errors.New("file is empty")
+	}
+	return s, nil
+}
