@@ -153,6 +153,13 @@ func (s *Service) run(ctx context.Context, res *Result, start time.Time) (err er
 		s.logger.Debug("client_connection_check_interval not supported", zap.Error(err))
 	}
 
+	// A dry run changes nothing, so it needs no lock: an operator previewing
+	// while a run is going still gets an answer.
+	if s.cfg.DryRun {
+		defer conn.Release()
+		return s.dryRun(ctx, conn.Conn(), res)
+	}
+
 	var locked bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&locked); err != nil {
 		conn.Release()
@@ -179,9 +186,6 @@ func (s *Service) run(ctx context.Context, res *Result, start time.Time) (err er
 
 	if s.hooks.afterLock != nil {
 		s.hooks.afterLock(ctx)
-	}
-	if s.cfg.DryRun {
-		return s.dryRun(ctx, conn.Conn(), res)
 	}
 	if err := s.checkCaps(ctx, conn.Conn()); err != nil {
 		res.StopReason = "error"

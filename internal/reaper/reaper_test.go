@@ -462,3 +462,25 @@ SELECT now() - interval '80 hours', 'late-' || g, 'POST', '{}', '/', 'finished',
 		t.Fatalf("%d keys left, want 5", n)
 	}
 }
+
+// TestDryRunWhileARunHoldsTheLock: a preview does not wait for, or skip
+// because of, a real run.
+func TestDryRunWhileARunHoldsTheLock(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	insertOldKeys(t, pool, 3)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", lockKey) //nolint:errcheck
+	svc, out := newService(t, pool, func(s *Settings) { s.DryRun = true })
+	res, err := svc.runOnce(ctx)
+	if err != nil || res.LockHeld || res.WouldDelete != 3 || !strings.Contains(out.String(), "would delete 3 keys") {
+		t.Fatalf("%+v, %v\n%s", res, err, out)
+	}
+}
