@@ -17,6 +17,7 @@ type CLI struct {
 	config.Common `embed:""`
 
 	BatchSize     int           `name:"batch-size" default:"2000" help:"Most staged rows moved per transaction."`
+	Workers       int           `name:"workers" default:"2" help:"Batches moved at once while draining, each on its own connection."`
 	PollInterval  time.Duration `name:"poll-interval" default:"2s" help:"Fallback poll when no NOTIFY arrives (notifications are the normal wake-up)."`
 	AllowedKinds  []string      `name:"allowed-kinds" sep:"," help:"Comma-separated job kinds to accept; others are dead-lettered. Empty accepts any kind."`
 	MaxArgsBytes  int           `name:"max-args-bytes" default:"262144" help:"Dead-letter staged rows whose job_args exceed this many bytes."`
@@ -35,6 +36,9 @@ func (c *CLI) Check() []string {
 	}
 	if c.PollInterval <= 0 {
 		p = append(p, "--poll-interval must be positive")
+	}
+	if c.Workers < 1 || c.Workers > 64 {
+		p = append(p, fmt.Sprintf("--workers must be between 1 and 64, got %d", c.Workers))
 	}
 	if c.MaxArgsBytes < 1 {
 		p = append(p, "--max-args-bytes must be positive")
@@ -58,6 +62,7 @@ func (c *CLI) Run(ctx context.Context, env *daemon.Env) error {
 	}
 	svc, err := New(env.Pool, Config{
 		BatchSize:     c.BatchSize,
+		Workers:       c.Workers,
 		PollInterval:  c.PollInterval,
 		AllowedKinds:  c.AllowedKinds,
 		MaxArgsBytes:  c.MaxArgsBytes,

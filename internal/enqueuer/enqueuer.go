@@ -43,6 +43,7 @@ const NotifyChannel = "idemd_staged_jobs"
 // Defaults, chosen by the benchmark in enqueuerbench (docs/enqueuer.md).
 const (
 	DefaultBatchSize     = 2000
+	DefaultWorkers       = 2
 	DefaultPollInterval  = 2 * time.Second
 	DefaultMaxArgsBytes  = 256 << 10
 	DefaultStatsInterval = 5 * time.Second
@@ -52,6 +53,11 @@ const (
 type Config struct {
 	// BatchSize is the most rows one transaction moves.
 	BatchSize int
+	// Workers is how many batches one replica moves at once while draining,
+	// each in its own transaction on its own connection (SKIP LOCKED keeps
+	// them disjoint). Two overlap the client's encoding with the server's
+	// inserting, which is where a single worker waits.
+	Workers int
 	// PollInterval is the fallback wake-up when no notification arrives.
 	PollInterval time.Duration
 	// AllowedKinds, when non-empty, dead-letters any other job_name.
@@ -60,6 +66,9 @@ type Config struct {
 	MaxArgsBytes int
 	// StatsInterval is how often the backlog gauges are refreshed.
 	StatsInterval time.Duration
+	// PollOnly disables LISTEN: the service wakes only on PollInterval. It
+	// exists to measure the article's polling design against NOTIFY.
+	PollOnly bool
 	// Logger; nil discards.
 	Logger *zap.Logger
 	// Metrics; nil creates unregistered ones.
@@ -75,6 +84,9 @@ func (c *Config) validate() error {
 	}
 	if c.PollInterval < 0 {
 		p = append(p, "poll interval must be positive")
+	}
+	if c.Workers < 0 || c.Workers > 64 {
+		p = append(p, fmt.Sprintf("workers must be between 1 and 64, got %d", c.Workers))
 	}
 	if c.MaxArgsBytes < 0 {
 		p = append(p, "max args bytes must be positive")
@@ -95,6 +107,9 @@ func (c *Config) validate() error {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
+	}
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
 	}
 	if c.MaxArgsBytes == 0 {
 		c.MaxArgsBytes = DefaultMaxArgsBytes
@@ -403,6 +418,39 @@ func (s *Service) Drain(ctx context.Context) (*DrainResult, error) {
 }
 
 func (s *Service) drain(ctx context.Context, stop <-chan struct{}) (*DrainResult, error) {
+	if s.cfg.Workers == 1 {
+		return s.drainWorker(ctx, stop)
+	}
+	var (
+		mu       sync.Mutex
+		total    = &DrainResult{}
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	for range s.cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := s.drainWorker(ctx, stop)
+			mu.Lock()
+			defer mu.Unlock()
+			total.Batches += res.Batches
+			total.Moved += res.Moved
+			total.DeadLettered += res.DeadLettered
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr == nil && s.cfg.Ready != nil {
+		s.cfg.Ready.MarkPass(time.Now())
+	}
+	return total, firstErr
+}
+
+// drainWorker moves batches until one comes back short.
+func (s *Service) drainWorker(ctx context.Context, stop <-chan struct{}) (*DrainResult, error) {
 	total := &DrainResult{}
 	for {
 		res, err := s.runOnce(ctx)
@@ -448,7 +496,12 @@ func (s *Service) Start(ctx context.Context) error {
 	s.loopDone = make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(3)
-	go func() { defer wg.Done(); s.listen(workCtx) }()
+	go func() {
+		defer wg.Done()
+		if !s.cfg.PollOnly {
+			s.listen(workCtx)
+		}
+	}()
 	go func() { defer wg.Done(); s.statsLoop(workCtx) }()
 	go func() { defer wg.Done(); defer close(s.loopDone); s.loop(workCtx) }()
 	go func() { wg.Wait(); close(s.done) }()

@@ -1,0 +1,9 @@
+package benchreport
+
+import "context"
+
+// Suites are the benchmark suites by name.
+var Suites = map[string]func(ctx context.Context, adminURL string, scale Scale, logf func(string, ...any), rep *Report) error{
+	"enqueuer": Enqueuer,
+	"reaper":   Reaper,
+}

@@ -1,0 +1,102 @@
+package benchreport
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"idemd/internal/enqueuer/enqueuerbench"
+	"idemd/internal/reaper/reaperbench"
+)
+
+// Scale shrinks every suite for a quick run (1 = the issues' sizes).
+type Scale float64
+
+func (s Scale) n(full int) int { return max(1, int(float64(full)*float64(s))) }
+
+// Enqueuer runs the enqueuer suite and appends its rows.
+func Enqueuer(ctx context.Context, adminURL string, scale Scale, logf func(string, ...any), rep *Report) error {
+	res, err := enqueuerbench.Run(ctx, adminURL, enqueuerbench.Options{
+		Jobs:            scale.n(200_000),
+		LatencyDuration: time.Duration(float64(10*time.Second) * float64(max(scale, 0.2))),
+		Logf:            logf,
+	})
+	if err != nil {
+		return fmt.Errorf("enqueuer suite: %w", err)
+	}
+	var single, article, one, two float64
+	for _, t := range res.Throughput {
+		switch t.Name {
+		case "single SQL statement (anchor)":
+			single = t.JobsPerSec
+		case "article: one-by-one inserts (anchor)":
+			article = t.JobsPerSec
+		case "enqueuer, defaults (batch 2000, 2 workers)":
+			one = t.JobsPerSec
+		case "enqueuer, 2 replicas, defaults":
+			two = t.JobsPerSec
+		}
+	}
+	for _, t := range res.Throughput {
+		row := Row{Suite: "enqueuer", Name: fmt.Sprintf("drain %d staged jobs: %s", t.Jobs, t.Name), Value: fmt.Sprintf("%.0f jobs/s", t.JobsPerSec)}
+		if t.JobsPerSec != single {
+			row.Ratio = Join(Ratio(t.VsSingle, "single statement"), ratioIf(t.VsArticle, "article"))
+		}
+		switch t.Name {
+		case "enqueuer, defaults (batch 2000, 2 workers)":
+			row.Target = Goal("≥0.8× single, ≥10× article", t.VsSingle >= 0.8 && t.VsArticle >= 10)
+		case "enqueuer, 2 replicas, defaults":
+			row.Ratio = Join(row.Ratio, Ratio(two/one, "one replica"))
+			row.Target = Goal("≥1.3× one replica", two/one >= 1.3)
+		}
+		rep.Rows = append(rep.Rows, row)
+	}
+	_ = article
+	var notifyP99, pollP99 time.Duration
+	for _, l := range res.Latency {
+		row := Row{Suite: "enqueuer", Name: fmt.Sprintf("commit-to-River latency, %s (%d jobs)", l.Name, l.Jobs),
+			Value: fmt.Sprintf("p50 %s, p99 %s, max %s", Dur(l.P50), Dur(l.P99), Dur(l.Max))}
+		if l.Name == "article: poll every 5s" {
+			pollP99 = l.P99
+		} else {
+			notifyP99 = l.P99
+			row.Target = Goal("p99 ≤ 10 ms", l.P99 <= 10*time.Millisecond)
+		}
+		rep.Rows = append(rep.Rows, row)
+	}
+	if pollP99 > 0 && notifyP99 > 0 {
+		rep.Rows[len(rep.Rows)-1].Ratio = Ratio(float64(pollP99)/float64(notifyP99), "NOTIFY p99")
+	}
+	return nil
+}
+
+func ratioIf(v float64, against string) string {
+	if v == 0 {
+		return ""
+	}
+	return Ratio(v, against)
+}
+
+// Reaper runs the reaper suite and appends its rows.
+func Reaper(ctx context.Context, adminURL string, scale Scale, logf func(string, ...any), rep *Report) error {
+	res, err := reaperbench.Run(ctx, adminURL, reaperbench.Options{Keys: scale.n(2_000_000), Logf: logf})
+	if err != nil {
+		return fmt.Errorf("reaper suite: %w", err)
+	}
+	for _, r := range res.Rows {
+		row := Row{Suite: "reaper", Name: fmt.Sprintf("delete %d of %d keys: %s", r.Deleted, res.Keys, r.Name), Value: fmt.Sprintf("%.0f keys/s", r.KeysPerSec)}
+		row.Ratio = Join(ratioIf(r.VsArticle, "article loop"), ratioIf(r.VsSingle, "single DELETE"))
+		rep.Rows = append(rep.Rows, row)
+	}
+	rep.Rows = append(rep.Rows,
+		Row{Suite: "reaper", Name: "idle pass (nothing to reap), reaper", Value: Dur(res.IdleReaper),
+			Ratio:  Ratio(float64(res.IdleArticle)/float64(max(res.IdleReaper, time.Microsecond)), "faster than the article's idle pass"),
+			Target: Goal("≤ 10 ms", res.IdleReaper <= 10*time.Millisecond)},
+		Row{Suite: "reaper", Name: "idle pass (nothing to reap), article loop", Value: Dur(res.IdleArticle)},
+		Row{Suite: "reaper", Name: fmt.Sprintf("p99 of %d/s single-row INSERTs, with reaper vs without", res.InsertRate),
+			Value:  fmt.Sprintf("%s vs %s", Dur(res.InsertP99WithReaper), Dur(res.InsertP99Baseline)),
+			Ratio:  Ratio(res.InsertP99Ratio, "baseline p99"),
+			Target: Goal("≤ 3× baseline", res.InsertP99Ratio <= 3)},
+	)
+	return nil
+}

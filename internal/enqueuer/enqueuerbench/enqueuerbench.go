@@ -1,0 +1,439 @@
+// Package enqueuerbench measures the enqueuer against its anchors in one run,
+// on one database, so ratios are comparable on a noisy machine:
+//
+//   - the physical limit: one SQL statement moving every staged row into
+//     river_job server-side (no round trips, no validation);
+//   - the article's algorithm: select a batch, insert each job one by one,
+//     delete up to the last id;
+//   - the enqueuer with its defaults, other batch sizes, and two replicas;
+//   - commit-to-River latency at a steady staging rate, woken by NOTIFY,
+//     against the article's 5 s polling.
+package enqueuerbench
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"idemd/internal/enqueuer"
+	"idemd/internal/migrate"
+)
+
+// Options size the run. Zero values take the defaults.
+type Options struct {
+	Jobs            int           // backlog drained by each throughput variant (default 200,000)
+	LatencyRate     int           // staged jobs per second for the latency runs (default 1,000)
+	LatencyDuration time.Duration // length of each latency run (default 10s)
+	SkipArticle     bool          // the article's algorithm is slow; skip it for quick runs
+	SkipPolling     bool          // skip the 5 s polling latency run
+	Logf            func(format string, args ...any)
+}
+
+// Throughput is one drain of the backlog.
+type Throughput struct {
+	Name       string
+	Jobs       int
+	Duration   time.Duration
+	JobsPerSec float64
+	VsSingle   float64 // ratio to the single-statement anchor
+	VsArticle  float64 // ratio to the article's algorithm (0 when skipped)
+}
+
+// Latency is commit-to-River latency at a steady staging rate.
+type Latency struct {
+	Name          string
+	Jobs          int
+	P50, P99, Max time.Duration
+}
+
+// Report is the outcome of Run.
+type Report struct {
+	Throughput []Throughput
+	Latency    []Latency
+}
+
+// Run creates its own database on the server of adminURL and measures.
+func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
+	opts.Jobs = cmp.Or(opts.Jobs, 200_000)
+	opts.LatencyRate = cmp.Or(opts.LatencyRate, 1000)
+	opts.LatencyDuration = cmp.Or(opts.LatencyDuration, 10*time.Second)
+	logf := opts.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+
+	pool, drop, err := newDatabase(ctx, adminURL)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	defer pool.Close()
+
+	b := &bench{pool: pool, jobs: opts.Jobs, logf: logf}
+	rep := &Report{}
+
+	type variant struct {
+		name string
+		run  func(context.Context) error
+	}
+	variants := []variant{
+		{"single SQL statement (anchor)", b.singleStatement},
+	}
+	if !opts.SkipArticle {
+		variants = append(variants, variant{"article: one-by-one inserts (anchor)", b.article})
+	}
+	variants = append(variants,
+		variant{"enqueuer, defaults (batch 2000, 2 workers)", b.enqueuer(1, enqueuer.Config{})},
+		variant{"enqueuer, 1 worker", b.enqueuer(1, enqueuer.Config{Workers: 1})},
+		variant{"enqueuer, batch 5000", b.enqueuer(1, enqueuer.Config{BatchSize: 5000})},
+		variant{"enqueuer, 2 replicas, defaults", b.enqueuer(2, enqueuer.Config{})},
+	)
+	for _, v := range variants {
+		if err := b.stage(ctx); err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		if err := v.run(ctx); err != nil {
+			return nil, fmt.Errorf("enqueuerbench %s: %w", v.name, err)
+		}
+		d := time.Since(start)
+		if err := b.verify(ctx); err != nil {
+			return nil, fmt.Errorf("enqueuerbench %s: %w", v.name, err)
+		}
+		t := Throughput{Name: v.name, Jobs: opts.Jobs, Duration: d, JobsPerSec: float64(opts.Jobs) / d.Seconds()}
+		logf("%-40s %8.0f jobs/s (%s)", v.name, t.JobsPerSec, d.Round(time.Millisecond))
+		rep.Throughput = append(rep.Throughput, t)
+	}
+	single := rep.Throughput[0].JobsPerSec
+	article := 0.0
+	if !opts.SkipArticle {
+		article = rep.Throughput[1].JobsPerSec
+	}
+	for i := range rep.Throughput {
+		rep.Throughput[i].VsSingle = rep.Throughput[i].JobsPerSec / single
+		if article > 0 {
+			rep.Throughput[i].VsArticle = rep.Throughput[i].JobsPerSec / article
+		}
+	}
+
+	lat, err := b.latency(ctx, "enqueuer, NOTIFY (poll 2s fallback)", enqueuer.Config{}, opts.LatencyRate, opts.LatencyDuration)
+	if err != nil {
+		return nil, err
+	}
+	rep.Latency = append(rep.Latency, *lat)
+	logf("latency %-32s p50 %s p99 %s", lat.Name, lat.P50, lat.P99)
+	if !opts.SkipPolling {
+		lat, err := b.latency(ctx, "article: poll every 5s", enqueuer.Config{PollOnly: true, PollInterval: 5 * time.Second}, opts.LatencyRate, opts.LatencyDuration)
+		if err != nil {
+			return nil, err
+		}
+		rep.Latency = append(rep.Latency, *lat)
+		logf("latency %-32s p50 %s p99 %s", lat.Name, lat.P50, lat.P99)
+	}
+	return rep, nil
+}
+
+type bench struct {
+	pool *pgxpool.Pool
+	jobs int
+	logf func(string, ...any)
+}
+
+// stage resets both tables and stages the backlog: receipt-like args of
+// about 80 bytes, as the reference API writes them.
+func (b *bench) stage(ctx context.Context) error {
+	if _, err := b.pool.Exec(ctx, `TRUNCATE staged_jobs, river_job`); err != nil {
+		return fmt.Errorf("stage: truncate: %w", err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args)
+SELECT 'send_ride_receipt', jsonb_build_object('ride_id', g, 'user_id', g % 1000, 'email', 'rider' || g || '@example.com')
+FROM generate_series(1, $1) g`, b.jobs); err != nil {
+		return fmt.Errorf("stage: insert: %w", err)
+	}
+	if _, err := b.pool.Exec(ctx, `VACUUM ANALYZE staged_jobs, river_job`); err != nil {
+		return fmt.Errorf("stage: vacuum: %w", err)
+	}
+	return nil
+}
+
+// verify is the oracle after each variant: every staged row is one job.
+func (b *bench) verify(ctx context.Context) error {
+	var staged, jobs, distinct int
+	err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM staged_jobs), (SELECT count(*) FROM river_job),
+       (SELECT count(DISTINCT args->>'ride_id') FROM river_job)`).Scan(&staged, &jobs, &distinct)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	if staged != 0 || jobs != b.jobs || distinct != b.jobs {
+		return fmt.Errorf("verify: %d staged left, %d jobs, %d distinct, want %d", staged, jobs, distinct, b.jobs)
+	}
+	return nil
+}
+
+func (b *bench) singleStatement(ctx context.Context) error {
+	_, err := b.pool.Exec(ctx, `
+WITH moved AS (DELETE FROM staged_jobs RETURNING id, created_at, job_name, job_args)
+INSERT INTO river_job (args, kind, max_attempts, priority, queue, state, scheduled_at, metadata, tags)
+SELECT job_args, job_name, 25, 1, 'default', 'available', now(),
+       jsonb_build_object('idemd_staged_id', id, 'idemd_staged_at', created_at), '{}'
+FROM moved`)
+	return err
+}
+
+type benchArgs struct {
+	kind string
+	args json.RawMessage
+}
+
+func (a benchArgs) Kind() string                 { return a.kind }
+func (a benchArgs) MarshalJSON() ([]byte, error) { return a.args, nil }
+
+// article is the article's enqueuer: a batch of 1000 in id order, each job
+// inserted on its own (River's InsertTx, the analogue of one Sidekiq
+// enqueue per job), then DELETE ... WHERE id <= last id, in one transaction.
+func (b *bench) article(ctx context.Context) error {
+	rc, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{})
+	if err != nil {
+		return err
+	}
+	for {
+		done, err := func() (bool, error) {
+			tx, err := b.pool.Begin(ctx)
+			if err != nil {
+				return false, err
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			rows, err := tx.Query(ctx, `SELECT id, job_name, job_args FROM staged_jobs ORDER BY id LIMIT 1000`)
+			if err != nil {
+				return false, err
+			}
+			type row struct {
+				id   int64
+				kind string
+				args []byte
+			}
+			batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+				var x row
+				return x, r.Scan(&x.id, &x.kind, &x.args)
+			})
+			if err != nil {
+				return false, err
+			}
+			if len(batch) == 0 {
+				return true, nil
+			}
+			for _, r := range batch {
+				md := fmt.Appendf(nil, `{"idemd_staged_id":%d}`, r.id)
+				if _, err := rc.InsertTx(ctx, tx, benchArgs{kind: r.kind, args: r.args}, &river.InsertOpts{Metadata: md}); err != nil {
+					return false, err
+				}
+			}
+			if _, err := tx.Exec(ctx, `DELETE FROM staged_jobs WHERE id <= $1`, batch[len(batch)-1].id); err != nil {
+				return false, err
+			}
+			return false, tx.Commit(ctx)
+		}()
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// enqueuer drains with n replicas, each on its own pool as separate
+// processes would be.
+func (b *bench) enqueuer(n int, cfg enqueuer.Config) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var svcs []*enqueuer.Service
+		for range n {
+			p, err := pgxpool.NewWithConfig(ctx, b.pool.Config().Copy())
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			s, err := enqueuer.New(p, cfg)
+			if err != nil {
+				return err
+			}
+			svcs = append(svcs, s)
+		}
+		errs := make(chan error, n)
+		for _, s := range svcs {
+			go func() {
+				_, err := s.Drain(ctx)
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// latency stages rate jobs/s one row per transaction from several writers
+// for d, with a started service draining, and measures for each row the time
+// from its commit (the writer's INSERT returned) to the River job's
+// created_at, which River's COPY sets when the enqueuer inserts it, just
+// before the enqueuer's commit. Both clocks are this process's.
+func (b *bench) latency(ctx context.Context, name string, cfg enqueuer.Config, rate int, d time.Duration) (*Latency, error) {
+	if _, err := b.pool.Exec(ctx, `TRUNCATE staged_jobs, river_job`); err != nil {
+		return nil, err
+	}
+	svcPool, err := pgxpool.NewWithConfig(ctx, b.pool.Config().Copy())
+	if err != nil {
+		return nil, err
+	}
+	defer svcPool.Close()
+	svc, err := enqueuer.New(svcPool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := svc.Start(ctx); err != nil {
+		return nil, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			svc.Stop(ctx) //nolint:errcheck
+		}
+	}()
+
+	const writers = 8
+	var (
+		mu        sync.Mutex
+		committed = make(map[int64]time.Time, rate*int(d/time.Second+1))
+		firstErr  error
+	)
+	ticks := make(chan struct{}, rate)
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range ticks {
+				var id int64
+				err := b.pool.QueryRow(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('send_ride_receipt', '{"ride_id": 1}') RETURNING id`).Scan(&id)
+				at := time.Now()
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				committed[id] = at
+				mu.Unlock()
+			}
+		}()
+	}
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	for i := 0; time.Since(start) < d; i++ {
+		// Pace against the start time, not the previous tick, so the rate
+		// holds on average even when a tick is late.
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			time.Sleep(wait)
+		}
+		ticks <- struct{}{}
+	}
+	close(ticks)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var left int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM staged_jobs`).Scan(&left); err != nil {
+			return nil, err
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("latency %s: %d rows never moved", name, left)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopped = true
+	if err := svc.Stop(ctx); err != nil {
+		return nil, err
+	}
+
+	rows, err := b.pool.Query(ctx, `SELECT (metadata->>'idemd_staged_id')::bigint, created_at FROM river_job`)
+	if err != nil {
+		return nil, err
+	}
+	var lats []time.Duration
+	for rows.Next() {
+		var id int64
+		var at time.Time
+		if err := rows.Scan(&id, &at); err != nil {
+			return nil, err
+		}
+		c, ok := committed[id]
+		if !ok {
+			return nil, fmt.Errorf("latency: job for unknown staged id %d", id)
+		}
+		lats = append(lats, max(at.Sub(c), 0))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(lats) != len(committed) {
+		return nil, fmt.Errorf("latency: %d jobs for %d staged rows", len(lats), len(committed))
+	}
+	slices.Sort(lats)
+	pct := func(p float64) time.Duration { return lats[min(len(lats)-1, int(p*float64(len(lats))))] }
+	return &Latency{Name: name, Jobs: len(lats), P50: pct(0.50), P99: pct(0.99), Max: lats[len(lats)-1]}, nil
+}
+
+func newDatabase(ctx context.Context, adminURL string) (*pgxpool.Pool, func(), error) {
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	name := "idemd_bench_enqueuer_" + hex.EncodeToString(suffix)
+	admin, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("enqueuerbench: connect: %w", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, nil, fmt.Errorf("enqueuerbench: create database: %w", err)
+	}
+	drop := func() {
+		c, err := pgx.Connect(context.Background(), adminURL)
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)") //nolint:errcheck
+	}
+	cfg, err := pgxpool.ParseConfig(adminURL)
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	cfg.ConnConfig.Database = name
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	if _, err := migrate.Up(ctx, pool, migrate.Options{}); err != nil {
+		pool.Close()
+		drop()
+		return nil, nil, fmt.Errorf("enqueuerbench: migrate: %w", err)
+	}
+	return pool, drop, nil
+}
