@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -40,6 +41,9 @@ func scanKey(row pgx.Row) (*Key, error) {
 	return &k, nil
 }
 
+// beginTimeout bounds Begin, which ignores the request's cancellation.
+const beginTimeout = 30 * time.Second
+
 // Begin is the first atomic phase: it inserts the key locked at "started", or
 // locks the existing one. A finished key comes back unlocked, for replay.
 //
@@ -59,6 +63,14 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Key, error) {
 		return nil, fmt.Errorf("idem: begin: method or path longer than the schema allows (10/100)")
 	}
 	fp := Fingerprint(method, req.Path, canon)
+
+	// The transaction runs on a context the client cannot cancel: a cancel
+	// that lands while COMMIT is in flight would leave us unsure whether we
+	// now hold the lock, and a key locked by nobody is stuck until the lock
+	// timeout. Begin is short; the phases that follow do honour ctx.
+	dbctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beginTimeout)
+	defer cancel()
+	ctx = dbctx
 
 	var key *Key
 	err = s.serializable(ctx, "begin", func(tx pgx.Tx) error {

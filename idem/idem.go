@@ -54,7 +54,7 @@ const (
 	// DefaultLockTimeout is the article's 90 s: past it a lock is considered
 	// abandoned by a crashed process and may be taken over.
 	DefaultLockTimeout             = 90 * time.Second
-	DefaultMaxSerializationRetries = 3
+	DefaultMaxSerializationRetries = 5
 )
 
 // Errors Begin and Execute return. WriteError maps each to its status code

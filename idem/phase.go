@@ -169,9 +169,11 @@ func (s *Store) serializable(ctx context.Context, op string, fn func(pgx.Tx) err
 		if attempt >= s.retries {
 			return fmt.Errorf("%w (%s, %d attempts): %v", ErrConflict, op, attempt+1, err)
 		}
-		// Short jittered backoff so the conflicting transactions do not
-		// collide again in lockstep.
-		d := time.Duration(1+rand.IntN(10*(attempt+1))) * time.Millisecond
+		// Exponential backoff with full jitter (2, 4, 8... ms caps, at most
+		// 100 ms), so the transactions that conflicted do not collide
+		// again in lockstep.
+		capMs := min(2<<attempt, 100)
+		d := time.Duration(1+rand.IntN(capMs)) * time.Millisecond
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("idem: %s: %w", op, ctx.Err())
