@@ -283,28 +283,30 @@ func (s *Service) Sweep(ctx context.Context) (Result, error) {
 	}
 }
 
-// claimSQL leases up to $1 due candidates. The inner SELECT walks the
-// partial index idempotency_keys_unfinished (created_at, only keys not
-// finished and not given up) and skips rows another replica or the API
-// holds; the UPDATE sets the lease in the same statement, so two replicas
-// can never both lease a key. $2 lease, $3 grace, $4 idle, $5 lock timeout,
-// $6 give-up horizon.
-const claimSQL = `
-UPDATE idempotency_keys k
-SET completer_leased_until = now() + $2::interval
-WHERE k.id IN (
+// CandidateSQL selects up to $1 due candidates and locks them, skipping
+// rows another replica or the API holds. It walks the partial index
+// idempotency_keys_unfinished (created_at, only keys not finished and not
+// given up), so its cost follows the backlog, not the table. $2 grace, $3
+// idle, $4 lock timeout. Exported for completerbench.
+const CandidateSQL = `
     SELECT c.id FROM idempotency_keys c
     WHERE c.recovery_point <> 'finished'
       AND c.completer_gave_up_at IS NULL
-      AND c.created_at < now() - $3::interval
-      AND c.last_run_at < now() - $4::interval
-      AND (c.locked_at IS NULL OR c.locked_at < now() - $5::interval)
+      AND c.created_at < now() - $2::interval
+      AND c.last_run_at < now() - $3::interval
+      AND (c.locked_at IS NULL OR c.locked_at < now() - $4::interval)
       AND (c.completer_next_attempt_at IS NULL OR c.completer_next_attempt_at <= now())
       AND (c.completer_leased_until IS NULL OR c.completer_leased_until < now())
     ORDER BY c.created_at
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
+    FOR UPDATE SKIP LOCKED`
+
+// claimSQL leases the candidates in the same statement that selects them,
+// so two replicas can never both lease a key. $5 lease, $6 give-up horizon.
+const claimSQL = `
+UPDATE idempotency_keys k
+SET completer_leased_until = now() + $5::interval
+WHERE k.id IN (` + CandidateSQL + `)
 RETURNING k.id, k.user_id, k.idempotency_key, k.request_method, k.request_path,
           k.request_params, k.completer_attempts, k.completer_leased_until,
           k.created_at + $6::interval <= now() AS past_horizon`
@@ -371,7 +373,7 @@ func (s *Service) runOnce(ctx context.Context) (Result, error) {
 }
 
 func (s *Service) claim(ctx context.Context, limit int) ([]claimedKey, error) {
-	rows, err := s.pool.Query(ctx, claimSQL, limit, s.cfg.Lease, s.cfg.Grace, s.cfg.Idle, s.cfg.LockTimeout, s.cfg.GiveUpAfter)
+	rows, err := s.pool.Query(ctx, claimSQL, limit, s.cfg.Grace, s.cfg.Idle, s.cfg.LockTimeout, s.cfg.Lease, s.cfg.GiveUpAfter)
 	if err != nil {
 		return nil, fmt.Errorf("completer: claim: %w", err)
 	}

@@ -197,8 +197,8 @@ func TestEndToEndRocketRides(t *testing.T) {
 	rr.abandon(t, users, perPoint, api.RecoveryPointStarted)       // dies before the ride
 	rr.abandon(t, users, perPoint, api.RecoveryPointRideCreated)   // ride, no charge
 	rr.abandon(t, users, perPoint, api.RecoveryPointChargeCreated) // charged, no receipt
-	rr.abandon(t, decliners, 60, api.RecoveryPointRideCreated)    // will be declined: a stored 402
-	rr.abandon(t, users, 60, "")                                  // finished normally
+	rr.abandon(t, decliners, 60, api.RecoveryPointRideCreated)     // will be declined: a stored 402
+	rr.abandon(t, users, 60, "")                                   // finished normally
 	// Concurrent requests of one rider may meet a serialization conflict
 	// (409), so the counts per point are not exact; each must be large.
 	var total int
@@ -271,7 +271,11 @@ func TestEndToEndRocketRides(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		svc.onReserve = func(at time.Time) { reserveMu.Lock(); reservations[i] = append(reservations[i], at); reserveMu.Unlock() }
+		svc.onReserve = func(at time.Time) {
+			reserveMu.Lock()
+			reservations[i] = append(reservations[i], at)
+			reserveMu.Unlock()
+		}
 		svcs = append(svcs, svc)
 	}
 	runCtx, cancelRun := context.WithCancel(ctx)
