@@ -107,6 +107,13 @@ type rideFlow struct {
 	user     *User
 	params   RideParams
 	originIP string
+	// charge is the charge a previous attempt of the charge phase got from
+	// Stripe, kept across serialization retries of that phase: asking again
+	// would return the same charge (same upstream key), only later, and the
+	// Stripe round trip inside the SERIALIZABLE transaction is what makes
+	// it conflict in the first place.
+	charge       *stripe.Charge
+	chargeRideID int64
 }
 
 func (f *rideFlow) phases() idem.Phases {
@@ -158,7 +165,10 @@ func (f *rideFlow) createCharge(ctx context.Context, tx pgx.Tx, k *idem.Key) (id
 	// The same upstream key on every retry of this key: Stripe returns the
 	// charge it already made instead of charging twice.
 	cp.SetIdempotencyKey(k.UpstreamIdempotencyKey.String())
-	charge, err := f.s.stripe.V1Charges.Create(ctx, cp)
+	charge, err := f.charge, error(nil)
+	if charge == nil || f.chargeRideID != rideID {
+		charge, err = f.s.stripe.V1Charges.Create(ctx, cp)
+	}
 	if err != nil {
 		var se *stripe.Error
 		if errors.As(err, &se) && se.Type == stripe.ErrorTypeCard {
@@ -173,6 +183,7 @@ func (f *rideFlow) createCharge(ctx context.Context, tx pgx.Tx, k *idem.Key) (id
 		body, _ := json.Marshal(map[string]string{"error": msgPaymentUnavailable})
 		return nil, &idem.ResponseError{Status: http.StatusServiceUnavailable, Body: body, Err: fmt.Errorf("create charge: %w", err)}
 	}
+	f.charge, f.chargeRideID = charge, rideID
 	if _, err := tx.Exec(ctx, `UPDATE rides SET stripe_charge_id = $2 WHERE id = $1`, rideID, charge.ID); err != nil {
 		return nil, fmt.Errorf("create charge: record charge id: %w", err)
 	}
