@@ -6,4 +6,5 @@ import "context"
 var Suites = map[string]func(ctx context.Context, adminURL string, scale Scale, logf func(string, ...any), rep *Report) error{
 	"enqueuer": Enqueuer,
 	"reaper":   Reaper,
+	"e2e":      E2E,
 }

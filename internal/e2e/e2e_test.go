@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -162,7 +163,11 @@ func setUp(ctx context.Context, t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.proxy.Close() })
-	daemonURL, err := system.WithDatabase(e.dbURL, strings.TrimPrefix(mustPath(t, e.dbURL), "/"), e.proxy.Addr())
+	u, err := url.Parse(e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemonURL, err := system.WithDatabase(e.dbURL, strings.TrimPrefix(u.Path, "/"), e.proxy.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,16 +522,6 @@ func (e *env) status(ctx context.Context) {
 		return
 	}
 	e.t.Logf("idemctl status:\n%s", out)
-}
-
-func mustPath(t *testing.T, raw string) string {
-	t.Helper()
-	i := strings.LastIndex(raw, "/")
-	j := strings.Index(raw[i:], "?")
-	if j < 0 {
-		return raw[i:]
-	}
-	return raw[i : i+j]
 }
 
 func tail(path string, n int) string {

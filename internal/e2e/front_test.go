@@ -162,6 +162,13 @@ func (f *replayFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(w, resp.Body)
 }
 
+// overlapping returns the overlaps seen so far.
+func (f *replayFront) overlapping() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.overlaps...)
+}
+
 // close waits for held replays and releases connections.
 func (f *replayFront) close() {
 	f.wg.Wait()

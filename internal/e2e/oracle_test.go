@@ -189,10 +189,14 @@ func (e *env) oracle(ctx context.Context, stats simulator.Stats) {
 	}
 	e.logf("oracle: %d rides, %d charges (%d succeeded, %d declined), %d charged rides of flagged keys without a recorded charge id",
 		len(rides), len(charges), succeeded, failed, unrecordedFlagged)
-	if len(e.front.overlaps) > 0 {
-		t.Errorf("two replays of one key were in flight at once (invariant 2): %v", e.front.overlaps)
+	if o := e.front.overlapping(); len(o) > 0 {
+		t.Errorf("two replays of one key were in flight at once (invariant 2): %v", o)
 	}
-	_ = stats
+	// Every 201 a client saw is a finished key with its ride (the completers
+	// finish more: the keys of clients that gave up).
+	if n := count(`SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'finished' AND response_code = 201`); n < int(stats.Created) {
+		t.Errorf("%d keys finished with 201, but clients saw %d rides created", n, stats.Created)
+	}
 }
 
 func execOut(ctx context.Context, bin string, args ...string) (string, error) {
