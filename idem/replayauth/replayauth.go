@@ -13,7 +13,7 @@
 // either order. Comparison is constant-time; a nonce is accepted once within
 // the skew window; secrets are never formatted into errors or logs.
 //
-// The canonical string (see Canonical) is documented in docs/replay-auth.md
+// The canonical string (see Canonical) is documented in docs/api-authors.md
 // with test vectors in testdata/vectors.json, so an API in another language
 // can implement the verifier.
 package replayauth
