@@ -73,7 +73,7 @@ type QueryTiming struct {
 
 // Report is the benchmark's result.
 type Report struct {
-	Keys, Unfinished int
+	Keys, Unfinished, BatchSize int
 	// Article: the same predicates and ORDER BY created_at LIMIT, on the
 	// article's schema (no partial index, no created_at index).
 	Article QueryTiming
@@ -94,7 +94,7 @@ type Report struct {
 
 func (r *Report) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "completer candidate query, %d keys, %d unfinished (LIMIT %s):\n", r.Keys, r.Unfinished, "batch")
+	fmt.Fprintf(&b, "completer candidate query, %d keys, %d unfinished (LIMIT %d):\n", r.Keys, r.Unfinished, r.BatchSize)
 	fmt.Fprintf(&b, "  article (no partial index): median %s  p95 %s  min %s  [%s]\n", r.Article.Median, r.Article.P95, r.Article.Min, r.Article.Plan)
 	fmt.Fprintf(&b, "  idemd   (partial index):    median %s  p95 %s  min %s  [%s]\n", r.Ours.Median, r.Ours.P95, r.Ours.Min, r.Ours.Plan)
 	fmt.Fprintf(&b, "  speedup %.0fx (target >= 100x, ours <= 1ms)\n", r.Speedup)
@@ -142,7 +142,7 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 		return nil, err
 	}
 
-	rep := &Report{Keys: opts.Keys, Concurrency: opts.Concurrency}
+	rep := &Report{Keys: opts.Keys, BatchSize: opts.BatchSize, Concurrency: opts.Concurrency}
 	if err := fillKeys(ctx, pool, opts, rep); err != nil {
 		return nil, err
 	}
