@@ -133,6 +133,7 @@ func TestFaults(t *testing.T) {
 		}
 	}
 	e.oracle(ctx, stats)
+	e.scanLogs()
 	e.status(ctx)
 	t.Logf("suite took %s", time.Since(started).Round(time.Second))
 	if t.Failed() {
@@ -513,6 +514,24 @@ func (e *env) checkProcesses() {
 	acc, sev := e.proxy.Stats()
 	e.logf("proxy: %d connections accepted, %d sockets severed", acc, sev)
 	e.logf("replay front: %s", e.front.summary())
+}
+
+// scanLogs fails the test on a panic or a Go runtime fatal error in any
+// process's log: a daemon that crashed and was restarted by the killer in
+// the same second would otherwise go unnoticed.
+func (e *env) scanLogs() {
+	for _, p := range append(e.daemons.All(), e.rr.Proc) {
+		b, err := os.ReadFile(p.LogPath)
+		if err != nil {
+			e.t.Errorf("%s: read log: %v", p.Name, err)
+			continue
+		}
+		for _, bad := range []string{"panic:", "fatal error:", "DATA RACE"} {
+			if i := strings.Index(string(b), bad); i >= 0 {
+				e.t.Errorf("%s logged %q:\n%s", p.Name, bad, string(b[i:min(len(b), i+2000)]))
+			}
+		}
+	}
 }
 
 func (e *env) status(ctx context.Context) {
