@@ -25,11 +25,12 @@ unit: ensure-postgres
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,
 # severed connections (internal/e2e, build tag e2e).
 e2e: ensure-postgres
-	@if [ -d internal/e2e ]; then $(GO) test -tags e2e -count=1 -timeout 15m ./internal/e2e/...; fi
+	$(GO) test -tags e2e -count=1 -timeout 15m ./internal/e2e/...
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags e2e ./internal/e2e/...
 
 bench: ensure-postgres
 	$(GO) run ./internal/benchreport/cmd -out bench-report.txt
