@@ -4,7 +4,8 @@ import "context"
 
 // Suites are the benchmark suites by name.
 var Suites = map[string]func(ctx context.Context, adminURL string, scale Scale, logf func(string, ...any), rep *Report) error{
-	"enqueuer": Enqueuer,
-	"reaper":   Reaper,
-	"e2e":      E2E,
+	"enqueuer":  Enqueuer,
+	"reaper":    Reaper,
+	"completer": Completer,
+	"e2e":       E2E,
 }
