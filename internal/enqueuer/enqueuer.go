@@ -443,9 +443,6 @@ func (s *Service) drain(ctx context.Context, stop <-chan struct{}) (*DrainResult
 		}()
 	}
 	wg.Wait()
-	if firstErr == nil && s.cfg.Ready != nil {
-		s.cfg.Ready.MarkPass(time.Now())
-	}
 	return total, firstErr
 }
 
@@ -460,10 +457,12 @@ func (s *Service) drainWorker(ctx context.Context, stop <-chan struct{}) (*Drain
 		total.Batches++
 		total.Moved += res.Moved
 		total.DeadLettered += res.DeadLettered
+		// Every committed batch is progress: a drain of a huge backlog
+		// must not look stale to /readyz while it is working.
+		if s.cfg.Ready != nil {
+			s.cfg.Ready.MarkPass(time.Now())
+		}
 		if res.Taken < s.cfg.BatchSize {
-			if s.cfg.Ready != nil {
-				s.cfg.Ready.MarkPass(time.Now())
-			}
 			return total, nil
 		}
 		select {
