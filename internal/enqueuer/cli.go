@@ -16,7 +16,7 @@ import (
 type CLI struct {
 	config.Common `embed:""`
 
-	BatchSize     int           `name:"batch-size" default:"2000" help:"Most staged rows moved per transaction."`
+	BatchSize     int           `name:"batch-size" default:"5000" help:"Most staged rows moved per transaction."`
 	Workers       int           `name:"workers" default:"2" help:"Batches moved at once while draining, each on its own connection."`
 	PollInterval  time.Duration `name:"poll-interval" default:"2s" help:"Fallback poll when no NOTIFY arrives (notifications are the normal wake-up)."`
 	AllowedKinds  []string      `name:"allowed-kinds" sep:"," help:"Comma-separated job kinds to accept; others are dead-lettered. Empty accepts any kind."`

@@ -42,7 +42,7 @@ const NotifyChannel = "idemd_staged_jobs"
 
 // Defaults, chosen by the benchmark in enqueuerbench (docs/enqueuer.md).
 const (
-	DefaultBatchSize     = 2000
+	DefaultBatchSize     = 5000
 	DefaultWorkers       = 2
 	DefaultPollInterval  = 2 * time.Second
 	DefaultMaxArgsBytes  = 256 << 10
@@ -418,12 +418,28 @@ func (s *Service) Drain(ctx context.Context) (*DrainResult, error) {
 }
 
 func (s *Service) drain(ctx context.Context, stop <-chan struct{}) (*DrainResult, error) {
-	if s.cfg.Workers == 1 {
-		return s.drainWorker(ctx, stop)
+	// The first batch runs alone. In the steady state (a few rows per
+	// wake-up) it is the only one, and a second worker would only add an
+	// empty transaction competing for the same WAL flush. Only when it comes
+	// back full is there a backlog worth draining with every worker.
+	first, err := s.runOnce(ctx)
+	if err != nil {
+		return &DrainResult{}, err
+	}
+	if s.cfg.Ready != nil {
+		s.cfg.Ready.MarkPass(time.Now())
+	}
+	total := &DrainResult{Batches: 1, Moved: first.Moved, DeadLettered: first.DeadLettered}
+	if first.Taken < s.cfg.BatchSize {
+		return total, nil
+	}
+	select {
+	case <-stop:
+		return total, nil
+	default:
 	}
 	var (
 		mu       sync.Mutex
-		total    = &DrainResult{}
 		firstErr error
 		wg       sync.WaitGroup
 	)

@@ -94,9 +94,9 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 		variants = append(variants, variant{"article: one-by-one inserts (anchor)", b.article})
 	}
 	variants = append(variants,
-		variant{"enqueuer, defaults (batch 2000, 2 workers)", b.enqueuer(1, enqueuer.Config{})},
+		variant{"enqueuer, defaults (batch 5000, 2 workers)", b.enqueuer(1, enqueuer.Config{})},
 		variant{"enqueuer, 1 worker", b.enqueuer(1, enqueuer.Config{Workers: 1})},
-		variant{"enqueuer, batch 5000", b.enqueuer(1, enqueuer.Config{BatchSize: 5000})},
+		variant{"enqueuer, batch 2000", b.enqueuer(1, enqueuer.Config{BatchSize: 2000})},
 		variant{"enqueuer, 2 replicas, defaults", b.enqueuer(2, enqueuer.Config{})},
 	)
 	for _, v := range variants {
@@ -127,7 +127,7 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 		}
 	}
 
-	lat, err := b.latency(ctx, "enqueuer, NOTIFY (poll 2s fallback)", enqueuer.Config{}, opts.LatencyRate, opts.LatencyDuration)
+	lat, err := b.latency(ctx, "enqueuer, NOTIFY (defaults)", enqueuer.Config{}, opts.LatencyRate, opts.LatencyDuration)
 	if err != nil {
 		return nil, err
 	}
