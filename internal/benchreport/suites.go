@@ -3,6 +3,7 @@ package benchreport
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"idemd/internal/enqueuer/enqueuerbench"
@@ -85,6 +86,9 @@ func Reaper(ctx context.Context, adminURL string, scale Scale, logf func(string,
 	for _, r := range res.Rows {
 		row := Row{Suite: "reaper", Name: fmt.Sprintf("delete %d of %d keys: %s", r.Deleted, res.Keys, r.Name), Value: fmt.Sprintf("%.0f keys/s", r.KeysPerSec)}
 		row.Ratio = Join(ratioIf(r.VsArticle, "article loop"), ratioIf(r.VsSingle, "single DELETE"))
+		if strings.HasPrefix(r.Name, "reaper (") {
+			row.Target = Goal("≥2× article loop, ≥0.4× single DELETE", r.VsArticle >= 2 && r.VsSingle >= 0.4)
+		}
 		rep.Rows = append(rep.Rows, row)
 	}
 	rep.Rows = append(rep.Rows,
