@@ -547,6 +547,9 @@ func (s *Service) Stop(ctx context.Context) error {
 	}
 	s.cancel()
 	<-s.done
+	s.mu.Lock()
+	s.started = false // a stopped service may be started again
+	s.mu.Unlock()
 	if ctx.Err() != nil {
 		return fmt.Errorf("enqueuer stop: %w", ctx.Err())
 	}

@@ -490,6 +490,14 @@ func TestStopFinishesTheCurrentBatch(t *testing.T) {
 	if inRiver+left != 20000 || inRiver%500 != 0 || inRiver != int64(testutil.ToFloat64(s.m.Moved)) {
 		t.Fatalf("after stop: %d in River, %d staged", inRiver, left)
 	}
+	// Started again, it finishes the job.
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "drain after restart", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 20000 })
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestConfigValidation(t *testing.T) {
