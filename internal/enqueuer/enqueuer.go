@@ -556,12 +556,14 @@ func (s *Service) Stop(ctx context.Context) error {
 	return nil
 }
 
+// trigger asks the loop to drain. Every signal is counted by its cause,
+// including those coalesced into a wake-up that is already pending (which
+// will see their rows too).
 func (s *Service) trigger(cause string) {
+	s.m.Wakeups.WithLabelValues(cause).Inc()
 	select {
 	case s.wake <- cause:
-		s.m.Wakeups.WithLabelValues(cause).Inc()
 	default:
-		// A wake-up is already pending; it will see these rows too.
 	}
 }
 

@@ -37,7 +37,7 @@ func NewMetrics() *Metrics {
 			Name: "idemd_enqueuer_oldest_staged_age_seconds", Help: "Age of the oldest row in staged_jobs (0 when empty).",
 		}),
 		Wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemd_enqueuer_wakeups_total", Help: "Drain wake-ups by cause (notify, poll, reconnect, retry, start).",
+			Name: "idemd_enqueuer_wakeups_total", Help: "Drain wake-up signals by cause (notify, poll, reconnect, retry, start), counted even when coalesced into a pending wake-up.",
 		}, []string{"cause"}),
 		ListenerUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "idemd_enqueuer_listener_up", Help: "1 while the LISTEN connection is established.",
