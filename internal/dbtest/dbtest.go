@@ -19,7 +19,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
-	"net/url"
+
 	"os"
 	"strings"
 	"sync"
@@ -32,6 +32,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"idemd/internal/migrate"
+	"idemd/internal/scratchdb"
 )
 
 const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -111,12 +112,11 @@ func NewPool(tb testing.TB) *pgxpool.Pool {
 
 // WithDatabase returns rawURL with its database replaced.
 func WithDatabase(rawURL, database string) string {
-	u, err := url.Parse(rawURL)
+	u, err := scratchdb.WithDatabase(rawURL, database, "")
 	if err != nil {
-		panic(fmt.Sprintf("dbtest: bad url: %v", err))
+		panic(fmt.Sprintf("dbtest: %v", err))
 	}
-	u.Path = "/" + database
-	return u.String()
+	return u
 }
 
 func findServer() (string, func(), error) {

@@ -23,6 +23,7 @@ import (
 	"idemd/internal/dbtest"
 	"idemd/internal/e2e/system"
 	"idemd/internal/e2e/tcpproxy"
+	"idemd/internal/scratchdb"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -153,7 +154,7 @@ func setUp(ctx context.Context, t *testing.T) *env {
 	}
 	e.cluster = dbtest.StartCluster(t)
 	var drop func(context.Context) error
-	if e.dbURL, drop, err = system.CreateDatabase(ctx, e.cluster.URL(), "idemd_e2e"); err != nil {
+	if e.dbURL, drop, err = scratchdb.Create(ctx, e.cluster.URL(), "idemd_e2e"); err != nil {
 		t.Fatal(err)
 	}
 	_ = drop // the cluster is removed with the test
@@ -168,7 +169,7 @@ func setUp(ctx context.Context, t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	daemonURL, err := system.WithDatabase(e.dbURL, strings.TrimPrefix(u.Path, "/"), e.proxy.Addr())
+	daemonURL, err := scratchdb.WithDatabase(e.dbURL, strings.TrimPrefix(u.Path, "/"), e.proxy.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"sort"
 	"strings"
 	"time"
@@ -25,6 +24,7 @@ import (
 	"idemd/idem/replayauth"
 	"idemd/internal/completer"
 	"idemd/internal/migrate"
+	"idemd/internal/scratchdb"
 )
 
 // Options size the benchmark. Zero values take the defaults (the issue's
@@ -108,24 +108,14 @@ func (r *Report) String() string {
 // drops the database (unless opts.Keep).
 func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 	opts.defaults()
-	name := "idemd_completerbench_" + randHex(4)
-	admin, err := pgx.Connect(ctx, adminURL)
+	dbURL, drop, err := scratchdb.Create(ctx, adminURL, "idemd_completerbench")
 	if err != nil {
-		return nil, fmt.Errorf("completerbench: connect: %w", err)
-	}
-	defer admin.Close(context.WithoutCancel(ctx))
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return nil, fmt.Errorf("completerbench: create database: %w", err)
+		return nil, fmt.Errorf("completerbench: %w", err)
 	}
 	if !opts.Keep {
-		defer admin.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)") //nolint:errcheck
+		defer drop(context.WithoutCancel(ctx)) //nolint:errcheck
 	}
-	u, err := url.Parse(adminURL)
-	if err != nil {
-		return nil, err
-	}
-	u.Path = "/" + name
-	pcfg, err := pgxpool.ParseConfig(u.String())
+	pcfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, err
 	}

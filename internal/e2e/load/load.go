@@ -24,6 +24,7 @@ import (
 
 	"idemd/examples/rocketrides/simulator"
 	"idemd/internal/e2e/system"
+	"idemd/internal/scratchdb"
 )
 
 // LoadOptions tunes a run; zero values take the defaults.
@@ -126,7 +127,7 @@ func phase(ctx context.Context, adminURL string, bins *system.Binaries, parent, 
 	if err != nil {
 		return ph, fmt.Errorf("load: %w", err)
 	}
-	dbURL, drop, err := system.CreateDatabase(ctx, adminURL, "idemd_load")
+	dbURL, drop, err := scratchdb.Create(ctx, adminURL, "idemd_load")
 	if err != nil {
 		return ph, fmt.Errorf("load: %w", err)
 	}

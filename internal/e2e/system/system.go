@@ -16,7 +16,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,7 +24,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"idemd/examples/rocketrides/api"
@@ -78,52 +76,6 @@ func FreeAddr() (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
-}
-
-// WithDatabase returns rawURL with its database (and optionally its
-// host:port) replaced.
-func WithDatabase(rawURL, database, hostPort string) (string, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "", fmt.Errorf("parse database url: %w", err)
-	}
-	u.Path = "/" + database
-	if hostPort != "" {
-		u.Host = hostPort
-	}
-	return u.String(), nil
-}
-
-// CreateDatabase creates an empty database named prefix_<random> on the
-// server of adminURL and returns its URL and a function that drops it.
-func CreateDatabase(ctx context.Context, adminURL, prefix string) (string, func(context.Context) error, error) {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := prefix + "_" + hex.EncodeToString(b)
-	conn, err := pgx.Connect(ctx, adminURL)
-	if err != nil {
-		return "", nil, fmt.Errorf("connect admin: %w", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return "", nil, fmt.Errorf("create database: %w", err)
-	}
-	dbURL, err := WithDatabase(adminURL, name, "")
-	if err != nil {
-		return "", nil, err
-	}
-	drop := func(ctx context.Context) error {
-		conn, err := pgx.Connect(ctx, adminURL)
-		if err != nil {
-			return fmt.Errorf("drop database: connect: %w", err)
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			return fmt.Errorf("drop database: %w", err)
-		}
-		return nil
-	}
-	return dbURL, drop, nil
 }
 
 // Migrate runs `idemctl migrate` against dbURL: the rollout's migration Job.

@@ -13,8 +13,6 @@ package enqueuerbench
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -28,6 +26,7 @@ import (
 
 	"idemd/internal/enqueuer"
 	"idemd/internal/migrate"
+	"idemd/internal/scratchdb"
 )
 
 // Options size the run. Zero values take the defaults.
@@ -414,31 +413,16 @@ func (b *bench) latency(ctx context.Context, name string, cfg enqueuer.Config, r
 }
 
 func newDatabase(ctx context.Context, adminURL string) (*pgxpool.Pool, func(), error) {
-	suffix := make([]byte, 4)
-	_, _ = rand.Read(suffix)
-	name := "idemd_bench_enqueuer_" + hex.EncodeToString(suffix)
-	admin, err := pgx.Connect(ctx, adminURL)
+	dbURL, dropDB, err := scratchdb.Create(ctx, adminURL, "idemd_bench_enqueuer")
 	if err != nil {
-		return nil, nil, fmt.Errorf("enqueuerbench: connect: %w", err)
+		return nil, nil, fmt.Errorf("enqueuerbench: %w", err)
 	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return nil, nil, fmt.Errorf("enqueuerbench: create database: %w", err)
-	}
-	drop := func() {
-		c, err := pgx.Connect(context.Background(), adminURL)
-		if err != nil {
-			return
-		}
-		defer c.Close(context.Background())
-		c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)") //nolint:errcheck
-	}
-	cfg, err := pgxpool.ParseConfig(adminURL)
+	drop := func() { dropDB(context.Background()) } //nolint:errcheck
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		drop()
 		return nil, nil, err
 	}
-	cfg.ConnConfig.Database = name
 	cfg.MaxConns = 20
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

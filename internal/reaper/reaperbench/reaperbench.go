@@ -11,8 +11,6 @@ package reaperbench
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
@@ -27,6 +25,7 @@ import (
 
 	"idemd/internal/migrate"
 	"idemd/internal/reaper"
+	"idemd/internal/scratchdb"
 )
 
 // Options size the benchmark. Zero values take the defaults.
@@ -100,24 +99,16 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 		logf = func(string, ...any) {}
 	}
 
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := "idemd_reaperbench_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, adminURL)
+	dbURL, drop, err := scratchdb.Create(ctx, adminURL, "idemd_reaperbench")
 	if err != nil {
-		return nil, fmt.Errorf("reaperbench: connect: %w", err)
+		return nil, fmt.Errorf("reaperbench: %w", err)
 	}
-	defer admin.Close(context.WithoutCancel(ctx))
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return nil, fmt.Errorf("reaperbench: create database: %w", err)
-	}
-	defer admin.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)") //nolint:errcheck
+	defer drop(context.WithoutCancel(ctx)) //nolint:errcheck
 
-	cfg, err := pgxpool.ParseConfig(adminURL)
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("reaperbench: parse url: %w", err)
 	}
-	cfg.ConnConfig.Database = name
 	cfg.MaxConns = 32
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
