@@ -25,6 +25,7 @@ import (
 	"idemd/examples/rocketrides/fakestripe"
 	"idemd/idem/replayauth"
 	"idemd/internal/dbtest"
+	"idemd/internal/testbin"
 )
 
 // rocketRides is the real reference API over HTTP with its fake Stripe as
@@ -167,16 +168,6 @@ func (rr *rocketRides) abandon(t *testing.T, users []int64, n int, point string)
 	wg.Wait()
 }
 
-func buildCompleter(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "completer")
-	out, err := exec.Command("go", "build", "-o", bin, "idemd/cmd/completer").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build completer: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // TestEndToEndRocketRides: thousands of rides abandoned at every recovery
 // point, the API down at first and then failing about a quarter of its requests,
 // two in-process replicas plus one completer process SIGKILLed again and
@@ -187,7 +178,7 @@ func TestEndToEndRocketRides(t *testing.T) {
 		t.Skip("end-to-end test skipped in -short mode")
 	}
 	start := time.Now()
-	bin := buildCompleter(t)
+	bin := testbin.Build(t, "idemd/cmd/completer")
 	rr := newRocketRides(t)
 	ctx := context.Background()
 	users := rr.addUsers(t, 20, "cus_rider")

@@ -33,6 +33,7 @@ import (
 
 	"idemd/internal/migrate"
 	"idemd/internal/scratchdb"
+	"idemd/internal/testbin"
 )
 
 const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -47,10 +48,12 @@ var (
 	templateReady = map[string]bool{}
 )
 
-// Main wraps a package's TestMain: it runs the tests, stops any server this
-// process started, and then checks for leaked goroutines.
+// Main wraps a package's TestMain: it runs the tests, removes the binaries
+// testbin built, stops any server this process started, and then checks for
+// leaked goroutines.
 func Main(m *testing.M) {
 	code := m.Run()
+	testbin.RemoveAll()
 	if stopServer != nil {
 		stopServer()
 	}

@@ -7,9 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,34 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"idemd/internal/dbtest"
+	"idemd/internal/testbin"
 )
-
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-// binary builds cmd/enqueuer once per test process.
-func binary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "idemd-enqueuer-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "enqueuer")
-		out, err := exec.Command("go", "build", "-o", binPath, "idemd/cmd/enqueuer").CombinedOutput()
-		if err != nil {
-			buildErr = errors.New(string(out))
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("build enqueuer: %v", buildErr)
-	}
-	return binPath
-}
 
 // The built binary is SIGKILLed at random points while it drains a large
 // backlog, then restarted, a dozen times. After every kill the table and
@@ -63,7 +35,7 @@ func TestSIGKILLDuringDrainLosesAndDuplicatesNothing(t *testing.T) {
 	if _, err := p.Exec(poolCtx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', jsonb_build_object('i', g) FROM generate_series(1, $1) g`, total); err != nil {
 		t.Fatal(err)
 	}
-	bin := binary(t)
+	bin := testbin.Build(t, "idemd/cmd/enqueuer")
 	rng := rand.New(rand.NewPCG(7, 11))
 	kills := 0
 	for kills < 12 {
@@ -115,7 +87,7 @@ LEFT JOIN (SELECT DISTINCT (args->>'i')::int AS i FROM river_job) r ON r.i = g W
 }
 
 func TestBadConfigExitsTwoListingEveryProblem(t *testing.T) {
-	bin := binary(t)
+	bin := testbin.Build(t, "idemd/cmd/enqueuer")
 	cases := []struct {
 		name string
 		args []string

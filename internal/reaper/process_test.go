@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,18 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"idemd/internal/dbtest"
+	"idemd/internal/testbin"
 )
-
-// buildReaper builds cmd/reaper into a temporary directory.
-func buildReaper(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "reaper")
-	cmd := exec.Command("go", "build", "-o", bin, "idemd/cmd/reaper")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 type proc struct {
 	cmd            *exec.Cmd
@@ -124,7 +113,7 @@ func blockOnRide(t *testing.T, pool *pgxpool.Pool, key int64) func() {
 }
 
 func TestProcessConcurrentRunsNeverOverlap(t *testing.T) {
-	bin := buildReaper(t)
+	bin := testbin.Build(t, "idemd/cmd/reaper")
 	dbURL := dbtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
@@ -172,7 +161,7 @@ func TestProcessConcurrentRunsNeverOverlap(t *testing.T) {
 // TestProcessLockHeldExternally: a manual run while anything holds the lock
 // (here the test itself) exits 0 and does nothing.
 func TestProcessLockHeldExternally(t *testing.T) {
-	bin := buildReaper(t)
+	bin := testbin.Build(t, "idemd/cmd/reaper")
 	dbURL := dbtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
@@ -203,7 +192,7 @@ func TestProcessLockHeldExternally(t *testing.T) {
 // batch stays done (with its reviews), the second leaves no trace, the lock
 // is released, and the next run finishes the job.
 func TestProcessSIGKILLMidRun(t *testing.T) {
-	bin := buildReaper(t)
+	bin := testbin.Build(t, "idemd/cmd/reaper")
 	dbURL := dbtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
@@ -263,7 +252,7 @@ WHERE EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.id = r.key_id)`); n != 0 
 }
 
 func TestProcessRestrictExits1NamingTheConstraint(t *testing.T) {
-	bin := buildReaper(t)
+	bin := testbin.Build(t, "idemd/cmd/reaper")
 	dbURL := dbtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
@@ -285,7 +274,7 @@ func TestProcessRestrictExits1NamingTheConstraint(t *testing.T) {
 }
 
 func TestProcessBadFlagsExit2ListingEveryProblem(t *testing.T) {
-	bin := buildReaper(t)
+	bin := testbin.Build(t, "idemd/cmd/reaper")
 	cmd := exec.Command(bin, "--retention", "10m", "--batch-size", "0", "--schedule", "every hour",
 		"--max-runtime", "soon", "--statement-timeout", "0s", "--max-deletes", "-5")
 	cmd.Env = append(os.Environ(), "DATABASE_URL=", "IDEMD_LOCK_WINDOW=-1s")
@@ -304,7 +293,7 @@ func TestProcessBadFlagsExit2ListingEveryProblem(t *testing.T) {
 }
 
 func TestProcessDryRunPrints(t *testing.T) {
-	bin := buildReaper(t)
+	bin := testbin.Build(t, "idemd/cmd/reaper")
 	dbURL := dbtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
