@@ -17,6 +17,7 @@ import (
 
 	"idemd/internal/dbtest"
 	"idemd/internal/review"
+	"idemd/internal/testwait"
 )
 
 func TestRunOnceClassifiesOutcomes(t *testing.T) {
@@ -464,13 +465,13 @@ func TestAPIDownThenRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Down until the breaker has re-opened on failed probes several times.
-	waitFor(t, 30*time.Second, "failed probes", func() bool { return testutil.ToFloat64(svc.metrics.breakerOpens) >= 4 })
+	testwait.Until(t, 30*time.Second, "failed probes", func() bool { return testutil.ToFloat64(svc.metrics.breakerOpens) >= 4 })
 	api.mu.Lock()
 	api.behave = always(actFinish)
 	downRequests := api.total
 	api.mu.Unlock()
 	opens := int(testutil.ToFloat64(svc.metrics.breakerOpens))
-	waitFor(t, 60*time.Second, "all keys finished", func() bool {
+	testwait.Until(t, 60*time.Second, "all keys finished", func() bool {
 		return countWhere(t, pool, "recovery_point = 'finished'") == n
 	})
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -511,10 +512,10 @@ func TestStartStopDrainsAndIsIdempotent(t *testing.T) {
 	if err := svc.Start(ctx); err == nil {
 		t.Fatal("second Start must fail")
 	}
-	waitFor(t, 30*time.Second, "drain", func() bool { return countWhere(t, pool, "recovery_point = 'finished'") == 120 })
+	testwait.Until(t, 30*time.Second, "drain", func() bool { return countWhere(t, pool, "recovery_point = 'finished'") == 120 })
 	// More work arrives later and is picked up by polling.
 	insertKeys(t, pool, "s2", 5, "charge_created")
-	waitFor(t, 30*time.Second, "late keys", func() bool { return countWhere(t, pool, "recovery_point = 'finished'") == 125 })
+	testwait.Until(t, 30*time.Second, "late keys", func() bool { return countWhere(t, pool, "recovery_point = 'finished'") == 125 })
 	cancel()
 	if err := svc.Stop(context.Background()); err != nil {
 		t.Fatal(err)
@@ -533,7 +534,7 @@ func TestStopAbortsHungRequestsAndReleases(t *testing.T) {
 	if err := svc.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "requests in flight", func() bool { return api.requests() == 2 })
+	testwait.Until(t, 30*time.Second, "requests in flight", func() bool { return api.requests() == 2 })
 	stopCtx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if err := svc.Stop(stopCtx); err == nil {

@@ -26,6 +26,7 @@ import (
 	"idemd/idem/replayauth"
 	"idemd/internal/dbtest"
 	"idemd/internal/testbin"
+	"idemd/internal/testwait"
 )
 
 // rocketRides is the real reference API over HTTP with its fake Stripe as
@@ -278,7 +279,7 @@ func TestEndToEndRocketRides(t *testing.T) {
 	}
 
 	// API down: both replicas' breakers open and re-open on failed probes.
-	waitFor(t, 30*time.Second, "breakers open while the API is down", func() bool {
+	testwait.Until(t, 30*time.Second, "breakers open while the API is down", func() bool {
 		for _, s := range svcs {
 			if testutil.ToFloat64(s.metrics.breakerOpens) < 3 {
 				return false
@@ -318,7 +319,7 @@ func TestEndToEndRocketRides(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 60*time.Second, fmt.Sprintf("progress before kill %d", kill), func() bool {
+		testwait.Until(t, 60*time.Second, fmt.Sprintf("progress before kill %d", kill), func() bool {
 			return remaining() < before-60 || remaining() < 60
 		})
 		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -333,7 +334,7 @@ func TestEndToEndRocketRides(t *testing.T) {
 		t.Fatal(err)
 	}
 	lastDiag := time.Now()
-	waitFor(t, 90*time.Second, "every key finished or flagged", func() bool {
+	testwait.Until(t, 90*time.Second, "every key finished or flagged", func() bool {
 		if time.Since(lastDiag) > 5*time.Second {
 			lastDiag = time.Now()
 			var diag string

@@ -333,18 +333,6 @@ func countWhere(t testing.TB, pool *pgxpool.Pool, where string, args ...any) int
 	return n
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // fakeClock is a manually advanced clock for the breaker.
 type fakeClock struct {
 	mu sync.Mutex

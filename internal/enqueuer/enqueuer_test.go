@@ -19,6 +19,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"idemd/internal/dbtest"
+	"idemd/internal/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -54,19 +55,6 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return n
-}
-
-// waitFor polls cond until it holds or the deadline passes. The deadline only
-// bounds a hung test; nothing is asserted about how long it took.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestDrainMovesRowsWithOptions(t *testing.T) {
@@ -315,7 +303,7 @@ func TestExactlyOnceWithConcurrentWritersAndReplicas(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	waitFor(t, "staged_jobs to drain", func() bool {
+	testwait.Until(t, 2*time.Minute, "staged_jobs to drain", func() bool {
 		return count(t, pool, "SELECT count(*) FROM staged_jobs") == 0
 	})
 	for _, s := range services {
@@ -351,21 +339,21 @@ func TestWakesOnNotifyWithoutPolling(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Stop(ctx) //nolint:errcheck
-	waitFor(t, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+	testwait.Until(t, 2*time.Minute, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
 		t.Fatal(err)
 	}
 	// The first row may be moved by the drain the listener's connect
 	// triggers; its notification must arrive all the same.
-	waitFor(t, "first row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 1 })
-	waitFor(t, "its notification", func() bool { return testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify")) >= 1 })
+	testwait.Until(t, 2*time.Minute, "first row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 1 })
+	testwait.Until(t, 2*time.Minute, "its notification", func() bool { return testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify")) >= 1 })
 	// From here on, with an hour-long poll and the listener connected, only
 	// a notification can wake the service: the second row proves it.
 	reconnects := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect"))
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "second row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 2 })
+	testwait.Until(t, 2*time.Minute, "second row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 2 })
 	if testutil.ToFloat64(s.m.Wakeups.WithLabelValues("poll")) != 0 {
 		t.Fatal("a poll happened with an hour-long interval")
 	}
@@ -402,7 +390,7 @@ func TestSurvivesTerminatedConnections(t *testing.T) {
 			t.Fatalf("round %d: %v", round, err)
 		}
 	}
-	waitFor(t, "drain after connection cuts", func() bool {
+	testwait.Until(t, 2*time.Minute, "drain after connection cuts", func() bool {
 		return count(t, pool, "SELECT count(*) FROM staged_jobs") == 0
 	})
 	if err := s.Stop(ctx); err != nil {
@@ -474,7 +462,7 @@ func TestRiverWorkerWorksMovedJobs(t *testing.T) {
 			t.Fatalf("worked %d of %d", len(got), n)
 		}
 	}
-	waitFor(t, "jobs completed", func() bool {
+	testwait.Until(t, 2*time.Minute, "jobs completed", func() bool {
 		return count(t, pool, "SELECT count(*) FROM river_job WHERE state = 'completed'") == n
 	})
 }
@@ -489,7 +477,7 @@ func TestStopFinishesTheCurrentBatch(t *testing.T) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "some progress", func() bool { return testutil.ToFloat64(s.m.Moved) > 0 })
+	testwait.Until(t, 2*time.Minute, "some progress", func() bool { return testutil.ToFloat64(s.m.Moved) > 0 })
 	if err := s.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +492,7 @@ func TestStopFinishesTheCurrentBatch(t *testing.T) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "drain after restart", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 20000 })
+	testwait.Until(t, 2*time.Minute, "drain after restart", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 20000 })
 	if err := s.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"idemd/internal/dbtest"
 	"idemd/internal/testbin"
+	"idemd/internal/testwait"
 )
 
 // The built binary is SIGKILLed at random points while it drains a large
@@ -52,7 +53,7 @@ func TestSIGKILLDuringDrainLosesAndDuplicatesNothing(t *testing.T) {
 		}
 		// Kill only once the process is visibly mid-drain, then after a
 		// random extra delay so the kill lands anywhere in a batch.
-		waitFor(t, "progress", func() bool { return count(t, p, "SELECT count(*) FROM river_job") > before })
+		testwait.Until(t, 2*time.Minute, "progress", func() bool { return count(t, p, "SELECT count(*) FROM river_job") > before })
 		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond)
 		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 
 	"idemd/internal/dbtest"
 	"idemd/internal/testbin"
+	"idemd/internal/testwait"
 )
 
 type proc struct {
@@ -61,18 +62,6 @@ func (p *proc) wait(t *testing.T) int {
 		t.Fatal(p.err)
 	}
 	return 0
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
 }
 
 // reaperWaitingOnLock reports whether a reaper session of this database is
@@ -126,7 +115,7 @@ func TestProcessConcurrentRunsNeverOverlap(t *testing.T) {
 
 	// The first process deletes one batch, then waits inside the second.
 	first := startReaper(t, bin, dbURL, "--batch-size", "10")
-	waitFor(t, "the first reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
+	testwait.Until(t, time.Minute, "the first reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
 	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != 20 {
 		t.Fatalf("%d keys left while the first run is mid-way, want 20", n)
 	}
@@ -204,7 +193,7 @@ func TestProcessSIGKILLMidRun(t *testing.T) {
 	release := blockOnRide(t, pool, ids[15])
 
 	p := startReaper(t, bin, dbURL, "--batch-size", "10")
-	waitFor(t, "the reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
+	testwait.Until(t, time.Minute, "the reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +201,7 @@ func TestProcessSIGKILLMidRun(t *testing.T) {
 	// The server notices the dead client (client_connection_check_interval)
 	// and ends the session, rolling back the batch and freeing the lock,
 	// even while the test still holds the row lock.
-	waitFor(t, "the killed reaper's advisory lock to be released", func() bool { return !advisoryLockHeld(t, pool) })
+	testwait.Until(t, time.Minute, "the killed reaper's advisory lock to be released", func() bool { return !advisoryLockHeld(t, pool) })
 	release()
 
 	consistent := func(wantKeys int64) {
