@@ -422,21 +422,10 @@ func (s *Service) drain(ctx context.Context, stop <-chan struct{}) (*DrainResult
 	// wake-up) it is the only one, and a second worker would only add an
 	// empty transaction competing for the same WAL flush. Only when it comes
 	// back full is there a backlog worth draining with every worker.
-	first, err := s.runOnce(ctx)
-	if err != nil {
-		return &DrainResult{}, err
-	}
-	if s.cfg.Ready != nil {
-		s.cfg.Ready.MarkPass(time.Now())
-	}
-	total := &DrainResult{Batches: 1, Moved: first.Moved, DeadLettered: first.DeadLettered}
-	if first.Taken < s.cfg.BatchSize {
-		return total, nil
-	}
-	select {
-	case <-stop:
-		return total, nil
-	default:
+	total := &DrainResult{}
+	full, err := s.batch(ctx, total)
+	if err != nil || !full || stopped(stop) {
+		return total, err
 	}
 	var (
 		mu       sync.Mutex
@@ -466,26 +455,38 @@ func (s *Service) drain(ctx context.Context, stop <-chan struct{}) (*DrainResult
 func (s *Service) drainWorker(ctx context.Context, stop <-chan struct{}) (*DrainResult, error) {
 	total := &DrainResult{}
 	for {
-		res, err := s.runOnce(ctx)
-		if err != nil {
+		full, err := s.batch(ctx, total)
+		if err != nil || !full || stopped(stop) {
 			return total, err
 		}
-		total.Batches++
-		total.Moved += res.Moved
-		total.DeadLettered += res.DeadLettered
-		// Every committed batch is progress: a drain of a huge backlog
-		// must not look stale to /readyz while it is working.
-		if s.cfg.Ready != nil {
-			s.cfg.Ready.MarkPass(time.Now())
-		}
-		if res.Taken < s.cfg.BatchSize {
-			return total, nil
-		}
-		select {
-		case <-stop:
-			return total, nil
-		default:
-		}
+	}
+}
+
+// batch moves one batch, adds it to total and reports whether it came back
+// full (so more rows may be waiting).
+func (s *Service) batch(ctx context.Context, total *DrainResult) (bool, error) {
+	res, err := s.runOnce(ctx)
+	if err != nil {
+		return false, err
+	}
+	total.Batches++
+	total.Moved += res.Moved
+	total.DeadLettered += res.DeadLettered
+	// Every committed batch is progress: a drain of a huge backlog must not
+	// look stale to /readyz while it is working.
+	if s.cfg.Ready != nil {
+		s.cfg.Ready.MarkPass(time.Now())
+	}
+	return res.Taken >= s.cfg.BatchSize, nil
+}
+
+// stopped reports whether Stop has asked the drain to end after this batch.
+func stopped(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
 	}
 }
 
