@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -57,32 +55,15 @@ func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
 // Main runs idemctl and returns its exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	cli := &CLI{}
-	kctx, err := config.Parse("idemctl", "Operate idemd: migrate the schema, show status, review flagged keys.", cli, args, stdout)
-	if err != nil {
-		if errors.Is(err, config.ErrHelp) {
-			return daemon.ExitOK
-		}
-		fmt.Fprintf(stderr, "idemctl: %v\n", err)
-		return daemon.ExitConfig
+	kctx, base, code := daemon.Setup("idemctl", "Operate idemd: migrate the schema, show status, review flagged keys.",
+		cli, &cli.Database, &cli.Logging, args, stdout, stderr)
+	if base == nil {
+		return code
 	}
-	logger, err := logging.New(cli.LogFormat, cli.LogLevel)
-	if err != nil {
-		fmt.Fprintf(stderr, "idemctl: %v\n", err)
-		return daemon.ExitConfig
-	}
-	defer logger.Sync() //nolint:errcheck
+	defer base.Close()
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	pool, err := daemon.NewPool(ctx, cli.DatabaseURL, "idemd-idemctl")
-	if err != nil {
-		fmt.Fprintf(stderr, "idemctl: invalid configuration:\n  - --database-url: %v\n", err)
-		return daemon.ExitConfig
-	}
-	defer pool.Close()
-
-	g := &Globals{Pool: pool, Logger: logger, Stdout: stdout}
-	kctx.BindTo(ctx, (*context.Context)(nil))
+	g := &Globals{Pool: base.Pool, Logger: base.Logger, Stdout: stdout}
+	kctx.BindTo(base.Ctx, (*context.Context)(nil))
 	if err := kctx.Run(g); err != nil {
 		var cerr *config.Error
 		if errors.As(err, &cerr) {

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -56,34 +57,64 @@ func Main(name, description string, cmd Command, args []string) int {
 	return MainWith(name, description, cmd, args, os.Stdout, os.Stderr)
 }
 
-// MainWith is Main with explicit output streams (for tests).
-func MainWith(name, description string, cmd Command, args []string, stdout, stderr io.Writer) int {
-	if _, err := config.Parse(name, description, cmd, args, stdout); err != nil {
+// Base is what every idemd command runs on: a context cancelled by SIGTERM
+// or SIGINT, the logger, and a pool named after the command.
+type Base struct {
+	Ctx    context.Context
+	Logger *zap.Logger
+	Pool   *pgxpool.Pool
+	close  []func()
+}
+
+// Close closes the pool, stops listening for signals and flushes the log.
+func (b *Base) Close() {
+	for i := len(b.close) - 1; i >= 0; i-- {
+		b.close[i]()
+	}
+}
+
+// Setup parses args into cli (every problem listed, exit 2) and builds the
+// Base from db and log, which point into cli. A nil Base means the command
+// ends now with the returned code: 0 after --help, 2 after a configuration
+// problem it has printed to stderr.
+func Setup(name, description string, cli any, db *config.Database, log *config.Logging, args []string, stdout, stderr io.Writer) (*kong.Context, *Base, int) {
+	kctx, err := config.Parse(name, description, cli, args, stdout)
+	if err != nil {
 		if errors.Is(err, config.ErrHelp) {
-			return ExitOK
+			return nil, nil, ExitOK
 		}
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-		return ExitConfig
+		return nil, nil, ExitConfig
 	}
-	common := cmd.CommonConfig()
-	logger, err := logging.New(common.LogFormat, common.LogLevel)
+	logger, err := logging.New(log.LogFormat, log.LogLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-		return ExitConfig
+		return nil, nil, ExitConfig
 	}
-	defer logger.Sync() //nolint:errcheck
-	logger = logger.With(zap.String("component", name))
-
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-
-	pool, err := NewPool(ctx, common.DatabaseURL, "idemd-"+name)
+	pool, err := NewPool(ctx, db.DatabaseURL, "idemd-"+name)
 	if err != nil {
+		stop()
+		logger.Sync() //nolint:errcheck
 		// A URL that does not parse is a configuration error.
 		fmt.Fprintf(stderr, "%s: invalid configuration:\n  - --database-url: %v\n", name, err)
-		return ExitConfig
+		return nil, nil, ExitConfig
 	}
-	defer pool.Close()
+	b := &Base{Ctx: ctx, Logger: logger, Pool: pool}
+	b.close = []func(){func() { logger.Sync() }, stop, pool.Close} //nolint:errcheck
+	return kctx, b, ExitOK
+}
+
+// MainWith is Main with explicit output streams (for tests).
+func MainWith(name, description string, cmd Command, args []string, stdout, stderr io.Writer) int {
+	common := cmd.CommonConfig()
+	_, base, code := Setup(name, description, cmd, &common.Database, &common.Logging, args, stdout, stderr)
+	if base == nil {
+		return code
+	}
+	defer base.Close()
+	ctx, pool := base.Ctx, base.Pool
+	logger := base.Logger.With(zap.String("component", name))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
