@@ -21,6 +21,7 @@ type metrics struct {
 	flagged       *prometheus.CounterVec
 	batches       prometheus.Counter
 	batchTimeouts prometheus.Counter
+	lockedBatches prometheus.Counter
 	runDuration   prometheus.Histogram
 	batchDuration prometheus.Histogram
 	lastSuccess   prometheus.Gauge
@@ -48,6 +49,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_reaper_batch_timeouts_total",
 			Help: "Batches cancelled by --statement-timeout (the run retries at half the batch size).",
 		}),
+		lockedBatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_reaper_locked_batches_total",
+			Help: "Batches that met a key another transaction held locked and were redone skipping locked keys.",
+		}),
 		runDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "idemd_reaper_run_duration_seconds",
 			Help:    "Duration of reaper runs that took the lock.",
@@ -66,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.runDuration, m.batchDuration, m.lastSuccess} {
+	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.runDuration, m.batchDuration, m.lastSuccess} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("reaper: register metrics: %w", err)
 		}

@@ -46,8 +46,11 @@ type Result struct {
 
 	// Batches committed, and how often a batch hit --statement-timeout and
 	// was retried at half the size.
-	Batches         int
-	BatchTimeouts   int
+	Batches       int
+	BatchTimeouts int
+	// LockedBatches met a key whose row lock another transaction held and
+	// were redone skipping locked keys.
+	LockedBatches   int
 	FinalBatchSize  int
 	Duration        time.Duration
 	Complete        bool   // nothing eligible was left when the run ended
@@ -198,7 +201,7 @@ func (s *Service) run(ctx context.Context, res *Result, start time.Time) (err er
 // the run's time is up, or the process is shutting down.
 func (s *Service) reap(ctx context.Context, conn *pgx.Conn, res *Result, start time.Time) error {
 	size := s.cfg.BatchSize
-	var cursor *time.Time
+	var cursor *batchCursor
 	for {
 		if ctx.Err() != nil {
 			res.StopReason = "shutdown"
@@ -257,13 +260,12 @@ func (s *Service) reap(ctx context.Context, conn *pgx.Conn, res *Result, start t
 		if s.hooks.afterBatch != nil {
 			s.hooks.afterBatch(ctx, res.Batches)
 		}
-		// LIMIT not reached: the index scan ran out of eligible keys.
-		if b.deleted < int64(limit) {
+		if !b.more {
 			res.Complete = true
 			return nil
 		}
-		if b.newest != nil {
-			cursor = b.newest
+		if b.cursor != nil {
+			cursor = b.cursor
 		}
 		if s.cfg.BatchPause > 0 {
 			t := time.NewTimer(s.cfg.BatchPause)
@@ -278,13 +280,47 @@ func (s *Service) reap(ctx context.Context, conn *pgx.Conn, res *Result, start t
 
 type batchResult struct {
 	deleted, unprocessable, flaggedUnfinished, flaggedGaveUp int64
-	newest                                                   *time.Time
+	// cursor is where the next batch starts (after it); nil if this batch
+	// took nothing.
+	cursor *batchCursor
+	// more: eligible keys may be left after the cursor. False when the batch
+	// found fewer than its limit: the run is complete.
+	more bool
 }
 
-// deleteBatch runs one batch in its own transaction. A SIGTERM does not
-// cancel a running batch (it finishes within --statement-timeout and the run
-// stops after it); only the statement timeout does.
-func (s *Service) deleteBatch(ctx context.Context, conn *pgx.Conn, limit int, cursor *time.Time, res *Result) (batchResult, error) {
+// batchCursor is the (created_at, id) of the last key a batch took.
+type batchCursor struct {
+	createdAt time.Time
+	id        int64
+}
+
+// rowLockTimeout is how long a fast-path batch waits for a key's row lock
+// before it is redone in the form that skips locked keys. Keys past
+// retention are almost never locked, so this is paid rarely; it is short
+// because the batch holds the row locks of the keys it already deleted
+// while it waits.
+const rowLockTimeout = 50 * time.Millisecond
+
+// deleteBatch runs one batch in its own transaction, in the fast range form
+// first and, if that met a key another transaction holds locked, again in
+// the form that skips locked keys. A SIGTERM does not cancel a running
+// batch (it finishes within --statement-timeout and the run stops after
+// it); only the statement timeout does.
+func (s *Service) deleteBatch(ctx context.Context, conn *pgx.Conn, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
+	b, err := s.tryBatch(ctx, conn, rangeBatchSQL, rowLockTimeout, limit, cursor, res)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		s.metrics.lockedBatches.Inc()
+		res.LockedBatches++
+		s.logger.Debug("batch met a locked key; redoing it skipping locked keys", zap.Int("batch", res.Batches+1))
+		b, err = s.tryBatch(ctx, conn, lockingBatchSQL, 0, limit, cursor, res)
+	}
+	return b, err
+}
+
+// tryBatch runs one form of a batch in a transaction. lockTimeout 0 leaves
+// lock waits to the statement timeout.
+func (s *Service) tryBatch(ctx context.Context, conn *pgx.Conn, sql string, lockTimeout time.Duration, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
 	var b batchResult
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StatementTimeout+10*time.Second)
 	defer cancel()
@@ -296,15 +332,33 @@ func (s *Service) deleteBatch(ctx context.Context, conn *pgx.Conn, limit int, cu
 	}
 	defer tx.Rollback(bctx) //nolint:errcheck // a no-op after Commit
 
-	if _, err := tx.Exec(bctx, "SELECT set_config('statement_timeout', $1, true)", fmt.Sprint(s.cfg.StatementTimeout.Milliseconds())); err != nil {
-		return b, fmt.Errorf("set statement_timeout: %w", err)
+	// synchronous_commit off: the commit does not wait for its WAL to reach
+	// disk. A batch lost to a server crash rolls back as a whole (the
+	// deletions with their reviews) and the next run deletes those keys
+	// again, so nothing the reaper promises depends on that wait, while a
+	// batch's WAL (megabytes: every first touch of a page after a checkpoint
+	// logs the whole page) makes the wait long.
+	if _, err := tx.Exec(bctx, `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
+       set_config('synchronous_commit', 'off', true)`,
+		fmt.Sprint(s.cfg.StatementTimeout.Milliseconds()), fmt.Sprint(lockTimeout.Milliseconds())); err != nil {
+		return b, fmt.Errorf("set batch timeouts: %w", err)
 	}
-	err = tx.QueryRow(bctx, batchSQL,
+	var cursorAt *time.Time
+	var cursorID *int64
+	if cursor != nil {
+		cursorAt, cursorID = &cursor.createdAt, &cursor.id
+	}
+	var nextAt *time.Time
+	var nextID *int64
+	err = tx.QueryRow(bctx, sql,
 		s.cfg.Retention.Microseconds(), s.cfg.LockWindow.Microseconds(), s.pinnedNow,
-		limit, s.cfg.FlaggedBy, cursor, review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp,
-	).Scan(&b.deleted, &b.unprocessable, &b.flaggedUnfinished, &b.flaggedGaveUp, &b.newest)
+		limit, s.cfg.FlaggedBy, cursorAt, review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp, cursorID,
+	).Scan(&b.deleted, &b.unprocessable, &b.flaggedUnfinished, &b.flaggedGaveUp, &nextAt, &nextID, &b.more)
 	if err != nil {
 		return b, err
+	}
+	if nextAt != nil && nextID != nil {
+		b.cursor = &batchCursor{createdAt: *nextAt, id: *nextID}
 	}
 	if s.cfg.MaxDeletes > 0 && res.Deleted+b.deleted > s.cfg.MaxDeletes {
 		return b, fmt.Errorf("would delete more than --max-deletes %d: %w", s.cfg.MaxDeletes, ErrCapExceeded)
@@ -474,6 +528,7 @@ func (s *Service) finish(res *Result, err error) {
 		zap.Int64("unprocessable_deleted", res.Unprocessable),
 		zap.Int("batches", res.Batches),
 		zap.Int("batch_timeouts", res.BatchTimeouts),
+		zap.Int("locked_batches", res.LockedBatches),
 		zap.Duration("duration", res.Duration),
 		zap.Bool("complete", res.Complete),
 		zap.Duration("retention", s.cfg.Retention),

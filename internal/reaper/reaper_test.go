@@ -484,3 +484,96 @@ func TestDryRunWhileARunHoldsTheLock(t *testing.T) {
 		t.Fatalf("%+v, %v\n%s", res, err, out)
 	}
 }
+
+// TestRowLockedKeysAreSkipped: keys whose row lock another transaction
+// holds (a request in flight with SELECT ... FOR UPDATE; the API inserting
+// a ride that references the key, whose foreign key check takes FOR KEY
+// SHARE) are never deleted. Their batches are redone in the form that skips
+// locked keys, the rest is deleted, and the next run, after the locks are
+// gone, takes them too.
+func TestRowLockedKeysAreSkipped(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	ids := insertOldKeys(t, pool, 50) // 16 unfinished: every third
+	createRides(t, pool, "SET NULL")
+	inFlight, referencing := ids[15], ids[33] // both finished
+
+	txUpdate, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txUpdate.Rollback(ctx) //nolint:errcheck
+	if _, err := txUpdate.Exec(ctx, "SELECT 1 FROM idempotency_keys WHERE id = $1 FOR UPDATE", inFlight); err != nil {
+		t.Fatal(err)
+	}
+	txRide, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txRide.Rollback(ctx) //nolint:errcheck
+	if _, err := txRide.Exec(ctx, "INSERT INTO rides (idempotency_key_id) VALUES ($1)", referencing); err != nil {
+		t.Fatal(err)
+	}
+
+	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
+	res, err := svc.runOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Complete || res.LockedBatches != 2 || res.Deleted != 48 || res.Flagged != 16 {
+		t.Fatalf("run with two locked keys: %+v", res)
+	}
+	if got := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); got != 2 {
+		t.Fatalf("%d keys left, want the 2 locked ones", got)
+	}
+	if !keyExists(t, pool, inFlight) || !keyExists(t, pool, referencing) {
+		t.Fatal("a locked key was deleted")
+	}
+	if got := queryInt(t, pool, "SELECT count(*) FROM idempotency_key_reviews"); got != 16 {
+		t.Fatalf("%d reviews, want 16", got)
+	}
+
+	if err := txUpdate.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := txRide.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err = svc.runOnce(ctx)
+	if err != nil || !res.Complete || res.Deleted != 2 || res.LockedBatches != 0 {
+		t.Fatalf("run after the locks are gone: %+v, %v", res, err)
+	}
+	if got := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); got != 0 {
+		t.Fatalf("%d keys left", got)
+	}
+	if got := queryInt(t, pool, "SELECT count(*) FROM rides WHERE idempotency_key_id IS NULL"); got != 1 {
+		t.Fatalf("the committed ride's reference was not cleared: %d rides with NULL", got)
+	}
+}
+
+// TestBatchesStayBoundedWhenKeysShareCreatedAt: keys with one created_at
+// (a bulk import, or requests that began in the same microsecond) are still
+// deleted at most --batch-size per batch, counted by the rows left after
+// each batch.
+func TestBatchesStayBoundedWhenKeysShareCreatedAt(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+INSERT INTO idempotency_keys (created_at, idempotency_key, locked_at, request_method, request_params, request_path, recovery_point, user_id)
+SELECT now() - interval '100 hours', 'same-' || g, NULL, 'POST', '{}', '/rides', 'finished', 7
+FROM generate_series(1, 25) g`); err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
+	var left []int64
+	svc.hooks.afterBatch = func(context.Context, int) {
+		left = append(left, queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"))
+	}
+	res, err := svc.runOnce(ctx)
+	if err != nil || !res.Complete || res.Deleted != 25 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if want := []int64{15, 5, 0}; !slices.Equal(left, want) {
+		t.Fatalf("keys left after each batch %v, want %v", left, want)
+	}
+}

@@ -19,44 +19,99 @@ package reaper
 // Parameters common to all: $1 retention (µs), $2 lock window (µs), $3 pinned
 // now (timestamptz or NULL).
 
-// batchSQL deletes one batch and copies the keys that need a human into
+// A batch deletes up to $4 keys and copies the ones that need a human into
 // idempotency_key_reviews in the same statement, so a key can never be
 // deleted without its snapshot being kept. Further parameters: $4 limit,
-// $5 flagged_by, $6 cursor (created_at of the previous batch's newest
-// deleted key, or NULL), $7 reason for unfinished keys, $8 reason for keys
-// the completer gave up on.
+// $5 flagged_by, $6 and $9 the cursor (created_at and id of the last key
+// the previous batch took, or NULL), $7 reason for unfinished keys, $8
+// reason for keys the completer gave up on.
 //
-// The cursor lets each batch start its index scan where the previous one
-// ended instead of wading through the index entries of the keys it just
-// deleted (dead until vacuum). ORDER BY created_at LIMIT makes the plan an
-// index scan on idempotency_keys_created_at that stops after $4 rows, and
-// an idle pass a single index probe.
+// Batches walk the idempotency_keys_created_at index in (created_at, id)
+// order from the cursor, so each starts where the previous one ended
+// instead of wading through the index entries of the keys it just deleted
+// (dead until vacuum), an idle pass is a single index probe, and a batch
+// never exceeds $4 keys even when many keys share a created_at.
 //
-// A key already flagged for the same reason (say the completer gave up and
-// flagged it, or a human resolved that review) is not flagged again.
-const batchSQL = `
+// There are two forms of a batch, sharing everything but how they pick the
+// keys:
+//
+//   - rangeBatchSQL, the fast path: find the $4-th eligible key (a read-only
+//     index scan), then DELETE every eligible key up to it with a plain
+//     range predicate. No row is locked before it is deleted, so each key
+//     is written once. A key whose row lock another transaction holds (a
+//     request in flight) makes the DELETE wait; the caller runs it under a
+//     short lock_timeout, and on lock_not_available redoes the batch with:
+//   - lockingBatchSQL: pick the ids with FOR UPDATE SKIP LOCKED, then delete
+//     them. It steps around locked keys (the next run gets them) at the
+//     price of a second write per key (the row lock) and a join.
+//
+// Both end with the same columns: deleted, unprocessable, flagged
+// (unfinished), flagged (gave up), the cursor to continue from (created_at,
+// id; NULL when nothing was deleted), and whether more eligible keys may be
+// left.
+const rangeBatchSQL = `
+WITH bound AS (
+    -- The $4-th eligible key from the cursor: the batch's inclusive end.
+    -- NULL when fewer are left, and then this batch is the last.
+    SELECT k.created_at, k.id
+    FROM idempotency_keys k
+    WHERE ` + eligibleFromCursor + `
+    ORDER BY k.created_at, k.id
+    OFFSET $4::int - 1
+    LIMIT 1
+),
+deleted AS (
+    DELETE FROM idempotency_keys k
+    WHERE ` + eligibleFromCursor + `
+      -- created_at <= is what the index scan can stop at; the row
+      -- comparison after it makes the end exact among equal created_at.
+      AND k.created_at <= COALESCE((SELECT created_at FROM bound), 'infinity')
+      AND (k.created_at, k.id) <= (COALESCE((SELECT created_at FROM bound), 'infinity'),
+                                   COALESCE((SELECT id FROM bound), 9223372036854775807))
+    RETURNING ` + deletedColumns + `
+),` + reviewTail + `,
+    b.created_at, b.id, b.id IS NOT NULL
+FROM (SELECT 1) one LEFT JOIN bound b ON true`
+
+const lockingBatchSQL = `
 WITH batch AS (
     SELECT k.id
     FROM idempotency_keys k
-    WHERE k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
-      AND k.created_at >= COALESCE($6::timestamptz, '-infinity')
-      AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
-      AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))
-    ORDER BY k.created_at
+    WHERE ` + eligibleFromCursor + `
+    ORDER BY k.created_at, k.id
     LIMIT $4
     FOR UPDATE OF k SKIP LOCKED
 ),
 deleted AS (
-    -- Only the few keys that need a review carry their full row out of the
-    -- DELETE (as the snapshot); the rest return a few narrow columns, which
-    -- keeps the CTE's materialised result small.
     DELETE FROM idempotency_keys k
     USING batch b
     WHERE k.id = b.id
-    RETURNING k.id, k.user_id, k.idempotency_key, k.recovery_point, k.created_at,
+    RETURNING ` + deletedColumns + `
+),` + reviewTail + `,
+    l.created_at, l.id, (SELECT count(*) FROM deleted) >= $4
+FROM (SELECT 1) one
+LEFT JOIN LATERAL (SELECT d.created_at, d.id FROM deleted d ORDER BY d.created_at DESC, d.id DESC LIMIT 1) l ON true`
+
+// eligibleFromCursor is the definition of an eligible key (see the top of
+// this file) from the cursor on. The row comparison alone would be enough;
+// the plain created_at >= $6 beside it is what the index scan can start at.
+const eligibleFromCursor = `k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
+      AND k.created_at >= COALESCE($6::timestamptz, '-infinity')
+      AND (k.created_at, k.id) > (COALESCE($6::timestamptz, '-infinity'), COALESCE($9::bigint, 0))
+      AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
+      AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))`
+
+// deletedColumns: only the few keys that need a review carry their full row
+// out of the DELETE (as the snapshot); the rest return a few narrow
+// columns, which keeps the CTE's materialised result small.
+const deletedColumns = `k.id, k.user_id, k.idempotency_key, k.recovery_point, k.created_at,
               CASE WHEN k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL THEN to_jsonb(k) END AS snapshot,
-              CASE WHEN k.completer_gave_up_at IS NOT NULL THEN $8::text ELSE $7::text END AS review_reason
-),
+              CASE WHEN k.completer_gave_up_at IS NOT NULL THEN $8::text ELSE $7::text END AS review_reason`
+
+// reviewTail inserts the reviews and starts the final SELECT. A key
+// already flagged for the same reason (say the completer gave up and
+// flagged it, or a human resolved that review) is not flagged again.
+const reviewTail = `
 needs_review AS (
     SELECT d.* FROM deleted d WHERE d.snapshot IS NOT NULL
 ),
@@ -77,8 +132,7 @@ SELECT
     (SELECT count(*) FROM deleted),
     (SELECT count(*) FROM needs_review),
     (SELECT count(*) FROM flagged WHERE reason = $7::text),
-    (SELECT count(*) FROM flagged WHERE reason = $8::text),
-    (SELECT max(created_at) FROM deleted)`
+    (SELECT count(*) FROM flagged WHERE reason = $8::text)`
 
 // planSQL counts what a run would do, without locking or changing anything:
 // the dry run's report and the caps' pre-check. Further parameters: $4 row
