@@ -199,7 +199,16 @@ RETURNING s.id, s.created_at, s.job_name, s.job_args, s.queue, s.priority,
 // runOnce moves one batch in one transaction.
 func (s *Service) runOnce(ctx context.Context) (*BatchResult, error) {
 	start := time.Now()
-	res, err := s.moveBatch(ctx)
+	res, err := s.moveBatch(ctx, false)
+	if errors.Is(err, errRiverRejected) {
+		// The batch was rolled back whole: its rows are back in staged_jobs.
+		// Take a batch again and insert it one savepoint per row, so only the
+		// offending rows are dead-lettered. (It may be other rows, if
+		// another replica took these meanwhile; any bad row among them is
+		// found the same way.)
+		s.logger.Warn("river rejected a batch; redoing it row by row", zap.Error(err))
+		res, err = s.moveBatch(ctx, true)
+	}
 	s.m.BatchDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.m.BatchErrors.Inc()
@@ -209,7 +218,16 @@ func (s *Service) runOnce(ctx context.Context) (*BatchResult, error) {
 	return res, nil
 }
 
-func (s *Service) moveBatch(ctx context.Context) (*BatchResult, error) {
+// errRiverRejected: River refused the batch's insert for a reason in the
+// data that validation did not foresee; the batch is redone row by row.
+var errRiverRejected = errors.New("river rejected the batch")
+
+// moveBatch takes, inserts and deletes one batch in one transaction.
+// rowByRow inserts each job under its own savepoint, so a job River rejects
+// is dead-lettered alone; the normal path inserts the batch in one COPY
+// with no savepoint (two round trips fewer per batch, which is most of a
+// small batch's time).
+func (s *Service) moveBatch(ctx context.Context, rowByRow bool) (*BatchResult, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("enqueuer batch: begin: %w", err)
@@ -255,7 +273,7 @@ func (s *Service) moveBatch(ctx context.Context) (*BatchResult, error) {
 		good = append(good, r)
 	}
 
-	moved, more, err := s.insertRows(ctx, tx, params, good)
+	moved, more, err := s.insertRows(ctx, tx, params, good, rowByRow)
 	if err != nil {
 		return nil, err
 	}
@@ -277,33 +295,25 @@ func (s *Service) moveBatch(ctx context.Context) (*BatchResult, error) {
 	return res, nil
 }
 
-// insertRows inserts params into River on tx. If River rejects the batch for
-// a reason this package's validation did not foresee, it falls back to one
-// savepoint per row so only the offending rows are dead-lettered; errors that
-// are not about the data (connection lost, serialization) fail the batch and
-// it is retried whole.
-func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, rows []*stagedRow) (int, []deadRow, error) {
+// insertRows inserts params into River on tx, all at once or, rowByRow,
+// each under its own savepoint so only the rows River rejects are
+// dead-lettered. A rejection of the whole batch returns errRiverRejected;
+// errors that are not about the data (connection lost, serialization) fail
+// the batch and it is retried whole.
+func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, rows []*stagedRow, rowByRow bool) (int, []deadRow, error) {
 	if len(params) == 0 {
 		return 0, nil, nil
 	}
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return 0, nil, fmt.Errorf("enqueuer batch: savepoint: %w", err)
-	}
-	n, err := s.river.InsertManyFastTx(ctx, sp, params)
-	if err == nil {
-		if err := sp.Commit(ctx); err != nil {
-			return 0, nil, fmt.Errorf("enqueuer batch: release savepoint: %w", err)
+	if !rowByRow {
+		n, err := s.river.InsertManyFastTx(ctx, tx, params)
+		if err == nil {
+			return n, nil, nil
 		}
-		return n, nil, nil
-	}
-	if !isDataError(err, tx.Conn()) {
+		if isDataError(err, tx.Conn()) {
+			return 0, nil, fmt.Errorf("enqueuer batch: %w: %w", errRiverRejected, err)
+		}
 		return 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
 	}
-	if err := sp.Rollback(ctx); err != nil {
-		return 0, nil, fmt.Errorf("enqueuer batch: rollback savepoint: %w", err)
-	}
-	s.logger.Warn("river rejected a batch; retrying row by row", zap.Error(err), zap.Int("rows", len(rows)))
 	moved := 0
 	var dead []deadRow
 	for i := range params {

@@ -192,6 +192,43 @@ INSERT INTO staged_jobs (job_name, job_args) VALUES ('', '{"n": 11}');
 	}
 }
 
+// TestRowsRiverRejectsAreDeadLetteredAlone: a row that passes the
+// enqueuer's validation but that the database refuses as a River job (here
+// a CHECK constraint an operator added to river_job) fails its batch's
+// COPY; the batch is redone row by row, the refused rows are dead-lettered
+// with the database's reason and every other row becomes a job.
+func TestRowsRiverRejectsAreDeadLetteredAlone(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `ALTER TABLE river_job ADD CONSTRAINT no_poison CHECK (NOT args ? 'poison')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `
+INSERT INTO staged_jobs (job_name, job_args)
+SELECT 'good', CASE WHEN g % 10 = 0 THEN jsonb_build_object('n', g, 'poison', true) ELSE jsonb_build_object('n', g) END
+FROM generate_series(1, 50) g`); err != nil {
+		t.Fatal(err)
+	}
+	s := newService(t, pool, Config{BatchSize: 20})
+	res, err := s.Drain(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Moved != 45 || res.DeadLettered != 5 {
+		t.Fatalf("drain result %+v", res)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM river_job WHERE (args->>'n')::int % 10 <> 0"); n != 45 {
+		t.Fatalf("%d good rows in River, want 45", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM staged_jobs_dead
+WHERE job_args ? 'poison' AND reason LIKE $1 AND reason LIKE '%no_poison%'`, ReasonRejectedByRiver+": %"); n != 5 {
+		t.Fatalf("%d poison rows dead-lettered with the constraint as reason, want 5", n)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM staged_jobs"); n != 0 {
+		t.Fatalf("%d rows left staged", n)
+	}
+}
+
 // A transaction holding a low id open across several drains: rows with
 // higher ids move past it, and it moves once it commits. A high-water-mark
 // design would lose it.
