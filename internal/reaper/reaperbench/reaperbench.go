@@ -162,16 +162,9 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	r.Rows = append(r.Rows, row)
-	var idle []time.Duration
-	for range 7 {
-		d, err := b.timeReaper(ctx, "idle", nil)
-		if err != nil {
-			return nil, err
-		}
-		idle = append(idle, d.Duration)
+	if r.IdleReaperDirty, err = b.medianIdlePass(ctx); err != nil {
+		return nil, err
 	}
-	slices.Sort(idle)
-	r.IdleReaperDirty = idle[len(idle)/2]
 	// Until (auto)vacuum runs, the index still holds the entries of the keys
 	// just deleted and an idle pass walks over them. Measure the steady
 	// state too: the next scheduled run normally finds the table vacuumed
@@ -179,16 +172,9 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 	if _, err := b.pool.Exec(ctx, "VACUUM idempotency_keys"); err != nil {
 		return nil, fmt.Errorf("reaperbench: vacuum: %w", err)
 	}
-	idle = idle[:0]
-	for range 7 {
-		d, err := b.timeReaper(ctx, "idle", nil)
-		if err != nil {
-			return nil, err
-		}
-		idle = append(idle, d.Duration)
+	if r.IdleReaper, err = b.medianIdlePass(ctx); err != nil {
+		return nil, err
 	}
-	slices.Sort(idle)
-	r.IdleReaper = idle[len(idle)/2]
 	b.logf("reaper idle pass: %s right after the run, %s after vacuum", r.IdleReaperDirty, r.IdleReaper)
 
 	// 2. The article's loop, without the created_at index, and its idle pass.
@@ -406,6 +392,21 @@ func (b *bench) timeReaper(ctx context.Context, name string, mutate func(*reaper
 		b.logf("%s: %d keys, %d flagged, %d batches in %s", row.Name, res.Deleted, res.Flagged, res.Batches, res.Duration)
 	}
 	return row, nil
+}
+
+// medianIdlePass is the median of seven reaper runs that find nothing to
+// reap (one pass is too noisy on a shared machine).
+func (b *bench) medianIdlePass(ctx context.Context) (time.Duration, error) {
+	idle := make([]time.Duration, 0, 7)
+	for range 7 {
+		d, err := b.timeReaper(ctx, "idle", nil)
+		if err != nil {
+			return 0, err
+		}
+		idle = append(idle, d.Duration)
+	}
+	slices.Sort(idle)
+	return idle[len(idle)/2], nil
 }
 
 // articleLoopSQL is the article's reaper statement.
