@@ -37,11 +37,18 @@ type Options struct {
 	Reaper *reaper.Settings
 	// InsertRate of the concurrent workload, inserts per second. Default 500.
 	InsertRate int
-	// BaselineDuration of the workload without the reaper. Default 10s.
+	// BaselineDuration of the workload without the reaper, per round.
+	// Default 5s, about as long as the reaper's run.
 	BaselineDuration time.Duration
+	// LatencyRounds: the insert comparison is repeated on this many fresh
+	// loads and pooled. Default 5.
+	LatencyRounds int
 	// SkipRides skips the run with the article's rides table (ON DELETE SET
 	// NULL, one ride per two keys), which costs one more load.
 	SkipRides bool
+	// LatencyOnly measures only the concurrent insert p99 (for tuning the
+	// batch size and pause against it; the ratios need the full run).
+	LatencyOnly bool
 	// Logf, when set, receives progress lines.
 	Logf func(format string, args ...any)
 }
@@ -74,12 +81,12 @@ type Report struct {
 	IdleReaperDirty  time.Duration
 	IdleArticleDirty time.Duration
 
-	InsertRate          int
-	InsertP99Baseline   time.Duration
-	InsertP99WithReaper time.Duration
-	InsertP99Ratio      float64
-	InsertsBaseline     int
-	InsertsWithReaper   int
+	InsertRate       int
+	LatencyRounds    int
+	InsertBaseline   Latency
+	InsertWithReaper Latency
+	// InsertP99Ratio is InsertWithReaper.P99 over InsertBaseline.P99.
+	InsertP99Ratio float64
 }
 
 const retention = 72 * time.Hour
@@ -88,7 +95,8 @@ const retention = 72 * time.Hour
 func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 	opts.Keys = cmp.Or(opts.Keys, 2_000_000)
 	opts.InsertRate = cmp.Or(opts.InsertRate, 500)
-	opts.BaselineDuration = cmp.Or(opts.BaselineDuration, 10*time.Second)
+	opts.BaselineDuration = cmp.Or(opts.BaselineDuration, 5*time.Second)
+	opts.LatencyRounds = cmp.Or(opts.LatencyRounds, 5)
 	if opts.Reaper == nil {
 		s := reaper.DefaultSettings()
 		opts.Reaper = &s
@@ -148,9 +156,15 @@ type bench struct {
 }
 
 func (b *bench) run(ctx context.Context) (*Report, error) {
-	r := &Report{Keys: b.opts.Keys, Settings: *b.opts.Reaper, InsertRate: b.opts.InsertRate}
+	r := &Report{Keys: b.opts.Keys, Settings: *b.opts.Reaper, InsertRate: b.opts.InsertRate, LatencyRounds: b.opts.LatencyRounds}
 	if err := b.prepare(ctx, r); err != nil {
 		return nil, err
+	}
+	if b.opts.LatencyOnly {
+		if err := b.load(ctx, r, false); err != nil {
+			return nil, err
+		}
+		return r, b.insertLatency(ctx, r)
 	}
 
 	// 1. The reaper, then its idle pass on the reaped table.
@@ -444,8 +458,13 @@ func (b *bench) timeArticleLoop(ctx context.Context) (Row, time.Duration, error)
 	return newRow("article loop (LIMIT 1000, no index)", total, d), last, nil
 }
 
-// insertLatency measures the p99 of single-row inserts at InsertRate, first
-// alone for BaselineDuration, then while the reaper deletes the old half.
+// insertLatency measures single-row inserts at InsertRate alone and while
+// the reaper deletes the old half, in LatencyRounds rounds on a freshly
+// loaded table each. A round is an unmeasured warm-up, a baseline window
+// of BaselineDuration, then the reaper's run; each side's p99 is over the
+// inserts of all rounds. One reaper run lasts a few seconds, so a single
+// window's p99 is its ~20 worst inserts, and one stall of this shared
+// machine moves it by a factor of two either way.
 func (b *bench) insertLatency(ctx context.Context, r *Report) error {
 	idle := func(d time.Duration) func(context.Context) error {
 		return func(ctx context.Context) error {
@@ -458,30 +477,60 @@ func (b *bench) insertLatency(ctx context.Context, r *Report) error {
 			return nil
 		}
 	}
-	// A warm-up, not measured: the first inserts into a freshly loaded
-	// table read its index pages into shared buffers and rebuild each
-	// connection's cached plans, and take up to hundreds of milliseconds.
-	// Measured cold, the baseline's p99 would be that warm-up, and the run
-	// with the reaper (on the then warm table) would look better than it.
-	if _, err := b.workload(ctx, idle(3*time.Second)); err != nil {
-		return err
+	var base, with []time.Duration
+	for round := range b.opts.LatencyRounds {
+		if round > 0 {
+			if err := b.load(ctx, r, false); err != nil {
+				return err
+			}
+		}
+		// The warm-up: the first inserts into a freshly loaded table read its
+		// index pages into shared buffers and build each connection's cached
+		// plans, and take up to hundreds of milliseconds. Measured cold, the
+		// baseline's p99 would be that warm-up, and the run with the reaper
+		// (on the then warm table) would look better than it.
+		if _, err := b.workload(ctx, idle(3*time.Second)); err != nil {
+			return err
+		}
+		bl, err := b.workload(ctx, idle(b.opts.BaselineDuration))
+		if err != nil {
+			return err
+		}
+		wl, err := b.workload(ctx, func(ctx context.Context) error {
+			_, err := b.timeReaper(ctx, "reaper under insert load", nil)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		b.logf("insert latency round %d: alone %s; with the reaper %s", round+1, newLatency(bl), newLatency(wl))
+		base, with = append(base, bl...), append(with, wl...)
 	}
-	base, err := b.workload(ctx, idle(b.opts.BaselineDuration))
-	if err != nil {
-		return err
-	}
-	with, err := b.workload(ctx, func(ctx context.Context) error {
-		_, err := b.timeReaper(ctx, "reaper under insert load", nil)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	r.InsertP99Baseline, r.InsertsBaseline = p99(base), len(base)
-	r.InsertP99WithReaper, r.InsertsWithReaper = p99(with), len(with)
-	r.InsertP99Ratio = float64(r.InsertP99WithReaper) / float64(r.InsertP99Baseline)
-	b.logf("insert p99: %s alone, %s with the reaper (%d and %d inserts)", r.InsertP99Baseline, r.InsertP99WithReaper, len(base), len(with))
+	r.InsertBaseline, r.InsertWithReaper = newLatency(base), newLatency(with)
+	r.InsertP99Ratio = float64(r.InsertWithReaper.P99) / float64(r.InsertBaseline.P99)
+	b.logf("insert latency, all rounds: alone %s; with the reaper %s", r.InsertBaseline, r.InsertWithReaper)
 	return nil
+}
+
+// Latency summarises the insert latencies of one side of the comparison.
+type Latency struct {
+	N                  int
+	P50, P90, P99, Max time.Duration
+}
+
+func newLatency(d []time.Duration) Latency {
+	if len(d) == 0 {
+		return Latency{}
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	at := func(q int) time.Duration { return s[(len(s)*q)/100] }
+	return Latency{N: len(s), P50: at(50), P90: at(90), P99: at(99), Max: s[len(s)-1]}
+}
+
+func (l Latency) String() string {
+	r := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+	return fmt.Sprintf("p50 %s, p90 %s, p99 %s, max %s (%d inserts)", r(l.P50), r(l.P90), r(l.P99), r(l.Max), l.N)
 }
 
 var workloadSeq atomic.Int64
@@ -540,15 +589,6 @@ VALUES ($1, now(), 'POST', '{"amount": 100, "currency": "usd"}', '/charges', 'st
 	return lat, nil
 }
 
-func p99(d []time.Duration) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[(len(s)*99)/100]
-}
-
 // String renders the report as the table docs/reaper.md quotes.
 func (r *Report) String() string {
 	var sb strings.Builder
@@ -561,7 +601,7 @@ func (r *Report) String() string {
 	_ = tw.Flush()
 	fmt.Fprintf(&sb, "\nidle pass (nothing to reap), table vacuumed: reaper %s, article loop %s\n", r.IdleReaper.Round(10*time.Microsecond), r.IdleArticle.Round(10*time.Microsecond))
 	fmt.Fprintf(&sb, "idle pass right after deleting the old half, before vacuum: reaper %s, article loop %s\n", r.IdleReaperDirty.Round(10*time.Microsecond), r.IdleArticleDirty.Round(10*time.Microsecond))
-	fmt.Fprintf(&sb, "insert p99 at %d/s: %s alone, %s while the reaper runs (%.2fx; %d and %d inserts)\n",
-		r.InsertRate, r.InsertP99Baseline.Round(10*time.Microsecond), r.InsertP99WithReaper.Round(10*time.Microsecond), r.InsertP99Ratio, r.InsertsBaseline, r.InsertsWithReaper)
+	fmt.Fprintf(&sb, "single-row inserts at %d/s, %d rounds pooled:\n  alone:               %s\n  while the reaper runs: %s\n  p99 ratio: %.2fx\n",
+		r.InsertRate, r.LatencyRounds, r.InsertBaseline, r.InsertWithReaper, r.InsertP99Ratio)
 	return sb.String()
 }

@@ -19,7 +19,7 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 func BenchmarkReaper(b *testing.B) {
 	admin := dbtest.ServerURL(b)
 	for b.Loop() {
-		r, err := Run(context.Background(), admin, Options{Keys: 20000, BaselineDuration: time.Second, Logf: b.Logf})
+		r, err := Run(context.Background(), admin, Options{Keys: 20000, BaselineDuration: time.Second, LatencyRounds: 1, Logf: b.Logf})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -35,7 +35,7 @@ func BenchmarkReaper(b *testing.B) {
 // TestRunSmall checks the benchmark itself works (every strategy deletes
 // exactly the old half).
 func TestRunSmall(t *testing.T) {
-	r, err := Run(context.Background(), dbtest.ServerURL(t), Options{Keys: 4000, BaselineDuration: 200 * time.Millisecond})
+	r, err := Run(context.Background(), dbtest.ServerURL(t), Options{Keys: 4000, BaselineDuration: 200 * time.Millisecond, LatencyRounds: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,9 @@ func TestFullRun(t *testing.T) {
 	if v, err := time.ParseDuration(os.Getenv("REAPERBENCH_PAUSE")); err == nil {
 		s.BatchPause = v
 	}
-	r, err := Run(context.Background(), dbtest.ServerURL(t), Options{Keys: keys, Reaper: &s, SkipRides: os.Getenv("REAPERBENCH_SKIP_RIDES") != "", Logf: t.Logf})
+	rounds, _ := strconv.Atoi(os.Getenv("REAPERBENCH_ROUNDS"))
+	r, err := Run(context.Background(), dbtest.ServerURL(t), Options{LatencyRounds: rounds, Keys: keys, Reaper: &s, SkipRides: os.Getenv("REAPERBENCH_SKIP_RIDES") != "",
+		LatencyOnly: os.Getenv("REAPERBENCH_LATENCY_ONLY") != "", Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
