@@ -101,19 +101,36 @@ const eligibleFromCursor = `k.created_at < COALESCE($3::timestamptz, now()) - $1
       AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
       AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))`
 
-// deletedColumns: only the few keys that need a review carry their full row
-// out of the DELETE (as the snapshot); the rest return a few narrow
-// columns, which keeps the CTE's materialised result small.
-const deletedColumns = `k.id, k.user_id, k.idempotency_key, k.recovery_point, k.created_at,
-              CASE WHEN k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL THEN to_jsonb(k) END AS snapshot,
-              CASE WHEN k.completer_gave_up_at IS NOT NULL THEN $8::text ELSE $7::text END AS review_reason`
+// deletedColumns are all a DELETE returns per key: narrow, because
+// RETURNING costs per row (the deleted tuple is fetched again and projected
+// into the CTE's materialised result). Returning the old five columns plus
+// a snapshot expression took a 30000-key batch from 50-57 ms (no RETURNING)
+// to 95-120 ms; these three to 67-78 ms. The flags say whether the key
+// needs a review and for which reason, evaluated on the row version
+// actually deleted.
+const deletedColumns = `k.id, k.created_at,
+              (k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL) AS needs_review,
+              k.completer_gave_up_at IS NOT NULL AS gave_up`
 
-// reviewTail inserts the reviews and starts the final SELECT. A key
-// already flagged for the same reason (say the completer gave up and
-// flagged it, or a human resolved that review) is not flagged again.
+// reviewTail inserts the reviews and starts the final SELECT. The
+// snapshot of a key to review is read by id: every part of a statement sees
+// the same snapshot, so the row the DELETE removed is still there to read,
+// as it was when the statement began (the deletion itself is decided on the
+// latest version, so in the rare race where the row changed in between,
+// the snapshot is one change older than the row deleted). Only the few
+// keys that need a review are looked up. A key already flagged for the
+// same reason (say the completer gave up and flagged it, or a human
+// resolved that review) is not flagged again.
 const reviewTail = `
 needs_review AS (
-    SELECT d.* FROM deleted d WHERE d.snapshot IS NOT NULL
+    SELECT s.id, s.user_id, s.idempotency_key, s.recovery_point, s.snapshot,
+           CASE WHEN d.gave_up THEN $8::text ELSE $7::text END AS review_reason
+    FROM deleted d
+    CROSS JOIN LATERAL (
+        SELECT k.id, k.user_id, k.idempotency_key, k.recovery_point, to_jsonb(k) AS snapshot
+        FROM idempotency_keys k WHERE k.id = d.id
+    ) s
+    WHERE d.needs_review
 ),
 flagged AS (
     INSERT INTO idempotency_key_reviews (key_id, user_id, idempotency_key, reason, detail, snapshot, flagged_by)
@@ -130,7 +147,7 @@ flagged AS (
 )
 SELECT
     (SELECT count(*) FROM deleted),
-    (SELECT count(*) FROM needs_review),
+    (SELECT count(*) FROM deleted WHERE needs_review),
     (SELECT count(*) FROM flagged WHERE reason = $7::text),
     (SELECT count(*) FROM flagged WHERE reason = $8::text)`
 

@@ -19,7 +19,7 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 func BenchmarkReaper(b *testing.B) {
 	admin := dbtest.ServerURL(b)
 	for b.Loop() {
-		r, err := Run(context.Background(), admin, Options{Keys: 20000, BaselineDuration: time.Second, LatencyRounds: 1, Logf: b.Logf})
+		r, err := Run(context.Background(), admin, Options{Keys: 20000, BaselineDuration: time.Second, LatencyRounds: 1, ThroughputRounds: 1, Logf: b.Logf})
 		if err != nil {
 			b.Fatal(err)
 		}
