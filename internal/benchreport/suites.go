@@ -96,11 +96,12 @@ func Reaper(ctx context.Context, adminURL string, scale Scale, logf func(string,
 			Ratio:  Ratio(float64(res.IdleArticle)/float64(max(res.IdleReaper, time.Microsecond)), "faster than the article's idle pass"),
 			Target: Goal("≤ 10 ms", res.IdleReaper <= 10*time.Millisecond)},
 		Row{Suite: "reaper", Name: "idle pass (nothing to reap), article loop", Value: Dur(res.IdleArticle)},
-		Row{Suite: "reaper", Name: fmt.Sprintf("p99 of %d/s single-row INSERTs, with reaper vs without (%d rounds pooled)", res.InsertRate, res.LatencyRounds),
-			Value: fmt.Sprintf("%s vs %s (p50 %s vs %s, max %s vs %s)", Dur(res.InsertWithReaper.P99), Dur(res.InsertBaseline.P99),
+		Row{Suite: "reaper", Name: fmt.Sprintf("p99 of %d/s single-row INSERTs, with reaper vs without (%d rounds)", res.InsertRate, res.LatencyRounds),
+			Value: fmt.Sprintf("pooled %s vs %s (p50 %s vs %s, max %s vs %s)", Dur(res.InsertWithReaper.P99), Dur(res.InsertBaseline.P99),
 				Dur(res.InsertWithReaper.P50), Dur(res.InsertBaseline.P50), Dur(res.InsertWithReaper.Max), Dur(res.InsertBaseline.Max)),
-			Ratio:  Ratio(res.InsertP99Ratio, "baseline p99"),
-			Target: Goal("≤ 3× baseline", res.InsertP99Ratio <= 3)},
+			Ratio: Join(Ratio(res.InsertP99RoundMedian, "baseline p99, median of the rounds' ratios"),
+				Ratio(res.InsertP99Ratio, "pooled")),
+			Target: Goal("≤ 3× baseline", res.InsertP99RoundMedian <= 3)},
 	)
 	return nil
 }
