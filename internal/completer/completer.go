@@ -750,5 +750,43 @@ GROUP BY recovery_point`)
 		return err
 	}
 	s.metrics.oldestAge.Set(oldest)
+	return s.refreshReviewGauges(ctx)
+}
+
+// openReviewsSQL walks only the partial index of open reviews.
+const openReviewsSQL = `
+SELECT reason, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(flagged_at)), 0)::float8
+FROM idempotency_key_reviews
+WHERE resolved_at IS NULL
+GROUP BY reason`
+
+// refreshReviewGauges recomputes the open reviews by reason and the oldest
+// one's age. Both known reasons are always exported, at 0 when none is
+// open, so an alert on them never sees an absent series.
+func (s *Service) refreshReviewGauges(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, openReviewsSQL)
+	if err != nil {
+		return fmt.Errorf("open reviews: %w", err)
+	}
+	defer rows.Close()
+	s.metrics.openReviews.Reset()
+	for _, r := range []string{review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp} {
+		s.metrics.openReviews.WithLabelValues(r).Set(0)
+	}
+	oldest := 0.0
+	for rows.Next() {
+		var reason string
+		var n int64
+		var age float64
+		if err := rows.Scan(&reason, &n, &age); err != nil {
+			return fmt.Errorf("open reviews: %w", err)
+		}
+		s.metrics.openReviews.WithLabelValues(reason).Set(float64(n))
+		oldest = max(oldest, age)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("open reviews: %w", err)
+	}
+	s.metrics.oldestReview.Set(oldest)
 	return nil
 }

@@ -565,6 +565,38 @@ func TestGauges(t *testing.T) {
 	if v := testutil.ToFloat64(svc.metrics.oldestAge); v < 3500 || v > 7200 {
 		t.Fatalf("oldest age %v, want about an hour", v)
 	}
+	// No review yet: both reasons exported at 0.
+	for _, r := range []string{review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp} {
+		if v := testutil.ToFloat64(svc.metrics.openReviews.WithLabelValues(r)); v != 0 {
+			t.Fatalf("open reviews %s before any: %v", r, v)
+		}
+	}
+	if v := testutil.ToFloat64(svc.metrics.oldestReview); v != 0 {
+		t.Fatalf("oldest review age with none: %v", v)
+	}
+	// Two open reviews for one reason (the older flagged two days ago), one
+	// for the other, and a resolved one that must not count.
+	if _, err := pool.Exec(context.Background(), `
+INSERT INTO idempotency_key_reviews (key_id, user_id, idempotency_key, reason, snapshot, flagged_by, flagged_at, resolved_at, resolved_by)
+VALUES (1, 1, 'r1', $1, '{}', 'test', now() - interval '2 days', NULL, NULL),
+       (2, 1, 'r2', $1, '{}', 'test', now(), NULL, NULL),
+       (3, 1, 'r3', $2, '{}', 'test', now() - interval '1 hour', NULL, NULL),
+       (4, 1, 'r4', $2, '{}', 'test', now() - interval '30 days', now(), 'someone')`,
+		review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.RefreshGauges(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v := testutil.ToFloat64(svc.metrics.openReviews.WithLabelValues(review.ReasonUnfinishedAtRetention)); v != 2 {
+		t.Fatalf("open unfinished_at_retention reviews %v, want 2", v)
+	}
+	if v := testutil.ToFloat64(svc.metrics.openReviews.WithLabelValues(review.ReasonCompleterGaveUp)); v != 1 {
+		t.Fatalf("open completer_gave_up reviews %v, want 1 (the resolved one must not count)", v)
+	}
+	if v := testutil.ToFloat64(svc.metrics.oldestReview); v < 2*86400-60 || v > 2*86400+3600 {
+		t.Fatalf("oldest open review age %v, want about two days", v)
+	}
 	if _, err := svc.Sweep(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -38,6 +38,8 @@ type metrics struct {
 	pending      *prometheus.GaugeVec
 	oldestAge    prometheus.Gauge
 	breakerState prometheus.Gauge
+	openReviews  *prometheus.GaugeVec
+	oldestReview prometheus.Gauge
 	breakerOpens prometheus.Counter
 	duration     prometheus.Histogram
 	claimed      prometheus.Counter
@@ -56,6 +58,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "idemd_completer_oldest_unfinished_key_age_seconds",
 			Help: "Age of the oldest unfinished key not given up (0 when none), by the database clock.",
+		}),
+		// Reviews are global, not the completer's own, but the completer is
+		// the daemon that always runs and already samples the database for
+		// its backlog gauges; the reaper may live only as a CronJob.
+		openReviews: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemd_completer_open_reviews",
+			Help: "Unresolved reviews in idempotency_key_reviews, by reason (every replica reports the same database-wide count).",
+		}, []string{"reason"}),
+		oldestReview: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_completer_oldest_open_review_age_seconds",
+			Help: "Age of the oldest unresolved review (0 when none), by the database clock.",
 		}),
 		breakerState: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "idemd_completer_breaker_state",
@@ -79,7 +92,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.replays.WithLabelValues(string(o))
 	}
 	if reg != nil {
-		reg.MustRegister(m.replays, m.pending, m.oldestAge, m.breakerState, m.breakerOpens, m.duration, m.claimed)
+		reg.MustRegister(m.replays, m.pending, m.oldestAge, m.breakerState, m.openReviews, m.oldestReview, m.breakerOpens, m.duration, m.claimed)
 	}
 	return m
 }
