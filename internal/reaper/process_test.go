@@ -64,6 +64,32 @@ func (p *proc) wait(t *testing.T) int {
 	return 0
 }
 
+// newProcessTest builds the reaper binary (once per test binary) and
+// creates a fresh database: its URL for the process, a pool for the test's
+// own checks.
+func newProcessTest(t *testing.T) (bin, dbURL string, pool *pgxpool.Pool) {
+	t.Helper()
+	bin = testbin.Build(t, "idemd/cmd/reaper")
+	dbURL = dbtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return bin, dbURL, pool
+}
+
+// runReaper runs a reaper to its exit and fails the test unless it exits
+// with want.
+func runReaper(t *testing.T, bin, dbURL string, want int, args ...string) *proc {
+	t.Helper()
+	p := startReaper(t, bin, dbURL, args...)
+	if code := p.wait(t); code != want {
+		t.Fatalf("reaper %v: exit %d, want %d; stderr:\n%s", args, code, want, p.stderr)
+	}
+	return p
+}
+
 // reaperWaitingOnLock reports whether a reaper session of this database is
 // blocked on a row lock (the test's).
 func reaperWaitingOnLock(t *testing.T, pool *pgxpool.Pool) bool {
@@ -102,13 +128,7 @@ func blockOnRide(t *testing.T, pool *pgxpool.Pool, key int64) func() {
 }
 
 func TestProcessConcurrentRunsNeverOverlap(t *testing.T) {
-	bin := testbin.Build(t, "idemd/cmd/reaper")
-	dbURL := dbtest.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	bin, dbURL, pool := newProcessTest(t)
 	ids := insertOldKeys(t, pool, 30)
 	createRides(t, pool, "SET NULL", ids[15])
 	release := blockOnRide(t, pool, ids[15])
@@ -120,10 +140,7 @@ func TestProcessConcurrentRunsNeverOverlap(t *testing.T) {
 		t.Fatalf("%d keys left while the first run is mid-way, want 20", n)
 	}
 
-	second := startReaper(t, bin, dbURL, "--batch-size", "10")
-	if code := second.wait(t); code != 0 {
-		t.Fatalf("second process exit %d; stderr:\n%s", code, second.stderr)
-	}
+	second := runReaper(t, bin, dbURL, 0, "--batch-size", "10")
 	if !strings.Contains(second.stderr.String(), "another reaper run holds the lock") {
 		t.Fatalf("second process did not say the lock was held:\n%s", second.stderr)
 	}
@@ -150,13 +167,7 @@ func TestProcessConcurrentRunsNeverOverlap(t *testing.T) {
 // TestProcessLockHeldExternally: a manual run while anything holds the lock
 // (here the test itself) exits 0 and does nothing.
 func TestProcessLockHeldExternally(t *testing.T) {
-	bin := testbin.Build(t, "idemd/cmd/reaper")
-	dbURL := dbtest.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	bin, dbURL, pool := newProcessTest(t)
 	insertOldKeys(t, pool, 5)
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
@@ -181,13 +192,7 @@ func TestProcessLockHeldExternally(t *testing.T) {
 // batch stays done (with its reviews), the second leaves no trace, the lock
 // is released, and the next run finishes the job.
 func TestProcessSIGKILLMidRun(t *testing.T) {
-	bin := testbin.Build(t, "idemd/cmd/reaper")
-	dbURL := dbtest.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	bin, dbURL, pool := newProcessTest(t)
 	ids := insertOldKeys(t, pool, 30) // every third unfinished
 	createRides(t, pool, "SET NULL", ids[15])
 	release := blockOnRide(t, pool, ids[15])
@@ -230,10 +235,7 @@ WHERE EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.id = r.key_id)`); n != 0 
 	}
 	consistent(20)
 
-	next := startReaper(t, bin, dbURL, "--batch-size", "10")
-	if code := next.wait(t); code != 0 {
-		t.Fatalf("next run exit %d; stderr:\n%s", code, next.stderr)
-	}
+	runReaper(t, bin, dbURL, 0, "--batch-size", "10")
 	consistent(0)
 	if n := queryInt(t, pool, "SELECT count(*) FROM rides WHERE idempotency_key_id IS NULL"); n != 1 {
 		t.Fatal("the ride did not lose its reference")
@@ -241,19 +243,10 @@ WHERE EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.id = r.key_id)`); n != 0 
 }
 
 func TestProcessRestrictExits1NamingTheConstraint(t *testing.T) {
-	bin := testbin.Build(t, "idemd/cmd/reaper")
-	dbURL := dbtest.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	bin, dbURL, pool := newProcessTest(t)
 	ids := insertOldKeys(t, pool, 12)
 	createRides(t, pool, "RESTRICT", ids[7])
-	p := startReaper(t, bin, dbURL, "--batch-size", "5")
-	if code := p.wait(t); code != 1 {
-		t.Fatalf("exit %d, want 1; stderr:\n%s", code, p.stderr)
-	}
+	p := runReaper(t, bin, dbURL, 1, "--batch-size", "5")
 	if !strings.Contains(p.stderr.String(), `rides_idempotency_key_id_fkey`) {
 		t.Fatalf("stderr does not name the constraint:\n%s", p.stderr)
 	}
@@ -282,19 +275,10 @@ func TestProcessBadFlagsExit2ListingEveryProblem(t *testing.T) {
 }
 
 func TestProcessDryRunPrints(t *testing.T) {
-	bin := testbin.Build(t, "idemd/cmd/reaper")
-	dbURL := dbtest.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	bin, dbURL, pool := newProcessTest(t)
 	insertOldKeys(t, pool, 6)
 	before := tableDigest(t, pool)
-	p := startReaper(t, bin, dbURL, "--dry-run")
-	if code := p.wait(t); code != 0 {
-		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr)
-	}
+	p := runReaper(t, bin, dbURL, 0, "--dry-run")
 	if !strings.Contains(p.stdout.String(), "would delete 6 keys") || !strings.Contains(p.stdout.String(), "would flag 2 keys") {
 		t.Fatalf("stdout:\n%s", p.stdout)
 	}
