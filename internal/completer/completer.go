@@ -29,6 +29,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"idemd/idem/replayauth"
+	"idemd/internal/lifecycle"
 	"idemd/internal/review"
 )
 
@@ -109,10 +110,7 @@ type Service struct {
 	rateMu sync.Mutex
 
 	mu         sync.Mutex
-	started    bool
-	stopClaims chan struct{}
-	cancelWork context.CancelFunc
-	done       chan struct{}
+	runner     lifecycle.Runner
 	lastGauges time.Time
 }
 
@@ -152,6 +150,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 		metrics: newMetrics(cfg.Registry),
 		now:     time.Now,
 		jitter:  rand.Int64N,
+		runner:  lifecycle.Runner{Name: "completer"},
 	}
 	s.breaker = newBreaker(func() time.Time { return s.now() }, cfg.BreakerFailures, cfg.BreakerCooldown, cfg.BreakerMaxCooldown, s.breakerChanged)
 	return s, nil
@@ -169,48 +168,21 @@ func (s *Service) breakerChanged(from, to BreakerState) {
 // is cancelled, after which it stops claiming; in-flight replays are only
 // aborted by Stop's deadline).
 func (s *Service) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.started {
-		return errors.New("completer: already started")
-	}
-	s.started = true
-	s.stopClaims = make(chan struct{})
-	s.done = make(chan struct{})
-	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancelWork = cancel
-	go s.loop(ctx, workCtx)
-	return nil
+	return s.runner.Start(ctx, func(work context.Context, stop <-chan struct{}) {
+		s.loop(ctx, work, stop)
+	})
 }
 
 // Stop stops claiming, lets the current batch finish until ctx's deadline,
 // then aborts what is left (those leases simply expire) and returns.
 func (s *Service) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	if !s.started {
-		s.mu.Unlock()
-		return nil
-	}
-	s.started = false
-	close(s.stopClaims)
-	done, cancel := s.done, s.cancelWork
-	s.mu.Unlock()
-	defer cancel()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		cancel()
-		<-done
-		return fmt.Errorf("completer: stop: current batch aborted: %w", ctx.Err())
-	}
+	return s.runner.Stop(ctx)
 }
 
-func (s *Service) loop(parent, ctx context.Context) {
-	defer close(s.done)
+func (s *Service) loop(parent, ctx context.Context, stopClaims <-chan struct{}) {
 	stopping := func() bool {
 		select {
-		case <-s.stopClaims:
+		case <-stopClaims:
 			return true
 		case <-parent.Done():
 			return true
@@ -222,7 +194,7 @@ func (s *Service) loop(parent, ctx context.Context) {
 	defer timer.Stop()
 	for {
 		select {
-		case <-s.stopClaims:
+		case <-stopClaims:
 			return
 		case <-parent.Done():
 			return

@@ -34,6 +34,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"go.uber.org/zap"
 
+	"idemd/internal/lifecycle"
 	"idemd/internal/opshttp"
 )
 
@@ -137,12 +138,7 @@ type Service struct {
 
 	wake chan string // cause of the pending wake-up; buffered 1
 
-	mu       sync.Mutex
-	stop     chan struct{} // closed by Stop: finish the current batch, then exit
-	cancel   context.CancelFunc
-	done     chan struct{} // every goroutine has exited
-	loopDone chan struct{} // the drain loop has exited
-	started  bool
+	runner lifecycle.Runner
 }
 
 // New builds a Service on pool.
@@ -164,6 +160,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 		logger: cfg.Logger,
 		m:      cfg.Metrics,
 		wake:   make(chan string, 1),
+		runner: lifecycle.Runner{Name: "enqueuer"},
 	}
 	if len(cfg.AllowedKinds) > 0 {
 		s.valid.allowed = make(map[string]bool, len(cfg.AllowedKinds))
@@ -502,35 +499,14 @@ func stopped(stop <-chan struct{}) bool {
 
 // Start launches the listener and the drain loop. It returns at once.
 func (s *Service) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.started {
-		return errors.New("enqueuer: already started")
-	}
-	s.started = true
-	// Work runs on its own context so that Stop can let the current batch
-	// commit; cancel is the hard stop when the shutdown bound passes.
-	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel = cancel
-	s.stop = make(chan struct{})
-	s.done = make(chan struct{})
+	// Readiness is set up before the loop can first mark a pass.
 	if s.cfg.Ready != nil {
 		s.cfg.Ready.MarkStarted(time.Now())
 		s.cfg.Ready.MaxPassAge = max(3*s.cfg.PollInterval, 30*time.Second)
 	}
-
-	s.loopDone = make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		if !s.cfg.PollOnly {
-			s.listen(workCtx)
-		}
-	}()
-	go func() { defer wg.Done(); s.statsLoop(workCtx) }()
-	go func() { defer wg.Done(); defer close(s.loopDone); s.loop(workCtx) }()
-	go func() { wg.Wait(); close(s.done) }()
+	if err := s.runner.Start(ctx, s.run); err != nil {
+		return err
+	}
 	s.trigger("start")
 	return nil
 }
@@ -538,33 +514,26 @@ func (s *Service) Start(ctx context.Context) error {
 // Stop lets the current batch finish and stops; if ctx ends first, the
 // batch is abandoned (its transaction rolls back: nothing is lost).
 func (s *Service) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	if !s.started {
-		s.mu.Unlock()
-		return nil
-	}
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	s.mu.Unlock()
+	return s.runner.Stop(ctx)
+}
 
-	// Let the drain loop finish its batch; the listener and stats loop have
-	// nothing to finish and are cancelled right after.
-	select {
-	case <-s.loopDone:
-	case <-ctx.Done():
-	}
-	s.cancel()
-	<-s.done
-	s.mu.Lock()
-	s.started = false // a stopped service may be started again
-	s.mu.Unlock()
-	if ctx.Err() != nil {
-		return fmt.Errorf("enqueuer stop: %w", ctx.Err())
-	}
-	return nil
+// run is the service's background work: the drain loop, with the listener
+// and the stats loop beside it. Those two have nothing to finish, so they
+// are cancelled as soon as the drain loop has let its batch commit.
+func (s *Service) run(ctx context.Context, stop <-chan struct{}) {
+	auxCtx, cancelAux := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if !s.cfg.PollOnly {
+			s.listen(auxCtx)
+		}
+	}()
+	go func() { defer wg.Done(); s.statsLoop(auxCtx) }()
+	s.loop(ctx, stop)
+	cancelAux()
+	wg.Wait()
 }
 
 // trigger asks the loop to drain. Every signal is counted by its cause,
@@ -578,13 +547,13 @@ func (s *Service) trigger(cause string) {
 	}
 }
 
-func (s *Service) loop(ctx context.Context) {
+func (s *Service) loop(ctx context.Context, stop <-chan struct{}) {
 	poll := time.NewTimer(s.cfg.PollInterval)
 	defer poll.Stop()
 	failures := 0
 	for {
 		select {
-		case <-s.stop:
+		case <-stop:
 			return
 		case <-ctx.Done():
 			return
@@ -592,7 +561,7 @@ func (s *Service) loop(ctx context.Context) {
 		case <-poll.C:
 			s.m.Wakeups.WithLabelValues("poll").Inc()
 		}
-		res, err := s.drain(ctx, s.stop)
+		res, err := s.drain(ctx, stop)
 		if err != nil {
 			failures++
 			backoff := retryDelay(failures)
@@ -600,7 +569,7 @@ func (s *Service) loop(ctx context.Context) {
 			select {
 			case <-time.After(backoff):
 				s.trigger("retry")
-			case <-s.stop:
+			case <-stop:
 				return
 			case <-ctx.Done():
 				return
