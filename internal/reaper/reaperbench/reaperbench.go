@@ -187,35 +187,28 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 	// machine hits all three alike; each keeps its fastest run. One run of
 	// the single DELETE varies by a third between runs here, and every
 	// ratio is against it.
-	best := map[string]Row{}
-	var order []string
-	keep := func(row Row) {
-		if old, ok := best[row.Name]; !ok || row.Duration < old.Duration {
-			if !ok {
-				order = append(order, row.Name)
-			}
-			best[row.Name] = row
-		}
-	}
+	best := make([]Row, 3)
 	for round := range b.opts.ThroughputRounds {
 		first := round == 0
-		row, err := b.reaperRound(ctx, r, first)
+		reaperRow, err := b.reaperRound(ctx, r, first)
 		if err != nil {
 			return nil, err
 		}
-		keep(row)
-		if row, err = b.articleRound(ctx, r, first); err != nil {
+		articleRow, err := b.articleRound(ctx, r, first)
+		if err != nil {
 			return nil, err
 		}
-		keep(row)
-		if row, err = b.singleDelete(ctx, r); err != nil {
+		singleRow, err := b.singleDelete(ctx, r)
+		if err != nil {
 			return nil, err
 		}
-		keep(row)
+		for i, row := range []Row{reaperRow, articleRow, singleRow} {
+			if first || row.Duration < best[i].Duration {
+				best[i] = row
+			}
+		}
 	}
-	for _, name := range order {
-		r.Rows = append(r.Rows, best[name])
-	}
+	r.Rows = append(r.Rows, best...)
 
 	// 4. The reaper with the article's rides table referencing the keys.
 	if !b.opts.SkipRides {
@@ -480,8 +473,14 @@ func (b *bench) medianIdlePass(ctx context.Context) (time.Duration, error) {
 		}
 		idle = append(idle, d.Duration)
 	}
-	slices.Sort(idle)
-	return idle[len(idle)/2], nil
+	return median(idle), nil
+}
+
+// median of a non-empty list (the upper one of an even count).
+func median[T cmp.Ordered](xs []T) T {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // articleLoopSQL is the article's reaper statement.
@@ -571,9 +570,7 @@ func (b *bench) insertLatency(ctx context.Context, r *Report) error {
 	}
 	r.InsertBaseline, r.InsertWithReaper = newLatency(base), newLatency(with)
 	r.InsertP99Ratio = float64(r.InsertWithReaper.P99) / float64(r.InsertBaseline.P99)
-	sorted := slices.Clone(r.InsertRoundRatios)
-	slices.Sort(sorted)
-	r.InsertP99RoundMedian = sorted[len(sorted)/2]
+	r.InsertP99RoundMedian = median(r.InsertRoundRatios)
 	b.logf("insert latency, all rounds: alone %s; with the reaper %s", r.InsertBaseline, r.InsertWithReaper)
 	return nil
 }
