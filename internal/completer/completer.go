@@ -25,6 +25,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
 
@@ -695,70 +696,63 @@ func (s *Service) maybeRefreshGauges(ctx context.Context, force bool) {
 }
 
 // RefreshGauges recomputes keys pending by recovery point and the oldest
-// unfinished key's age (both walk only the partial unfinished index).
+// unfinished key's age (both walk only the partial unfinished index), and
+// the open reviews by reason and the oldest one's age (the partial index of
+// open reviews). Both review reasons are always exported, at 0 when none is
+// open, so an alert on them never sees an absent series.
 func (s *Service) RefreshGauges(ctx context.Context) error {
-	rows, err := s.pool.Query(ctx, `
+	if err := refreshGroupGauges(ctx, s.pool, pendingKeysSQL, s.metrics.pending, s.metrics.oldestAge); err != nil {
+		return fmt.Errorf("pending keys: %w", err)
+	}
+	if err := refreshGroupGauges(ctx, s.pool, openReviewsSQL, s.metrics.openReviews, s.metrics.oldestReview,
+		review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp); err != nil {
+		return fmt.Errorf("open reviews: %w", err)
+	}
+	return nil
+}
+
+// The gauge queries: one row per label value with its count and the age in
+// seconds of its oldest row, by the database clock.
+const (
+	pendingKeysSQL = `
 SELECT recovery_point, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8
 FROM idempotency_keys
 WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL
-GROUP BY recovery_point`)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	s.metrics.pending.Reset()
-	oldest := 0.0
-	for rows.Next() {
-		var rp string
-		var n int64
-		var age float64
-		if err := rows.Scan(&rp, &n, &age); err != nil {
-			return err
-		}
-		s.metrics.pending.WithLabelValues(rp).Set(float64(n))
-		oldest = max(oldest, age)
-	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	s.metrics.oldestAge.Set(oldest)
-	return s.refreshReviewGauges(ctx)
-}
-
-// openReviewsSQL walks only the partial index of open reviews.
-const openReviewsSQL = `
+GROUP BY recovery_point`
+	openReviewsSQL = `
 SELECT reason, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(flagged_at)), 0)::float8
 FROM idempotency_key_reviews
 WHERE resolved_at IS NULL
 GROUP BY reason`
+)
 
-// refreshReviewGauges recomputes the open reviews by reason and the oldest
-// one's age. Both known reasons are always exported, at 0 when none is
-// open, so an alert on them never sees an absent series.
-func (s *Service) refreshReviewGauges(ctx context.Context) error {
-	rows, err := s.pool.Query(ctx, openReviewsSQL)
+// refreshGroupGauges sets counts from sql's (label, count, age) rows, and
+// oldest to the greatest age (0 when there are no rows). Label values that
+// are gone are dropped, except always, which stay at 0.
+func refreshGroupGauges(ctx context.Context, pool *pgxpool.Pool, sql string, counts *prometheus.GaugeVec, oldest prometheus.Gauge, always ...string) error {
+	rows, err := pool.Query(ctx, sql)
 	if err != nil {
-		return fmt.Errorf("open reviews: %w", err)
+		return err
 	}
 	defer rows.Close()
-	s.metrics.openReviews.Reset()
-	for _, r := range []string{review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp} {
-		s.metrics.openReviews.WithLabelValues(r).Set(0)
+	counts.Reset()
+	for _, l := range always {
+		counts.WithLabelValues(l).Set(0)
 	}
-	oldest := 0.0
+	maxAge := 0.0
 	for rows.Next() {
-		var reason string
+		var label string
 		var n int64
 		var age float64
-		if err := rows.Scan(&reason, &n, &age); err != nil {
-			return fmt.Errorf("open reviews: %w", err)
+		if err := rows.Scan(&label, &n, &age); err != nil {
+			return err
 		}
-		s.metrics.openReviews.WithLabelValues(reason).Set(float64(n))
-		oldest = max(oldest, age)
+		counts.WithLabelValues(label).Set(float64(n))
+		maxAge = max(maxAge, age)
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("open reviews: %w", err)
+		return err
 	}
-	s.metrics.oldestReview.Set(oldest)
+	oldest.Set(maxAge)
 	return nil
 }
