@@ -302,12 +302,18 @@ type batchCursor struct {
 const rowLockTimeout = 50 * time.Millisecond
 
 // deleteBatch runs one batch in its own transaction, in the fast range form
-// first and, if that met a key another transaction holds locked, again in
-// the form that skips locked keys. A SIGTERM does not cancel a running
-// batch (it finishes within --statement-timeout and the run stops after
-// it); only the statement timeout does.
+// first; if that deleted nothing although keys are left (see
+// errRangeEmpty), in the form that orders by id too;
+// and if either met a key another transaction holds locked, in the form
+// that skips locked keys. A SIGTERM does not cancel a running batch (it
+// finishes within --statement-timeout and the run stops after it); only
+// the statement timeout does.
 func (s *Service) deleteBatch(ctx context.Context, conn *pgx.Conn, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
 	b, err := s.tryBatch(ctx, conn, rangeBatchSQL, rowLockTimeout, limit, cursor, res)
+	if errors.Is(err, errRangeEmpty) {
+		s.logger.Debug("the range form found nothing to delete before its bound; taking keys in id order", zap.Int("batch", res.Batches+1))
+		b, err = s.tryBatch(ctx, conn, orderedBatchSQL, rowLockTimeout, limit, cursor, res)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
 		s.metrics.lockedBatches.Inc()
@@ -317,6 +323,14 @@ func (s *Service) deleteBatch(ctx context.Context, conn *pgx.Conn, limit int, cu
 	}
 	return b, err
 }
+
+// errRangeEmpty: the range form deleted nothing although keys are left
+// after its bound. Either more than a batch of keys share the cursor's
+// created_at (the range before the bound is empty, and repeating it would
+// never progress), or every key before the bound is in flight or leased.
+// The ordered form handles both: it splits equal created_at by id and
+// counts only eligible keys.
+var errRangeEmpty = errors.New("range batch deleted nothing before its bound")
 
 // tryBatch runs one form of a batch in a transaction. lockTimeout 0 leaves
 // lock waits to the statement timeout.
@@ -359,6 +373,9 @@ func (s *Service) tryBatch(ctx context.Context, conn *pgx.Conn, sql string, lock
 	}
 	if nextAt != nil && nextID != nil {
 		b.cursor = &batchCursor{createdAt: *nextAt, id: *nextID}
+	}
+	if sql == rangeBatchSQL && b.more && b.deleted == 0 {
+		return b, errRangeEmpty // rolled back: it changed nothing
 	}
 	if s.cfg.MaxDeletes > 0 && res.Deleted+b.deleted > s.cfg.MaxDeletes {
 		return b, fmt.Errorf("would delete more than --max-deletes %d: %w", s.cfg.MaxDeletes, ErrCapExceeded)

@@ -32,24 +32,56 @@ package reaper
 // (dead until vacuum), an idle pass is a single index probe, and a batch
 // never exceeds $4 keys even when many keys share a created_at.
 //
-// There are two forms of a batch, sharing everything but how they pick the
-// keys:
+// There are three forms of a batch, sharing everything but how they pick
+// the keys:
 //
-//   - rangeBatchSQL, the fast path: find the $4-th eligible key (a read-only
-//     index scan), then DELETE every eligible key up to it with a plain
-//     range predicate. No row is locked before it is deleted, so each key
-//     is written once. A key whose row lock another transaction holds (a
-//     request in flight) makes the DELETE wait; the caller runs it under a
-//     short lock_timeout, and on lock_not_available redoes the batch with:
-//   - lockingBatchSQL: pick the ids with FOR UPDATE SKIP LOCKED, then delete
+//   - rangeBatchSQL, the fast path: find the created_at of the ($4+1)-th
+//     key from the cursor (an index-only scan of the created_at index: no
+//     heap visit, no sort), then DELETE every eligible key before it with a
+//     plain range predicate. No row is locked before it is deleted, so each
+//     key is written once. The batch can hold at most $4 keys, since they
+//     all come before the ($4+1)-th. When more than $4 keys share the
+//     cursor's created_at, that range is empty; the caller notices (nothing
+//     deleted, yet keys left) and redoes the batch with:
+//   - orderedBatchSQL: find the $4-th eligible key in (created_at, id)
+//     order (heap visits for the eligibility and an incremental sort by
+//     id, which is what made it 2x slower than the fast path's bound, so
+//     it is kept for ties), then DELETE every eligible key up to it.
+//   - A key whose row lock another transaction holds (a request in flight)
+//     makes either DELETE wait; the caller runs both under a short
+//     lock_timeout, and on lock_not_available redoes the batch with
+//     lockingBatchSQL: pick the ids with FOR UPDATE SKIP LOCKED, then delete
 //     them. It steps around locked keys (the next run gets them) at the
 //     price of a second write per key (the row lock) and a join.
 //
-// Both end with the same columns: deleted, unprocessable, flagged
+// All end with the same columns: deleted, unprocessable, flagged
 // (unfinished), flagged (gave up), the cursor to continue from (created_at,
-// id; NULL when nothing was deleted), and whether more eligible keys may be
-// left.
+// id; NULL when there is nothing after this batch), and whether more
+// eligible keys may be left.
 const rangeBatchSQL = `
+WITH bound AS (
+    -- The created_at of the ($4+1)-th key from the cursor, eligible or not
+    -- (counting only eligible keys would need the heap). NULL when no more
+    -- than $4 are left, and then this batch is the last.
+    SELECT k.created_at
+    FROM idempotency_keys k
+    WHERE k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
+      AND k.created_at >= COALESCE($6::timestamptz, '-infinity')
+    ORDER BY k.created_at
+    OFFSET $4::int
+    LIMIT 1
+),
+deleted AS (
+    DELETE FROM idempotency_keys k
+    WHERE ` + eligibleFromCursor + `
+      AND k.created_at < COALESCE((SELECT created_at FROM bound), 'infinity')
+    RETURNING ` + deletedColumns + `
+),` + reviewTail + `,
+    -- The next batch starts at the bound's created_at, all its ids included.
+    b.created_at, ` + minID + `, b.created_at IS NOT NULL
+FROM counts c LEFT JOIN bound b ON true`
+
+const orderedBatchSQL = `
 WITH bound AS (
     -- The $4-th eligible key from the cursor: the batch's inclusive end.
     -- NULL when fewer are left, and then this batch is the last.
@@ -71,7 +103,11 @@ deleted AS (
     RETURNING ` + deletedColumns + `
 ),` + reviewTail + `,
     b.created_at, b.id, b.id IS NOT NULL
-FROM (SELECT 1) one LEFT JOIN bound b ON true`
+FROM counts c LEFT JOIN bound b ON true`
+
+// minID is below every id, so a cursor (t, minID) starts at all keys of
+// created_at t.
+const minID = `(-9223372036854775808)::bigint`
 
 const lockingBatchSQL = `
 WITH batch AS (
@@ -88,8 +124,8 @@ deleted AS (
     WHERE k.id = b.id
     RETURNING ` + deletedColumns + `
 ),` + reviewTail + `,
-    l.created_at, l.id, (SELECT count(*) FROM deleted) >= $4
-FROM (SELECT 1) one
+    l.created_at, l.id, c.deleted >= $4
+FROM counts c
 LEFT JOIN LATERAL (SELECT d.created_at, d.id FROM deleted d ORDER BY d.created_at DESC, d.id DESC LIMIT 1) l ON true`
 
 // eligibleFromCursor is the definition of an eligible key (see the top of
@@ -97,7 +133,7 @@ LEFT JOIN LATERAL (SELECT d.created_at, d.id FROM deleted d ORDER BY d.created_a
 // the plain created_at >= $6 beside it is what the index scan can start at.
 const eligibleFromCursor = `k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
       AND k.created_at >= COALESCE($6::timestamptz, '-infinity')
-      AND (k.created_at, k.id) > (COALESCE($6::timestamptz, '-infinity'), COALESCE($9::bigint, 0))
+      AND (k.created_at, k.id) > (COALESCE($6::timestamptz, '-infinity'), COALESCE($9::bigint, ` + minID + `))
       AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
       AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))`
 
@@ -123,20 +159,21 @@ const deletedColumns = `k.id, k.created_at,
 // same reason (say the completer gave up and flagged it, or a human
 // resolved that review) is not flagged again.
 const reviewTail = `
-needs_review AS (
-    SELECT s.id, s.user_id, s.idempotency_key, s.recovery_point, s.snapshot,
+needs_review AS MATERIALIZED (
+    SELECT d.id, r.snapshot,
            CASE WHEN d.gave_up THEN $8::text ELSE $7::text END AS review_reason
     FROM deleted d
-    CROSS JOIN LATERAL (
-        SELECT k.id, k.user_id, k.idempotency_key, k.recovery_point, to_jsonb(k) AS snapshot
-        FROM idempotency_keys k WHERE k.id = d.id
-    ) s
+    -- A scalar subquery, not a join: it is always one primary-key probe per
+    -- key to review, whatever the planner guesses the DELETE returns (as a
+    -- join it was sometimes planned as a merge join walking the whole
+    -- primary key from its start).
+    CROSS JOIN LATERAL (SELECT (SELECT to_jsonb(k) FROM idempotency_keys k WHERE k.id = d.id) AS snapshot) r
     WHERE d.needs_review
 ),
 flagged AS (
     INSERT INTO idempotency_key_reviews (key_id, user_id, idempotency_key, reason, detail, snapshot, flagged_by)
-    SELECT n.id, n.user_id, n.idempotency_key, n.review_reason,
-           'deleted by the reaper at the retention horizon at recovery point ' || n.recovery_point,
+    SELECT n.id, (n.snapshot->>'user_id')::bigint, n.snapshot->>'idempotency_key', n.review_reason,
+           'deleted by the reaper at the retention horizon at recovery point ' || (n.snapshot->>'recovery_point'),
            n.snapshot, $5
     FROM needs_review n
     WHERE NOT EXISTS (
@@ -145,10 +182,12 @@ flagged AS (
     )
     ON CONFLICT (key_id, reason) WHERE resolved_at IS NULL DO NOTHING
     RETURNING reason
+),
+counts AS (
+    SELECT count(*) AS deleted, count(*) FILTER (WHERE needs_review) AS unprocessable FROM deleted
 )
 SELECT
-    (SELECT count(*) FROM deleted),
-    (SELECT count(*) FROM deleted WHERE needs_review),
+    c.deleted, c.unprocessable,
     (SELECT count(*) FROM flagged WHERE reason = $7::text),
     (SELECT count(*) FROM flagged WHERE reason = $8::text)`
 
