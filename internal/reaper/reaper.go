@@ -301,13 +301,12 @@ type batchCursor struct {
 // while it waits.
 const rowLockTimeout = 50 * time.Millisecond
 
-// deleteBatch runs one batch in its own transaction, in the fast range form
-// first; if that deleted nothing although keys are left (see
-// errRangeEmpty), in the form that orders by id too;
-// and if either met a key another transaction holds locked, in the form
-// that skips locked keys. A SIGTERM does not cancel a running batch (it
-// finishes within --statement-timeout and the run stops after it); only
-// the statement timeout does.
+// deleteBatch runs one batch in its own transaction: in the fast range form
+// first; if that deleted nothing although keys are left (errRangeEmpty),
+// in the form that orders by id too; and if either met a key another
+// transaction holds locked, in the form that skips locked keys. A SIGTERM
+// does not cancel a running batch (it finishes within --statement-timeout
+// and the run stops after it); only the statement timeout does.
 func (s *Service) deleteBatch(ctx context.Context, conn *pgx.Conn, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
 	b, err := s.tryBatch(ctx, conn, rangeBatchSQL, rowLockTimeout, limit, cursor, res)
 	if errors.Is(err, errRangeEmpty) {
