@@ -44,9 +44,10 @@ package reaper
 //     cursor's created_at, that range is empty; the caller notices (nothing
 //     deleted, yet keys left) and redoes the batch with:
 //   - orderedBatchSQL: find the $4-th eligible key in (created_at, id)
-//     order (heap visits for the eligibility and an incremental sort by
-//     id, which is what made it 2x slower than the fast path's bound, so
-//     it is kept for ties), then DELETE every eligible key up to it.
+//     order, then DELETE every eligible key up to it. Its bound visits the
+//     heap (for the eligibility) and sorts each run of equal created_at by
+//     id: 9-10 ms per 30000 keys against the fast bound's 1.5 ms, measured
+//     in psql on a fresh 2M-key table, so it is only the fallback.
 //   - A key whose row lock another transaction holds (a request in flight)
 //     makes either DELETE wait; the caller runs both under a short
 //     lock_timeout, and on lock_not_available redoes the batch with
