@@ -1,7 +1,8 @@
 package reaper
 
-// The statements share one definition of an eligible key, spelled out in
-// each because PostgreSQL plans a statement as a whole:
+// The statements share one definition of an eligible key (the constant
+// eligible), pasted into each as text rather than hidden in a view or a
+// function, because PostgreSQL plans a statement as a whole:
 //
 //   - created_at < now - retention. The database clock decides ($now is
 //     NULL in production; tests pin it to make the ±1 s boundary exact).
@@ -66,8 +67,8 @@ WITH bound AS (
     -- than $4 are left, and then this batch is the last.
     SELECT k.created_at
     FROM idempotency_keys k
-    WHERE k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
-      AND k.created_at >= COALESCE($6::timestamptz, '-infinity')
+    WHERE ` + pastHorizon + `
+      AND ` + fromCursorStart + `
     ORDER BY k.created_at
     OFFSET $4::int
     LIMIT 1
@@ -129,14 +130,25 @@ deleted AS (
 FROM counts c
 LEFT JOIN LATERAL (SELECT d.created_at, d.id FROM deleted d ORDER BY d.created_at DESC, d.id DESC LIMIT 1) l ON true`
 
-// eligibleFromCursor is the definition of an eligible key (see the top of
-// this file) from the cursor on. The row comparison alone would be enough;
-// the plain created_at >= $6 beside it is what the index scan can start at.
-const eligibleFromCursor = `k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
-      AND k.created_at >= COALESCE($6::timestamptz, '-infinity')
-      AND (k.created_at, k.id) > (COALESCE($6::timestamptz, '-infinity'), COALESCE($9::bigint, ` + minID + `))
+// eligible is the definition of an eligible key (see the top of this
+// file), shared by the batches and by the dry run's plan, so that a dry run
+// reports exactly what a run would delete.
+const eligible = pastHorizon + `
       AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
       AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))`
+
+// pastHorizon: created before now - retention, by the database clock.
+const pastHorizon = `k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'`
+
+// fromCursorStart is what an index scan from the cursor can start at.
+const fromCursorStart = `k.created_at >= COALESCE($6::timestamptz, '-infinity')`
+
+// eligibleFromCursor is an eligible key after the cursor. The row
+// comparison alone would be enough; fromCursorStart beside it is what the
+// index scan can start at.
+const eligibleFromCursor = eligible + `
+      AND ` + fromCursorStart + `
+      AND (k.created_at, k.id) > (COALESCE($6::timestamptz, '-infinity'), COALESCE($9::bigint, ` + minID + `))`
 
 // deletedColumns are all a DELETE returns per key: narrow, because
 // RETURNING costs per row (the deleted tuple is fetched again and projected
@@ -161,14 +173,14 @@ const deletedColumns = `k.id, k.created_at,
 // resolved that review) is not flagged again.
 const reviewTail = `
 needs_review AS MATERIALIZED (
-    SELECT d.id, r.snapshot,
+    SELECT d.id,
+           -- A scalar subquery, not a join: it is always one primary-key
+           -- probe per key to review, whatever the planner guesses the
+           -- DELETE returns (as a join it was sometimes planned as a merge
+           -- join walking the whole primary key from its start).
+           (SELECT to_jsonb(k) FROM idempotency_keys k WHERE k.id = d.id) AS snapshot,
            CASE WHEN d.gave_up THEN $8::text ELSE $7::text END AS review_reason
     FROM deleted d
-    -- A scalar subquery, not a join: it is always one primary-key probe per
-    -- key to review, whatever the planner guesses the DELETE returns (as a
-    -- join it was sometimes planned as a merge join walking the whole
-    -- primary key from its start).
-    CROSS JOIN LATERAL (SELECT (SELECT to_jsonb(k) FROM idempotency_keys k WHERE k.id = d.id) AS snapshot) r
     WHERE d.needs_review
 ),
 flagged AS (
@@ -199,9 +211,7 @@ const planSQL = `
 WITH eligible AS (
     SELECT k.id, k.recovery_point, k.completer_gave_up_at
     FROM idempotency_keys k
-    WHERE k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
-      AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
-      AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))
+    WHERE ` + eligible + `
     ORDER BY k.created_at
     LIMIT $4
 ),
@@ -221,9 +231,7 @@ const planFlagsSQL = `
 SELECT k.id, k.user_id, k.idempotency_key, k.recovery_point, k.created_at,
        CASE WHEN k.completer_gave_up_at IS NOT NULL THEN $6::text ELSE $5::text END AS reason
 FROM idempotency_keys k
-WHERE k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'
-  AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
-  AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))
+WHERE ` + eligible + `
   AND (k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL)
   AND NOT EXISTS (
       SELECT 1 FROM idempotency_key_reviews r
