@@ -258,7 +258,7 @@ func TestProcessRestrictExits1NamingTheConstraint(t *testing.T) {
 func TestProcessBadFlagsExit2ListingEveryProblem(t *testing.T) {
 	bin := testbin.Build(t, "idemd/cmd/reaper")
 	cmd := exec.Command(bin, "--retention", "10m", "--batch-size", "0", "--schedule", "every hour",
-		"--max-runtime", "soon", "--statement-timeout", "0s", "--max-deletes", "-5")
+		"--max-runtime", "soon", "--statement-timeout", "0s", "--max-deletes", "-5", "--wal-compression", "gzip")
 	cmd.Env = append(os.Environ(), "DATABASE_URL=", "IDEMD_LOCK_WINDOW=-1s")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -267,7 +267,7 @@ func TestProcessBadFlagsExit2ListingEveryProblem(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
 		t.Fatalf("exit %v, want 2; stderr:\n%s", err, stderr.String())
 	}
-	for _, want := range []string{"--database-url", "--retention", "--batch-size", "--schedule", "--max-runtime", "--statement-timeout", "--max-deletes", "--lock-window"} {
+	for _, want := range []string{"--database-url", "--retention", "--batch-size", "--schedule", "--max-runtime", "--statement-timeout", "--max-deletes", "--lock-window", "--wal-compression"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
 		}

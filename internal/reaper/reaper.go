@@ -100,7 +100,7 @@ type Service struct {
 }
 
 type testHooks struct {
-	afterLock  func(ctx context.Context) // the lock is held, no batch yet
+	afterLock  func(ctx context.Context, conn *pgx.Conn) // the lock is held on conn, no batch yet
 	afterBatch func(ctx context.Context, batch int)
 }
 
@@ -174,13 +174,19 @@ func (s *Service) run(ctx context.Context, res *Result, start time.Time) (err er
 		s.logger.Info("another reaper run holds the lock; this run does nothing")
 		return nil
 	}
+	walCompressed := s.setWALCompression(ctx, conn.Conn())
 	defer func() {
-		// Unlock before the connection goes back to the pool. If that fails
-		// the session state is unknown: close the connection, which ends the
-		// session and so the lock, rather than return a locked one.
+		// Unlock (and undo the session's wal_compression) before the
+		// connection goes back to the pool. If that fails the session state
+		// is unknown: close the connection, which ends the session and so
+		// the lock, rather than return a locked one.
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		if _, uerr := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", lockKey); uerr != nil {
+		_, uerr := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", lockKey)
+		if uerr == nil && walCompressed {
+			_, uerr = conn.Exec(uctx, "RESET wal_compression")
+		}
+		if uerr != nil {
 			s.logger.Warn("advisory unlock failed; closing the connection", zap.Error(uerr))
 			_ = conn.Conn().Close(uctx)
 		}
@@ -188,13 +194,32 @@ func (s *Service) run(ctx context.Context, res *Result, start time.Time) (err er
 	}()
 
 	if s.hooks.afterLock != nil {
-		s.hooks.afterLock(ctx)
+		s.hooks.afterLock(ctx, conn.Conn())
 	}
 	if err := s.checkCaps(ctx, conn.Conn()); err != nil {
 		res.StopReason = "error"
 		return err
 	}
 	return s.reap(ctx, conn.Conn(), res, start)
+}
+
+// setWALCompression sets --wal-compression for the run's session and
+// reports whether it did. wal_compression is a superuser setting: a role
+// without superuser or GRANT SET ON PARAMETER wal_compression (PostgreSQL
+// 15+) is refused, as is a method the server was built without, and the run
+// goes on with the server's setting, since compression changes how many
+// bytes the WAL takes, never what is deleted.
+func (s *Service) setWALCompression(ctx context.Context, conn *pgx.Conn) bool {
+	if s.cfg.WALCompression == "server" {
+		return false
+	}
+	if _, err := conn.Exec(ctx, "SELECT set_config('wal_compression', $1, false)", s.cfg.WALCompression); err != nil {
+		s.logger.Info("could not set wal_compression for the reaper's session; its WAL uses the server's setting "+
+			"(grant it with GRANT SET ON PARAMETER wal_compression TO <reaper role>, or pass --wal-compression server)",
+			zap.String("wal_compression", s.cfg.WALCompression), zap.Error(err))
+		return false
+	}
+	return true
 }
 
 // reap deletes batches until one comes back short (nothing eligible left),

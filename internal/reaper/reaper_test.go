@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"idemd/internal/dbtest"
 	"idemd/internal/review"
 )
@@ -204,7 +206,7 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 
 	first, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
 	locked, release := make(chan struct{}), make(chan struct{})
-	first.hooks.afterLock = func(context.Context) { close(locked); <-release }
+	first.hooks.afterLock = func(context.Context, *pgx.Conn) { close(locked); <-release }
 	type outcome struct {
 		res *Result
 		err error
@@ -234,7 +236,7 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 	start := make(chan struct{})
 	for range 8 {
 		svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
-		enter := func(context.Context) {
+		enter := func(context.Context, *pgx.Conn) {
 			n := inside.Add(1)
 			for {
 				m := maxInside.Load()

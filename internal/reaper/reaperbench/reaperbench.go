@@ -63,6 +63,9 @@ type Row struct {
 	Deleted    int64
 	Duration   time.Duration
 	KeysPerSec float64
+	// UnderTest marks the reaper with the settings under test, the row the
+	// throughput targets are checked against.
+	UnderTest bool
 	// Ratios against the anchors (keys/s over the anchor's keys/s).
 	VsArticle float64
 	VsSingle  float64
@@ -89,18 +92,13 @@ type Report struct {
 	ThroughputRounds int
 	InsertRate       int
 	LatencyRounds    int
-	InsertBaseline   Latency
-	InsertWithReaper Latency
-	// InsertP99Ratio is InsertWithReaper.P99 over InsertBaseline.P99 (all
-	// rounds pooled).
-	InsertP99Ratio float64
-	// InsertRoundRatios are each round's p99 with the reaper over the p99 of
-	// the baseline window just before it, and InsertP99RoundMedian their
-	// median: each reaper window is compared with the machine's state of
-	// the moment, so a noisy spell inflates neither side alone. This is the
-	// figure the target is checked against.
-	InsertRoundRatios    []float64
-	InsertP99RoundMedian float64
+	// Insert compares the inserts' p99 with the reaper under test against
+	// their baseline; InsertServerWAL does the same for the reaper with the
+	// server's wal_compression (nil when that is the setting under test).
+	Insert          LatencyComparison
+	InsertServerWAL *LatencyComparison
+	// ServerWALCompression is the server's wal_compression.
+	ServerWALCompression string
 }
 
 const retention = 72 * time.Hour
@@ -166,6 +164,8 @@ type bench struct {
 	// dropped before a load and rebuilt after (much faster than maintaining
 	// them row by row).
 	indexDefs map[string]string
+	// serverWAL is the server's wal_compression.
+	serverWAL string
 	// preparedAt is the database's now() when bench_src was generated.
 	preparedAt time.Time
 }
@@ -175,6 +175,7 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 	if err := b.prepare(ctx, r); err != nil {
 		return nil, err
 	}
+	r.ServerWALCompression = b.serverWAL
 	if b.opts.LatencyOnly {
 		if err := b.load(ctx, r, false); err != nil {
 			return nil, err
@@ -187,7 +188,9 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 	// machine hits all three alike; each keeps its fastest run. One run of
 	// the single DELETE varies by a third between runs here, and every
 	// ratio is against it.
-	best := make([]Row, 3)
+	// When the reaper sets its own wal_compression, a fourth run shows the
+	// reaper with the server's.
+	var best []Row
 	for round := range b.opts.ThroughputRounds {
 		first := round == 0
 		reaperRow, err := b.reaperRound(ctx, r, first)
@@ -202,8 +205,22 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		for i, row := range []Row{reaperRow, articleRow, singleRow} {
-			if first || row.Duration < best[i].Duration {
+		rows := []Row{reaperRow, articleRow, singleRow}
+		if b.opts.Reaper.WALCompression != "server" {
+			if err := b.load(ctx, r, false); err != nil {
+				return nil, err
+			}
+			row, err := b.timeReaper(ctx, "reaper", keepServerWAL)
+			if err != nil {
+				return nil, err
+			}
+			rows = append(rows, row)
+		}
+		if first {
+			best = rows
+		}
+		for i, row := range rows {
+			if row.Duration < best[i].Duration {
 				best[i] = row
 			}
 		}
@@ -257,6 +274,7 @@ func (b *bench) reaperRound(ctx context.Context, r *Report, idle bool) (Row, err
 		return Row{}, err
 	}
 	row, err := b.timeReaper(ctx, "reaper", nil)
+	row.UnderTest = true
 	if err != nil || !idle {
 		return row, err
 	}
@@ -286,20 +304,26 @@ func (b *bench) articleRound(ctx context.Context, r *Report, idle bool) (Row, er
 	if _, err := b.pool.Exec(ctx, "DROP INDEX idempotency_keys_created_at"); err != nil {
 		return Row{}, fmt.Errorf("reaperbench: drop created_at index: %w", err)
 	}
-	row, lastPass, err := b.timeArticleLoop(ctx)
-	if err != nil {
-		return Row{}, err
-	}
-	if idle {
+	var row Row
+	err := b.onAnchorConn(ctx, func(conn *pgx.Conn) error {
+		var lastPass time.Duration
+		var err error
+		if row, lastPass, err = b.timeArticleLoop(ctx, conn); err != nil || !idle {
+			return err
+		}
 		r.IdleArticleDirty = lastPass
-		if _, err := b.pool.Exec(ctx, "VACUUM idempotency_keys"); err != nil {
-			return Row{}, fmt.Errorf("reaperbench: vacuum: %w", err)
+		if _, err := conn.Exec(ctx, "VACUUM idempotency_keys"); err != nil {
+			return fmt.Errorf("reaperbench: vacuum: %w", err)
 		}
 		start := time.Now()
-		if _, err := b.pool.Exec(ctx, articleLoopSQL, retention.Microseconds()); err != nil {
-			return Row{}, fmt.Errorf("reaperbench: article idle pass: %w", err)
+		if _, err := conn.Exec(ctx, articleLoopSQL, retention.Microseconds()); err != nil {
+			return fmt.Errorf("reaperbench: article idle pass: %w", err)
 		}
 		r.IdleArticle = time.Since(start)
+		return nil
+	})
+	if err != nil {
+		return Row{}, err
 	}
 	if _, err := b.pool.Exec(ctx, b.indexDefs["idempotency_keys_created_at"]); err != nil {
 		return Row{}, fmt.Errorf("reaperbench: recreate created_at index: %w", err)
@@ -312,14 +336,37 @@ func (b *bench) singleDelete(ctx context.Context, r *Report) (Row, error) {
 	if err := b.load(ctx, r, false); err != nil {
 		return Row{}, err
 	}
-	start := time.Now()
-	tag, err := b.pool.Exec(ctx, "DELETE FROM idempotency_keys WHERE created_at < now() - $1::bigint * interval '1 microsecond'", retention.Microseconds())
+	var row Row
+	err := b.onAnchorConn(ctx, func(conn *pgx.Conn) error {
+		start := time.Now()
+		tag, err := conn.Exec(ctx, "DELETE FROM idempotency_keys WHERE created_at < now() - $1::bigint * interval '1 microsecond'", retention.Microseconds())
+		if err != nil {
+			return fmt.Errorf("reaperbench: single delete: %w", err)
+		}
+		d := time.Since(start)
+		b.logf("single DELETE: %d keys in %s", tag.RowsAffected(), d)
+		row = newRow("single DELETE (raw limit)", tag.RowsAffected(), d)
+		return nil
+	})
+	return row, err
+}
+
+// onAnchorConn runs fn on a connection whose wal_compression is the
+// reaper's: most of the WAL of any deletion here is full-page images, and
+// the anchors are to measure the strategies, not the WAL setting.
+func (b *bench) onAnchorConn(ctx context.Context, fn func(*pgx.Conn) error) error {
+	c, err := b.pool.Acquire(ctx)
 	if err != nil {
-		return Row{}, fmt.Errorf("reaperbench: single delete: %w", err)
+		return fmt.Errorf("reaperbench: acquire: %w", err)
 	}
-	d := time.Since(start)
-	b.logf("single DELETE: %d keys in %s", tag.RowsAffected(), d)
-	return newRow("single DELETE (raw limit)", tag.RowsAffected(), d), nil
+	defer c.Release()
+	if w := b.opts.Reaper.WALCompression; w != "server" {
+		if _, err := c.Exec(ctx, "SELECT set_config('wal_compression', $1, false)", w); err != nil {
+			return fmt.Errorf("reaperbench: set wal_compression: %w", err)
+		}
+		defer c.Exec(context.WithoutCancel(ctx), "RESET wal_compression") //nolint:errcheck // a failure surfaces on the next use
+	}
+	return fn(c.Conn())
 }
 
 // prepare builds the source rows once: ids in created_at order spread over
@@ -346,7 +393,7 @@ FROM generate_series(1, $1::int) g`, b.opts.Keys)
 	if err != nil {
 		return fmt.Errorf("reaperbench: generate: %w", err)
 	}
-	if err := b.pool.QueryRow(ctx, "SELECT avg(pg_column_size(request_params))::int, count(*) FILTER (WHERE created_at < now() - interval '72 hours'), now() FROM bench_src").Scan(&r.AvgParamsBytes, &r.PastRetention, &b.preparedAt); err != nil {
+	if err := b.pool.QueryRow(ctx, "SELECT avg(pg_column_size(request_params))::int, count(*) FILTER (WHERE created_at < now() - interval '72 hours'), now(), current_setting('wal_compression') FROM bench_src").Scan(&r.AvgParamsBytes, &r.PastRetention, &b.preparedAt, &b.serverWAL); err != nil {
 		return fmt.Errorf("reaperbench: measure source: %w", err)
 	}
 	rows, err := b.pool.Query(ctx, "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'idempotency_keys' AND indexname <> 'idempotency_keys_pkey'")
@@ -438,6 +485,9 @@ func newRow(name string, deleted int64, d time.Duration) Row {
 	return Row{Name: name, Deleted: deleted, Duration: d, KeysPerSec: float64(deleted) / d.Seconds()}
 }
 
+// keepServerWAL makes the reaper keep the server's wal_compression.
+func keepServerWAL(s *reaper.Settings) { s.WALCompression = "server" }
+
 // timeReaper does one reaper run with the benchmark's settings.
 func (b *bench) timeReaper(ctx context.Context, name string, mutate func(*reaper.Settings)) (Row, error) {
 	s := *b.opts.Reaper
@@ -455,7 +505,7 @@ func (b *bench) timeReaper(ctx context.Context, name string, mutate func(*reaper
 	if !res.Complete {
 		return Row{}, fmt.Errorf("reaperbench: %s: run incomplete (%s)", name, res.StopReason)
 	}
-	row := newRow(fmt.Sprintf("%s (batch %d, pause %s)", name, s.BatchSize, s.BatchPause), res.Deleted, res.Duration)
+	row := newRow(fmt.Sprintf("%s (batch %d, pause %s, wal_compression %s)", name, s.BatchSize, s.BatchPause, walName(s.WALCompression, b.serverWAL)), res.Deleted, res.Duration)
 	if name != "idle" {
 		b.logf("%s: %d keys, %d flagged, %d batches in %s", row.Name, res.Deleted, res.Flagged, res.Batches, res.Duration)
 	}
@@ -497,13 +547,13 @@ WHERE id IN (
 // nothing never ends on a big table: keys keep crossing the horizon faster
 // than a full scan takes.) It returns the time of that last, short pass as
 // its idle pass before vacuum.
-func (b *bench) timeArticleLoop(ctx context.Context) (Row, time.Duration, error) {
+func (b *bench) timeArticleLoop(ctx context.Context, conn *pgx.Conn) (Row, time.Duration, error) {
 	var total int64
 	start := time.Now()
 	var last time.Duration
 	for {
 		passStart := time.Now()
-		tag, err := b.pool.Exec(ctx, articleLoopSQL, retention.Microseconds())
+		tag, err := conn.Exec(ctx, articleLoopSQL, retention.Microseconds())
 		if err != nil {
 			return Row{}, 0, fmt.Errorf("reaperbench: article loop: %w", err)
 		}
@@ -518,14 +568,57 @@ func (b *bench) timeArticleLoop(ctx context.Context) (Row, time.Duration, error)
 	return newRow("article loop (LIMIT 1000, no index)", total, d), last, nil
 }
 
+// LatencyComparison is the p99 of the insert workload alone and while one
+// reaper configuration runs.
+type LatencyComparison struct {
+	Baseline, WithReaper Latency // all rounds pooled
+	// P99Ratio is WithReaper.P99 over Baseline.P99.
+	P99Ratio float64
+	// RoundRatios are each round's p99 with the reaper over the p99 of the
+	// baseline window just before it, and P99RoundMedian their median: each
+	// reaper window is compared with the machine's state of the moment, so
+	// a noisy spell inflates neither side alone. This is the figure the
+	// target is checked against.
+	RoundRatios    []float64
+	P99RoundMedian float64
+
+	base, with []time.Duration
+}
+
+func (c *LatencyComparison) add(base, with []time.Duration) {
+	c.base, c.with = append(c.base, base...), append(c.with, with...)
+	c.RoundRatios = append(c.RoundRatios, float64(newLatency(with).P99)/float64(newLatency(base).P99))
+	c.Baseline, c.WithReaper = newLatency(c.base), newLatency(c.with)
+	c.P99Ratio = float64(c.WithReaper.P99) / float64(c.Baseline.P99)
+	c.P99RoundMedian = median(c.RoundRatios)
+}
+
+func (c *LatencyComparison) String() string {
+	return fmt.Sprintf("  alone:                 %s\n  while the reaper runs: %s\n  p99 ratio pooled: %.2fx; per round: %s (median %.2fx)\n",
+		c.Baseline, c.WithReaper, c.P99Ratio, ratioList(c.RoundRatios), c.P99RoundMedian)
+}
+
 // insertLatency measures single-row inserts at InsertRate alone and while
 // the reaper deletes the old half, in LatencyRounds rounds on a freshly
 // loaded table each. A round is an unmeasured warm-up, a baseline window
 // of BaselineDuration, then the reaper's run; each side's p99 is over the
 // inserts of all rounds. One reaper run lasts a few seconds, so a single
 // window's p99 is its ~20 worst inserts, and one stall of this shared
-// machine moves it by a factor of two either way.
+// machine moves it by a factor of two either way. When the reaper under
+// test sets its own wal_compression, each round is followed by one of the
+// reaper with the server's, so the two are measured through the same
+// spells of the machine.
 func (b *bench) insertLatency(ctx context.Context, r *Report) error {
+	type config struct {
+		name   string
+		mutate func(*reaper.Settings)
+		into   *LatencyComparison
+	}
+	configs := []config{{name: "reaper under insert load", into: &r.Insert}}
+	if b.opts.Reaper.WALCompression != "server" {
+		r.InsertServerWAL = &LatencyComparison{}
+		configs = append(configs, config{"reaper under insert load", keepServerWAL, r.InsertServerWAL})
+	}
 	idle := func(d time.Duration) func(context.Context) error {
 		return func(ctx context.Context) error {
 			t := time.NewTimer(d)
@@ -537,41 +630,37 @@ func (b *bench) insertLatency(ctx context.Context, r *Report) error {
 			return nil
 		}
 	}
-	var base, with []time.Duration
 	for round := range b.opts.LatencyRounds {
-		if round > 0 {
-			if err := b.load(ctx, r, false); err != nil {
+		for i, c := range configs {
+			if round > 0 || i > 0 {
+				if err := b.load(ctx, r, false); err != nil {
+					return err
+				}
+			}
+			// The warm-up: the first inserts into a freshly loaded table read
+			// its index pages into shared buffers and build each connection's
+			// cached plans, and take up to hundreds of milliseconds. Measured
+			// cold, the baseline's p99 would be that warm-up, and the run with
+			// the reaper (on the then warm table) would look better than it.
+			if _, err := b.workload(ctx, idle(3*time.Second)); err != nil {
 				return err
 			}
+			bl, err := b.workload(ctx, idle(b.opts.BaselineDuration))
+			if err != nil {
+				return err
+			}
+			wl, err := b.workload(ctx, func(ctx context.Context) error {
+				_, err := b.timeReaper(ctx, c.name, c.mutate)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			b.logf("insert latency round %d, %s: alone %s; with the reaper %s", round+1, c.name, newLatency(bl), newLatency(wl))
+			c.into.add(bl, wl)
 		}
-		// The warm-up: the first inserts into a freshly loaded table read its
-		// index pages into shared buffers and build each connection's cached
-		// plans, and take up to hundreds of milliseconds. Measured cold, the
-		// baseline's p99 would be that warm-up, and the run with the reaper
-		// (on the then warm table) would look better than it.
-		if _, err := b.workload(ctx, idle(3*time.Second)); err != nil {
-			return err
-		}
-		bl, err := b.workload(ctx, idle(b.opts.BaselineDuration))
-		if err != nil {
-			return err
-		}
-		wl, err := b.workload(ctx, func(ctx context.Context) error {
-			_, err := b.timeReaper(ctx, "reaper under insert load", nil)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		lb, lw := newLatency(bl), newLatency(wl)
-		b.logf("insert latency round %d: alone %s; with the reaper %s", round+1, lb, lw)
-		base, with = append(base, bl...), append(with, wl...)
-		r.InsertRoundRatios = append(r.InsertRoundRatios, float64(lw.P99)/float64(lb.P99))
 	}
-	r.InsertBaseline, r.InsertWithReaper = newLatency(base), newLatency(with)
-	r.InsertP99Ratio = float64(r.InsertWithReaper.P99) / float64(r.InsertBaseline.P99)
-	r.InsertP99RoundMedian = median(r.InsertRoundRatios)
-	b.logf("insert latency, all rounds: alone %s; with the reaper %s", r.InsertBaseline, r.InsertWithReaper)
+	b.logf("insert latency, all rounds: alone %s; with the reaper %s", r.Insert.Baseline, r.Insert.WithReaper)
 	return nil
 }
 
@@ -664,9 +753,19 @@ func (r *Report) String() string {
 	_ = tw.Flush()
 	fmt.Fprintf(&sb, "\nidle pass (nothing to reap), table vacuumed: reaper %s, article loop %s\n", r.IdleReaper.Round(10*time.Microsecond), r.IdleArticle.Round(10*time.Microsecond))
 	fmt.Fprintf(&sb, "idle pass right after deleting the old half, before vacuum: reaper %s, article loop %s\n", r.IdleReaperDirty.Round(10*time.Microsecond), r.IdleArticleDirty.Round(10*time.Microsecond))
-	fmt.Fprintf(&sb, "single-row inserts at %d/s, %d rounds pooled:\n  alone:               %s\n  while the reaper runs: %s\n  p99 ratio pooled: %.2fx; per round: %s (median %.2fx)\n",
-		r.InsertRate, r.LatencyRounds, r.InsertBaseline, r.InsertWithReaper, r.InsertP99Ratio, ratioList(r.InsertRoundRatios), r.InsertP99RoundMedian)
+	fmt.Fprintf(&sb, "single-row inserts at %d/s, %d rounds pooled, reaper with wal_compression %s:\n%s", r.InsertRate, r.LatencyRounds, walName(r.Settings.WALCompression, r.ServerWALCompression), &r.Insert)
+	if r.InsertServerWAL != nil {
+		fmt.Fprintf(&sb, "the same, reaper with the server's wal_compression (%s), rounds interleaved:\n%s", r.ServerWALCompression, r.InsertServerWAL)
+	}
 	return sb.String()
+}
+
+// walName names a --wal-compression setting as the session sees it.
+func walName(setting, server string) string {
+	if setting == "server" {
+		return server + " (the server's)"
+	}
+	return setting
 }
 
 func ratioList(rs []float64) string {

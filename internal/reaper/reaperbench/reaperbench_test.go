@@ -27,7 +27,7 @@ func BenchmarkReaper(b *testing.B) {
 		b.ReportMetric(r.Rows[0].VsArticle, "x-article")
 		b.ReportMetric(r.Rows[0].VsSingle, "x-single")
 		b.ReportMetric(float64(r.IdleReaper.Microseconds()), "idle-µs")
-		b.ReportMetric(r.InsertP99RoundMedian, "x-insert-p99")
+		b.ReportMetric(r.Insert.P99RoundMedian, "x-insert-p99")
 		b.Log("\n" + r.String())
 	}
 }

@@ -1,0 +1,154 @@
+package reaper
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"idemd/internal/dbtest"
+)
+
+// TestWALCompression: the run's session compresses its WAL with
+// --wal-compression when the role may set it (superuser, or PostgreSQL 15's
+// GRANT SET ON PARAMETER), goes on with the server's setting and says why
+// when it may not, and leaves the pooled connection as it found it. The
+// oracle is PostgreSQL's own SHOW on the connection the batches run on.
+func TestWALCompression(t *testing.T) {
+	dbURL := dbtest.NewDatabase(t)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var server string
+	if err := admin.QueryRow(ctx, "SHOW wal_compression").Scan(&server); err != nil {
+		t.Fatal(err)
+	}
+	if server == "lz4" {
+		t.Fatalf("the test server already runs with wal_compression=lz4; the test could not tell the reaper's setting from it")
+	}
+
+	// A least-privilege role: it may read and write every table (the
+	// predefined roles of PostgreSQL 14+), nothing else.
+	role := fmt.Sprintf("idemd_reaper_test_%d", randomSuffix(t, admin))
+	for _, q := range []string{
+		"CREATE ROLE " + pgx.Identifier{role}.Sanitize() + " LOGIN",
+		"GRANT pg_read_all_data, pg_write_all_data TO " + pgx.Identifier{role}.Sanitize(),
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		// Roles outlive the test's database: drop this one from the
+		// server's admin database.
+		ctx := context.Background()
+		server, err := pgx.Connect(ctx, dbtest.ServerURL(t))
+		if err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+			return
+		}
+		defer server.Close(ctx)
+		for _, q := range []string{
+			"REVOKE SET ON PARAMETER wal_compression FROM " + pgx.Identifier{role}.Sanitize(),
+			"DROP ROLE " + pgx.Identifier{role}.Sanitize(),
+		} {
+			if _, err := server.Exec(ctx, q); err != nil {
+				t.Errorf("%s: %v", q, err)
+			}
+		}
+	})
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	cfg.MaxConns = 1 // the run's connection is the one checked afterwards
+	rolePool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rolePool.Close()
+	superPool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer superPool.Close()
+
+	// run does one run on pool, returns the session's wal_compression
+	// while the run held the lock, the connection's afterwards, and what
+	// the run logged.
+	run := func(t *testing.T, pool *pgxpool.Pool, setting string) (during, after string, logs *observer.ObservedLogs) {
+		t.Helper()
+		insertOldKeys(t, pool, 30)
+		s := testSettings()
+		s.WALCompression = setting
+		core, logs := observer.New(zap.InfoLevel)
+		svc, err := New(Config{Settings: s, Pool: pool, Logger: zap.New(core), Registry: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.hooks.afterLock = func(ctx context.Context, conn *pgx.Conn) {
+			if err := conn.QueryRow(ctx, "SHOW wal_compression").Scan(&during); err != nil {
+				t.Errorf("SHOW wal_compression during the run: %v", err)
+			}
+		}
+		res, err := svc.runOnce(ctx)
+		if err != nil || res.Deleted != 30 {
+			t.Fatalf("run: %+v, %v", res, err)
+		}
+		if err := pool.QueryRow(ctx, "SHOW wal_compression").Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		return during, after, logs
+	}
+	refused := func(logs *observer.ObservedLogs) int {
+		return logs.FilterMessageSnippet("could not set wal_compression").Len()
+	}
+
+	t.Run("superuser", func(t *testing.T) {
+		during, after, logs := run(t, superPool, "lz4")
+		if during != "lz4" || after != server || refused(logs) != 0 {
+			t.Fatalf("during %q, after %q (server %q), refusals logged %d", during, after, server, refused(logs))
+		}
+	})
+	t.Run("server setting kept", func(t *testing.T) {
+		during, after, logs := run(t, superPool, "server")
+		if during != server || after != server || refused(logs) != 0 {
+			t.Fatalf("during %q, after %q (server %q), refusals logged %d", during, after, server, refused(logs))
+		}
+	})
+	t.Run("role without the privilege", func(t *testing.T) {
+		during, after, logs := run(t, rolePool, "lz4")
+		if during != server || after != server || refused(logs) != 1 {
+			t.Fatalf("during %q, after %q (server %q), refusals logged %d", during, after, server, refused(logs))
+		}
+	})
+	t.Run("role granted SET ON PARAMETER", func(t *testing.T) {
+		if _, err := admin.Exec(ctx, "GRANT SET ON PARAMETER wal_compression TO "+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		during, after, logs := run(t, rolePool, "zstd")
+		if during != "zstd" || after != server || refused(logs) != 0 {
+			t.Fatalf("during %q, after %q (server %q), refusals logged %d", during, after, server, refused(logs))
+		}
+	})
+}
+
+// randomSuffix is a number no other test run uses at the same time (roles
+// are shared by the whole server, unlike the test's database).
+func randomSuffix(t *testing.T, conn *pgx.Conn) int64 {
+	t.Helper()
+	var n int64
+	if err := conn.QueryRow(context.Background(), "SELECT (random() * 1e12)::bigint").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
