@@ -83,7 +83,7 @@ func Reaper(ctx context.Context, adminURL string, scale Scale, logf func(string,
 		return fmt.Errorf("reaper suite: %w", err)
 	}
 	for _, r := range res.Rows {
-		row := Row{Suite: "reaper", Name: fmt.Sprintf("delete %d of %d keys: %s", r.Deleted, res.Keys, r.Name), Value: fmt.Sprintf("%.0f keys/s", r.KeysPerSec)}
+		row := Row{Suite: "reaper", Name: fmt.Sprintf("delete %d of %d keys: %s", r.Deleted, res.Keys, r.Name), Value: fmt.Sprintf("%.0f keys/s, %.0f MB of WAL", r.KeysPerSec, float64(r.WALBytes)/1e6)}
 		row.Ratio = Join(ratioIf(r.VsArticle, "article loop"), ratioIf(r.VsSingle, "single DELETE"))
 		if r.UnderTest {
 			row.Target = Goal("≥2× article loop, ≥0.4× single DELETE", r.VsArticle >= 2 && r.VsSingle >= 0.4)

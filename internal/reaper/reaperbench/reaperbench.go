@@ -63,6 +63,9 @@ type Row struct {
 	Deleted    int64
 	Duration   time.Duration
 	KeysPerSec float64
+	// WALBytes the deletion wrote (the server's WAL insert position before
+	// and after; nothing else writes during these runs).
+	WALBytes int64
 	// UnderTest marks the reaper with the settings under test, the row the
 	// throughput targets are checked against.
 	UnderTest bool
@@ -338,6 +341,10 @@ func (b *bench) singleDelete(ctx context.Context, r *Report) (Row, error) {
 	}
 	var row Row
 	err := b.onAnchorConn(ctx, func(conn *pgx.Conn) error {
+		lsn, err := b.walLSN(ctx)
+		if err != nil {
+			return err
+		}
 		start := time.Now()
 		tag, err := conn.Exec(ctx, "DELETE FROM idempotency_keys WHERE created_at < now() - $1::bigint * interval '1 microsecond'", retention.Microseconds())
 		if err != nil {
@@ -346,7 +353,8 @@ func (b *bench) singleDelete(ctx context.Context, r *Report) (Row, error) {
 		d := time.Since(start)
 		b.logf("single DELETE: %d keys in %s", tag.RowsAffected(), d)
 		row = newRow("single DELETE (raw limit)", tag.RowsAffected(), d)
-		return nil
+		row.WALBytes, err = b.walSince(ctx, lsn)
+		return err
 	})
 	return row, err
 }
@@ -498,6 +506,10 @@ func (b *bench) timeReaper(ctx context.Context, name string, mutate func(*reaper
 	if err != nil {
 		return Row{}, err
 	}
+	lsn, err := b.walLSN(ctx)
+	if err != nil {
+		return Row{}, err
+	}
 	res, err := svc.RunOnce(ctx)
 	if err != nil {
 		return Row{}, fmt.Errorf("reaperbench: %s: %w", name, err)
@@ -506,8 +518,11 @@ func (b *bench) timeReaper(ctx context.Context, name string, mutate func(*reaper
 		return Row{}, fmt.Errorf("reaperbench: %s: run incomplete (%s)", name, res.StopReason)
 	}
 	row := newRow(fmt.Sprintf("%s (batch %d, pause %s, wal_compression %s)", name, s.BatchSize, s.BatchPause, walName(s.WALCompression, b.serverWAL)), res.Deleted, res.Duration)
+	if row.WALBytes, err = b.walSince(ctx, lsn); err != nil {
+		return Row{}, err
+	}
 	if name != "idle" {
-		b.logf("%s: %d keys, %d flagged, %d batches in %s", row.Name, res.Deleted, res.Flagged, res.Batches, res.Duration)
+		b.logf("%s: %d keys, %d flagged, %d batches in %s, %s of WAL", row.Name, res.Deleted, res.Flagged, res.Batches, res.Duration, mb(row.WALBytes))
 	}
 	return row, nil
 }
@@ -549,6 +564,10 @@ WHERE id IN (
 // its idle pass before vacuum.
 func (b *bench) timeArticleLoop(ctx context.Context, conn *pgx.Conn) (Row, time.Duration, error) {
 	var total int64
+	lsn, err := b.walLSN(ctx)
+	if err != nil {
+		return Row{}, 0, err
+	}
 	start := time.Now()
 	var last time.Duration
 	for {
@@ -564,9 +583,33 @@ func (b *bench) timeArticleLoop(ctx context.Context, conn *pgx.Conn) (Row, time.
 		}
 	}
 	d := time.Since(start)
-	b.logf("article loop: %d keys in %s, last pass %s", total, d, last)
-	return newRow("article loop (LIMIT 1000, no index)", total, d), last, nil
+	row := newRow("article loop (LIMIT 1000, no index)", total, d)
+	if row.WALBytes, err = b.walSince(ctx, lsn); err != nil {
+		return Row{}, 0, err
+	}
+	b.logf("article loop: %d keys in %s, last pass %s, %s of WAL", total, d, last, mb(row.WALBytes))
+	return row, last, nil
 }
+
+// walLSN is the server's WAL insert position.
+func (b *bench) walLSN(ctx context.Context) (string, error) {
+	var lsn string
+	if err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
+		return "", fmt.Errorf("reaperbench: wal position: %w", err)
+	}
+	return lsn, nil
+}
+
+// walSince is how many bytes of WAL the server wrote since lsn.
+func (b *bench) walSince(ctx context.Context, lsn string) (int64, error) {
+	var n int64
+	if err := b.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn).Scan(&n); err != nil {
+		return 0, fmt.Errorf("reaperbench: wal written: %w", err)
+	}
+	return n, nil
+}
+
+func mb(n int64) string { return fmt.Sprintf("%.0f MB", float64(n)/1e6) }
 
 // LatencyComparison is the p99 of the insert workload alone and while one
 // reaper configuration runs.
@@ -617,7 +660,7 @@ func (b *bench) insertLatency(ctx context.Context, r *Report) error {
 	configs := []config{{name: "reaper under insert load", into: &r.Insert}}
 	if b.opts.Reaper.WALCompression != "server" {
 		r.InsertServerWAL = &LatencyComparison{}
-		configs = append(configs, config{"reaper under insert load", keepServerWAL, r.InsertServerWAL})
+		configs = append(configs, config{"reaper with the server's wal_compression under insert load", keepServerWAL, r.InsertServerWAL})
 	}
 	idle := func(d time.Duration) func(context.Context) error {
 		return func(ctx context.Context) error {
@@ -746,9 +789,9 @@ func (r *Report) String() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "reaper benchmark: %d keys, %d past retention, request_params ~%d bytes (jsonb); fastest of %d runs each\n\n", r.Keys, r.PastRetention, r.AvgParamsBytes, r.ThroughputRounds)
 	tw := tabwriter.NewWriter(&sb, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "strategy\tdeleted\ttime\tkeys/s\tvs article loop\tvs single DELETE")
+	fmt.Fprintln(tw, "strategy\tdeleted\ttime\tkeys/s\tWAL\tvs article loop\tvs single DELETE")
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%.2fx\t%.2fx\n", row.Name, row.Deleted, row.Duration.Round(time.Millisecond), row.KeysPerSec, row.VsArticle, row.VsSingle)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%s\t%.2fx\t%.2fx\n", row.Name, row.Deleted, row.Duration.Round(time.Millisecond), row.KeysPerSec, mb(row.WALBytes), row.VsArticle, row.VsSingle)
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(&sb, "\nidle pass (nothing to reap), table vacuumed: reaper %s, article loop %s\n", r.IdleReaper.Round(10*time.Microsecond), r.IdleArticle.Round(10*time.Microsecond))
