@@ -35,32 +35,36 @@ func TestWALCompression(t *testing.T) {
 		t.Fatalf("the test server already runs with wal_compression=lz4; the test could not tell the reaper's setting from it")
 	}
 
-	// A least-privilege role: it may read and write every table (the
-	// predefined roles of PostgreSQL 14+), nothing else.
+	// A role with exactly the privileges docs/reaper.md lists, so a run
+	// under it also checks that list.
 	role := fmt.Sprintf("idemd_reaper_test_%d", randomSuffix(t, admin))
+	r := pgx.Identifier{role}.Sanitize()
 	for _, q := range []string{
-		"CREATE ROLE " + pgx.Identifier{role}.Sanitize() + " LOGIN",
-		"GRANT pg_read_all_data, pg_write_all_data TO " + pgx.Identifier{role}.Sanitize(),
+		"CREATE ROLE " + r + " LOGIN",
+		"GRANT SELECT, DELETE ON idempotency_keys TO " + r,
+		"GRANT SELECT, INSERT ON idempotency_key_reviews TO " + r,
+		"GRANT USAGE ON SEQUENCE idempotency_key_reviews_id_seq TO " + r,
 	} {
 		if _, err := admin.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
 	t.Cleanup(func() {
-		// Roles outlive the test's database: drop this one from the
-		// server's admin database.
+		// Roles outlive the test's database, and a role holding privileges
+		// cannot be dropped: revoke them all, then drop it.
 		ctx := context.Background()
-		server, err := pgx.Connect(ctx, dbtest.ServerURL(t))
+		conn, err := pgx.Connect(ctx, dbURL)
 		if err != nil {
 			t.Errorf("drop role %s: %v", role, err)
 			return
 		}
-		defer server.Close(ctx)
+		defer conn.Close(ctx)
 		for _, q := range []string{
-			"REVOKE SET ON PARAMETER wal_compression FROM " + pgx.Identifier{role}.Sanitize(),
-			"DROP ROLE " + pgx.Identifier{role}.Sanitize(),
+			"DROP OWNED BY " + r,
+			"REVOKE SET ON PARAMETER wal_compression FROM " + r,
+			"DROP ROLE " + r,
 		} {
-			if _, err := server.Exec(ctx, q); err != nil {
+			if _, err := conn.Exec(ctx, q); err != nil {
 				t.Errorf("%s: %v", q, err)
 			}
 		}
@@ -69,25 +73,25 @@ func TestWALCompression(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.User = role
 	cfg.MaxConns = 1 // the run's connection is the one checked afterwards
+	superPool, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer superPool.Close()
+	cfg.ConnConfig.User = role
 	rolePool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rolePool.Close()
-	superPool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer superPool.Close()
 
 	// run does one run on pool, returns the session's wal_compression
 	// while the run held the lock, the connection's afterwards, and what
 	// the run logged.
 	run := func(t *testing.T, pool *pgxpool.Pool, setting string) (during, after string, logs *observer.ObservedLogs) {
 		t.Helper()
-		insertOldKeys(t, pool, 30)
+		insertOldKeys(t, superPool, 30)
 		s := testSettings()
 		s.WALCompression = setting
 		core, logs := observer.New(zap.InfoLevel)
@@ -132,7 +136,7 @@ func TestWALCompression(t *testing.T) {
 		}
 	})
 	t.Run("role granted SET ON PARAMETER", func(t *testing.T) {
-		if _, err := admin.Exec(ctx, "GRANT SET ON PARAMETER wal_compression TO "+pgx.Identifier{role}.Sanitize()); err != nil {
+		if _, err := admin.Exec(ctx, "GRANT SET ON PARAMETER wal_compression TO "+r); err != nil {
 			t.Fatal(err)
 		}
 		during, after, logs := run(t, rolePool, "zstd")
