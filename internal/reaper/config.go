@@ -30,10 +30,9 @@ const (
 	DefaultMaxRuntime       = time.Hour
 	// DefaultWALCompression: most of a batch's WAL is full-page images of
 	// the heap pages it deletes from (the first change to a page after a
-	// checkpoint logs the whole page), and lz4 halves them at no measurable
-	// cost in keys/s (docs/reaper.md). Every commit on the server, the
-	// API's included, waits for the WAL before it to reach disk, and
-	// replicas and archives receive it all.
+	// checkpoint logs the whole page). lz4 cut a million-key run's WAL from
+	// 440 to 191 MB at no measurable cost in keys/s (docs/reaper.md): fewer
+	// bytes for every WAL flush, every replica and the archive.
 	DefaultWALCompression = "lz4"
 
 	// MinRetention guards against a typo ("--retention 72s") deleting keys

@@ -187,7 +187,7 @@ func (s *Service) run(ctx context.Context, res *Result, start time.Time) (err er
 			_, uerr = conn.Exec(uctx, "RESET wal_compression")
 		}
 		if uerr != nil {
-			s.logger.Warn("advisory unlock failed; closing the connection", zap.Error(uerr))
+			s.logger.Warn("advisory unlock or wal_compression reset failed; closing the connection", zap.Error(uerr))
 			_ = conn.Conn().Close(uctx)
 		}
 		conn.Release()
