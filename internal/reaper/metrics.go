@@ -16,15 +16,16 @@ const (
 )
 
 type metrics struct {
-	runs          *prometheus.CounterVec
-	deleted       prometheus.Counter
-	flagged       *prometheus.CounterVec
-	batches       prometheus.Counter
-	batchTimeouts prometheus.Counter
-	lockedBatches prometheus.Counter
-	runDuration   prometheus.Histogram
-	batchDuration prometheus.Histogram
-	lastSuccess   prometheus.Gauge
+	runs           *prometheus.CounterVec
+	deleted        prometheus.Counter
+	flagged        *prometheus.CounterVec
+	batches        prometheus.Counter
+	batchTimeouts  prometheus.Counter
+	lockedBatches  prometheus.Counter
+	orderedBatches prometheus.Counter
+	runDuration    prometheus.Histogram
+	batchDuration  prometheus.Histogram
+	lastSuccess    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -53,6 +54,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_reaper_locked_batches_total",
 			Help: "Batches that met a key another transaction held locked and were redone skipping locked keys.",
 		}),
+		orderedBatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_reaper_ordered_batches_total",
+			Help: "Batches whose created_at range held nothing to delete (more than a batch of keys on one created_at, or all in flight), redone in id order.",
+		}),
 		runDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "idemd_reaper_run_duration_seconds",
 			Help:    "Duration of reaper runs that took the lock.",
@@ -71,7 +76,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.runDuration, m.batchDuration, m.lastSuccess} {
+	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.runDuration, m.batchDuration, m.lastSuccess} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("reaper: register metrics: %w", err)
 		}

@@ -50,7 +50,12 @@ type Result struct {
 	BatchTimeouts int
 	// LockedBatches met a key whose row lock another transaction held and
 	// were redone skipping locked keys.
-	LockedBatches   int
+	LockedBatches int
+	// OrderedBatches found nothing to delete in their created_at range
+	// although keys were left (more than a batch of keys share one
+	// created_at, or every key in the range is in flight) and were redone
+	// in id order.
+	OrderedBatches  int
 	FinalBatchSize  int
 	Duration        time.Duration
 	Complete        bool   // nothing eligible was left when the run ended
@@ -335,6 +340,8 @@ const rowLockTimeout = 50 * time.Millisecond
 func (s *Service) deleteBatch(ctx context.Context, conn *pgx.Conn, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
 	b, err := s.tryBatch(ctx, conn, rangeBatchSQL, rowLockTimeout, limit, cursor, res)
 	if errors.Is(err, errRangeEmpty) {
+		s.metrics.orderedBatches.Inc()
+		res.OrderedBatches++
 		s.logger.Debug("the range form found nothing to delete before its bound; taking keys in id order", zap.Int("batch", res.Batches+1))
 		b, err = s.tryBatch(ctx, conn, orderedBatchSQL, rowLockTimeout, limit, cursor, res)
 	}
@@ -570,6 +577,7 @@ func (s *Service) finish(res *Result, err error) {
 		zap.Int("batches", res.Batches),
 		zap.Int("batch_timeouts", res.BatchTimeouts),
 		zap.Int("locked_batches", res.LockedBatches),
+		zap.Int("ordered_batches", res.OrderedBatches),
 		zap.Duration("duration", res.Duration),
 		zap.Bool("complete", res.Complete),
 		zap.Duration("retention", s.cfg.Retention),
