@@ -187,12 +187,16 @@ func (s *Service) run(ctx context.Context, res *Result, start time.Time) (err er
 		// the lock, rather than return a locked one.
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		_, uerr := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", lockKey)
-		if uerr == nil && walCompressed {
-			_, uerr = conn.Exec(uctx, "RESET wal_compression")
+		var uerr error
+		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", lockKey); err != nil {
+			uerr = fmt.Errorf("advisory unlock: %w", err)
+		} else if walCompressed {
+			if _, err := conn.Exec(uctx, "RESET wal_compression"); err != nil {
+				uerr = fmt.Errorf("reset wal_compression: %w", err)
+			}
 		}
 		if uerr != nil {
-			s.logger.Warn("advisory unlock or wal_compression reset failed; closing the connection", zap.Error(uerr))
+			s.logger.Warn("releasing the run's session failed; closing the connection", zap.Error(uerr))
 			_ = conn.Conn().Close(uctx)
 		}
 		conn.Release()
@@ -218,13 +222,27 @@ func (s *Service) setWALCompression(ctx context.Context, conn *pgx.Conn) bool {
 	if s.cfg.WALCompression == "server" {
 		return false
 	}
-	if _, err := conn.Exec(ctx, "SELECT set_config('wal_compression', $1, false)", s.cfg.WALCompression); err != nil {
+	_, err := conn.Exec(ctx, "SELECT set_config('wal_compression', $1, false)", s.cfg.WALCompression)
+	if err == nil {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case ctx.Err() != nil:
+		// Shutting down: the run stops at its next step, which says so.
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
 		s.logger.Info("could not set wal_compression for the reaper's session; its WAL uses the server's setting "+
 			"(grant it with GRANT SET ON PARAMETER wal_compression TO <reaper role>, or pass --wal-compression server)",
 			zap.String("wal_compression", s.cfg.WALCompression), zap.Error(err))
-		return false
+	case errors.As(err, &pgErr) && pgErr.Code == "22023": // invalid_parameter_value
+		s.logger.Info("could not set wal_compression for the reaper's session: the server does not support this method; "+
+			"its WAL uses the server's setting (pick another --wal-compression, or server)",
+			zap.String("wal_compression", s.cfg.WALCompression), zap.Error(err))
+	default:
+		s.logger.Warn("could not set wal_compression for the reaper's session; its WAL uses the server's setting",
+			zap.String("wal_compression", s.cfg.WALCompression), zap.Error(err))
 	}
-	return true
+	return false
 }
 
 // reap deletes batches until one comes back short (nothing eligible left),
