@@ -63,8 +63,10 @@ type Row struct {
 	Deleted    int64
 	Duration   time.Duration
 	KeysPerSec float64
-	// WALBytes the deletion wrote (the server's WAL insert position before
-	// and after; nothing else writes during these runs).
+	// WALBytes the server wrote during the deletion (its WAL insert position
+	// before and after): the deletion's own WAL, as nothing else in the
+	// benchmark writes during the throughput runs (the server's other
+	// databases and autovacuum could).
 	WALBytes int64
 	// UnderTest marks the reaper with the settings under test, the row the
 	// throughput targets are checked against.
@@ -179,6 +181,11 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	r.ServerWALCompression = b.serverWAL
+	// A reaper refused its wal_compression would fall back to the server's
+	// setting quietly, and every row would be mislabelled: refuse instead.
+	if err := b.onAnchorConn(ctx, func(*pgx.Conn) error { return nil }); err != nil {
+		return nil, fmt.Errorf("%w (run as a superuser, or benchmark the reaper with --wal-compression server)", err)
+	}
 	if b.opts.LatencyOnly {
 		if err := b.load(ctx, r, false); err != nil {
 			return nil, err
@@ -372,7 +379,14 @@ func (b *bench) onAnchorConn(ctx context.Context, fn func(*pgx.Conn) error) erro
 		if _, err := c.Exec(ctx, "SELECT set_config('wal_compression', $1, false)", w); err != nil {
 			return fmt.Errorf("reaperbench: set wal_compression: %w", err)
 		}
-		defer c.Exec(context.WithoutCancel(ctx), "RESET wal_compression") //nolint:errcheck // a failure surfaces on the next use
+		defer func() {
+			// A connection whose RESET failed would lend the setting to
+			// whatever uses it next (the insert workload, the reaper on the
+			// server's setting): close it instead.
+			if _, err := c.Exec(context.WithoutCancel(ctx), "RESET wal_compression"); err != nil {
+				_ = c.Conn().Close(context.WithoutCancel(ctx))
+			}
+		}()
 	}
 	return fn(c.Conn())
 }
@@ -673,13 +687,21 @@ func (b *bench) insertLatency(ctx context.Context, r *Report) error {
 			return nil
 		}
 	}
+	loaded := true // the caller loaded the table for the first round
 	for round := range b.opts.LatencyRounds {
-		for i, c := range configs {
-			if round > 0 || i > 0 {
+		// Alternate which configuration goes first, so neither always meets
+		// the machine right after a load.
+		order := slices.Clone(configs)
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, c := range order {
+			if !loaded {
 				if err := b.load(ctx, r, false); err != nil {
 					return err
 				}
 			}
+			loaded = false
 			// The warm-up: the first inserts into a freshly loaded table read
 			// its index pages into shared buffers and build each connection's
 			// cached plans, and take up to hundreds of milliseconds. Measured
