@@ -31,8 +31,9 @@ const (
 	// DefaultWALCompression: most of a batch's WAL is full-page images of
 	// the heap pages it deletes from (the first change to a page after a
 	// checkpoint logs the whole page). lz4 cut a million-key run's WAL from
-	// 440 to 191 MB at no measurable cost in keys/s (docs/reaper.md): fewer
-	// bytes for every WAL flush, every replica and the archive.
+	// 440 to 185-191 MB, at a cost in keys/s within the run-to-run noise
+	// (docs/reaper.md): fewer bytes for every WAL flush, every replica and
+	// the archive.
 	DefaultWALCompression = "lz4"
 
 	// MinRetention guards against a typo ("--retention 72s") deleting keys
