@@ -2,7 +2,6 @@ package reaper
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -37,7 +36,12 @@ func TestWALCompression(t *testing.T) {
 
 	// A role with exactly the privileges docs/reaper.md lists, so a run
 	// under it also checks that list.
-	role := fmt.Sprintf("idemd_reaper_test_%d", randomSuffix(t, admin))
+	// Roles are shared by the whole server; the test's database name is
+	// unique to this test, so the role named after it is too.
+	var role string
+	if err := admin.QueryRow(ctx, "SELECT current_database() || '_reaper'").Scan(&role); err != nil {
+		t.Fatal(err)
+	}
 	r := pgx.Identifier{role}.Sanitize()
 	if _, err := admin.Exec(ctx, "CREATE ROLE "+r+" LOGIN"); err != nil {
 		t.Fatal(err)
@@ -151,15 +155,4 @@ func TestWALCompression(t *testing.T) {
 			t.Fatalf("during %q, after %q (server %q), refusals logged %d", during, after, server, refused(logs))
 		}
 	})
-}
-
-// randomSuffix is a number no other test run uses at the same time (roles
-// are shared by the whole server, unlike the test's database).
-func randomSuffix(t *testing.T, conn *pgx.Conn) int64 {
-	t.Helper()
-	var n int64
-	if err := conn.QueryRow(context.Background(), "SELECT (random() * 1e12)::bigint").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
