@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-.PHONY: build test unit e2e lint demo bench deploy-check clean ensure-postgres
+.PHONY: build test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-pgbouncer
 
 build:
 	@mkdir -p $(BIN)
@@ -14,17 +14,21 @@ build:
 ensure-postgres:
 	@scripts/ensure-postgres.sh
 
+# internal/pgbouncertest runs the tests' own pgbouncer processes.
+ensure-pgbouncer:
+	@scripts/ensure-pgbouncer.sh
+
 # Tests run against a real PostgreSQL (internal/dbtest). -p 2: the machine has
 # two cores and the heavy tests are database-bound. `make test` is the README's
 # test command: the package tests, then the end-to-end fault suite.
 test: unit e2e
 
-unit: ensure-postgres
+unit: ensure-postgres ensure-pgbouncer
 	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
 
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,
 # severed connections (internal/e2e, build tag e2e).
-e2e: ensure-postgres
+e2e: ensure-postgres ensure-pgbouncer
 	$(GO) test -tags e2e -count=1 -timeout 15m ./internal/e2e/...
 
 lint:
