@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-.PHONY: build test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-pgbouncer
+.PHONY: build test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-pgbouncer
 
 build:
 	@mkdir -p $(BIN)
@@ -13,6 +13,10 @@ build:
 
 ensure-postgres:
 	@scripts/ensure-postgres.sh
+
+# promtool checks and unit-tests the alerts (deploy/alerts_test.go).
+ensure-promtool:
+	@scripts/ensure-promtool.sh
 
 # internal/pgbouncertest runs the tests' own pgbouncer processes.
 ensure-pgbouncer:
@@ -23,7 +27,7 @@ ensure-pgbouncer:
 # test command: the package tests, then the end-to-end fault suite.
 test: unit e2e
 
-unit: ensure-postgres ensure-pgbouncer
+unit: ensure-postgres ensure-pgbouncer ensure-promtool
 	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
 
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,
@@ -42,7 +46,7 @@ bench: ensure-postgres
 demo: ensure-postgres build
 	@scripts/demo.sh
 
-deploy-check:
+deploy-check: ensure-promtool
 	@scripts/deploy-check.sh
 
 clean:
