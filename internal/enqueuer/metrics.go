@@ -16,7 +16,7 @@ type Metrics struct {
 
 // NewMetrics creates the collectors; Register adds them to a registry.
 func NewMetrics() *Metrics {
-	return &Metrics{
+	m := &Metrics{
 		Moved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemd_enqueuer_jobs_moved_total", Help: "Staged jobs inserted into River.",
 		}),
@@ -43,6 +43,12 @@ func NewMetrics() *Metrics {
 			Name: "idemd_enqueuer_listener_up", Help: "1 while the LISTEN connection is established.",
 		}),
 	}
+	// Every reason starts at 0: increase() over a series that appears at 1
+	// is 0, so the first dead-lettered row of a reason would not alert.
+	for _, r := range DeadLetterReasons {
+		m.DeadLettered.WithLabelValues(r)
+	}
+	return m
 }
 
 // Register adds the collectors to reg.

@@ -25,6 +25,15 @@ const (
 	ReasonRejectedByRiver = "rejected_by_river"
 )
 
+// DeadLetterReasons lists every reason code above. The metric's series are
+// created at 0 from it, so a reason's first dead-lettered row is an increase
+// Prometheus can see (a series born at 1 has no increase); a test keeps it
+// in step with the constants.
+var DeadLetterReasons = []string{
+	ReasonUnknownKind, ReasonInvalidKind, ReasonInvalidQueue, ReasonInvalidPrio, ReasonInvalidMaxAtt,
+	ReasonArgsTooLarge, ReasonInvalidArgs, ReasonInvalidTags, ReasonInvalidMeta, ReasonRejectedByRiver,
+}
+
 // These mirror River's own checks (client.go's queue name regex and
 // insert_opts.go's tag regex, and river_job's CHECK constraints) so that a bad
 // row is recognised before it can fail River's batch insert for its
