@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"idemd/internal/review"
 )
 
 // Run outcomes, the values of the result label of idemd_reaper_runs_total.
@@ -15,6 +17,10 @@ const (
 	outcomeError      = "error"      // failed; see the log
 )
 
+// runResults lists every outcome above: each gets its series at 0 when the
+// process starts, so the first run of a result is an increase Prometheus sees.
+var runResults = []string{outcomeComplete, outcomeIncomplete, outcomeLockHeld, outcomeDryRun, outcomeError}
+
 type metrics struct {
 	runs           *prometheus.CounterVec
 	deleted        prometheus.Counter
@@ -25,7 +31,7 @@ type metrics struct {
 	orderedBatches prometheus.Counter
 	runDuration    prometheus.Histogram
 	batchDuration  prometheus.Histogram
-	lastSuccess    prometheus.Gauge
+	lastSuccess    *unsetGauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -68,10 +74,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Duration of one delete batch (its transaction).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 3, 10), // 1 ms .. ~20 s
 		}),
-		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+		lastSuccess: newUnsetGauge(prometheus.GaugeOpts{
 			Name: "idemd_reaper_last_success_timestamp_seconds",
-			Help: "Unix time of the end of the last run that completed (alert when it grows old).",
+			Help: "Unix time of the end of the last run that completed; absent until one has (alert when it grows old).",
 		}),
+	}
+	for _, r := range runResults {
+		m.runs.WithLabelValues(r)
+	}
+	for _, r := range review.Reasons() {
+		m.flagged.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m, nil

@@ -22,6 +22,12 @@ const (
 	ReasonCompleterGaveUp = "completer_gave_up"
 )
 
+// Reasons returns every reason above, for metrics that create a series per
+// reason up front (a counter born at 1 shows Prometheus no increase).
+func Reasons() []string {
+	return []string{ReasonUnfinishedAtRetention, ReasonCompleterGaveUp}
+}
+
 // DBTX is satisfied by pgx.Tx, *pgx.Conn and *pgxpool.Pool.
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
