@@ -28,6 +28,10 @@ const (
 	DefaultStatementTimeout = 15 * time.Second
 	DefaultLockWindow       = time.Hour
 	DefaultMaxRuntime       = time.Hour
+	// DefaultLeaseTTL bounds how long a run killed mid-run keeps the next
+	// run waiting; it must outlast a batch (--statement-timeout), which
+	// holds the lease row locked while it runs.
+	DefaultLeaseTTL = time.Minute
 	// DefaultWALCompression: most of a batch's WAL is full-page images of
 	// the heap pages it deletes from (the first change to a page after a
 	// checkpoint logs the whole page). lz4 cut a million-key run's WAL from
@@ -60,7 +64,8 @@ type Settings struct {
 	MaxDeletes       int64         `name:"max-deletes" default:"0" help:"Refuse (exit 1) a run that would delete more keys than this. 0: no cap."`
 	MaxFlags         int64         `name:"max-flags" default:"0" help:"Refuse (exit 1) a run that would flag more keys for review than this. 0: no cap."`
 	FlaggedBy        string        `name:"flagged-by" default:"reaper" help:"Recorded as flagged_by on the reviews this reaper creates."`
-	WALCompression   string        `name:"wal-compression" default:"lz4" help:"wal_compression of the reaper's own session: lz4, zstd, pglz, on, off, or server to keep the server's setting. Needs superuser or GRANT SET ON PARAMETER wal_compression (PostgreSQL 15+); without it the run says so once and keeps the server's setting."`
+	LeaseTTL         time.Duration `name:"lease-ttl" default:"1m" help:"A run's lease on the database (it keeps runs from overlapping) expires this long after its last renewal, so a run killed mid-run delays the next by at most this. Longer than --statement-timeout."`
+	WALCompression   string        `name:"wal-compression" default:"lz4" help:"wal_compression of the reaper's batch transactions (SET LOCAL): lz4, zstd, pglz, on, off, or server to keep the server's setting. Needs superuser or GRANT SET ON PARAMETER wal_compression (PostgreSQL 15+); without it the run says so once and keeps the server's setting."`
 }
 
 // DefaultSettings returns the settings with every default filled in, as
@@ -73,6 +78,7 @@ func DefaultSettings() Settings {
 		StatementTimeout: DefaultStatementTimeout,
 		LockWindow:       DefaultLockWindow,
 		MaxRuntime:       DefaultMaxRuntime,
+		LeaseTTL:         DefaultLeaseTTL,
 		FlaggedBy:        "reaper",
 		WALCompression:   DefaultWALCompression,
 	}
@@ -106,6 +112,9 @@ func (s *Settings) Check() []string {
 	}
 	if s.MaxRuntime <= 0 {
 		p = append(p, "--max-runtime must be positive")
+	}
+	if s.LeaseTTL <= s.StatementTimeout {
+		p = append(p, fmt.Sprintf("--lease-ttl %s must be longer than --statement-timeout %s: a batch holds the lease while it runs", s.LeaseTTL, s.StatementTimeout))
 	}
 	if s.MaxDeletes < 0 {
 		p = append(p, "--max-deletes must not be negative (0 means no cap)")

@@ -21,6 +21,9 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 func testSettings() Settings {
 	s := DefaultSettings()
 	s.BatchPause = 0
+	// A short lease: a run that finds another waits for a renewal (a
+	// quarter of the TTL) or an expiry.
+	s.StatementTimeout, s.LeaseTTL = 5*time.Second, 8*time.Second
 	return s
 }
 

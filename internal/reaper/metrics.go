@@ -12,7 +12,7 @@ import (
 const (
 	outcomeComplete   = "complete"   // everything eligible was reaped
 	outcomeIncomplete = "incomplete" // stopped by --max-runtime or shutdown; the next run continues
-	outcomeLockHeld   = "lock_held"  // another run held the advisory lock
+	outcomeLockHeld   = "lock_held"  // another live run held the lease
 	outcomeDryRun     = "dry_run"    // nothing changed
 	outcomeError      = "error"      // failed; see the log
 )
@@ -32,6 +32,7 @@ type metrics struct {
 	runDuration    prometheus.Histogram
 	batchDuration  prometheus.Histogram
 	lastSuccess    *unsetGauge
+	leaseTakeovers prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -74,6 +75,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Duration of one delete batch (its transaction).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 3, 10), // 1 ms .. ~20 s
 		}),
+		leaseTakeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_reaper_lease_takeovers_total",
+			Help: "Runs that took over the lease of a run that ended without releasing it (killed, or cut off from the database).",
+		}),
 		lastSuccess: newUnsetGauge(prometheus.GaugeOpts{
 			Name: "idemd_reaper_last_success_timestamp_seconds",
 			Help: "Unix time of the end of the last run that completed; absent until one has (alert when it grows old).",
@@ -88,7 +93,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.runDuration, m.batchDuration, m.lastSuccess} {
+	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("reaper: register metrics: %w", err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"idemd/internal/dbtest"
+	"idemd/internal/lease"
 	"idemd/internal/testbin"
 	"idemd/internal/testwait"
 )
@@ -97,10 +98,20 @@ func reaperWaitingOnLock(t *testing.T, pool *pgxpool.Pool) bool {
 WHERE datname = current_database() AND application_name = 'idemd-reaper' AND wait_event_type = 'Lock'`) > 0
 }
 
-func advisoryLockHeld(t *testing.T, pool *pgxpool.Pool) bool {
-	return queryInt(t, pool, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-WHERE l.locktype = 'advisory' AND d.datname = current_database()
-  AND ((l.classid::bigint << 32) | l.objid::bigint) = $1`, lockKey) > 0
+// leaseHeld reports whether a reaper lease row exists (held or left to
+// expire).
+func leaseHeld(t *testing.T, pool *pgxpool.Pool) bool {
+	return queryInt(t, pool, "SELECT count(*) FROM idemd_leases WHERE name = $1", LeaseName) > 0
+}
+
+// noAdvisoryLocks fails the test if any session of this database holds an
+// advisory lock: idemd takes none that could outlive a transaction.
+func noAdvisoryLocks(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if n := queryInt(t, pool, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+WHERE l.locktype = 'advisory' AND d.datname = current_database()`); n != 0 {
+		t.Fatalf("%d advisory locks held", n)
+	}
 }
 
 // blockOnRide opens a transaction holding the row lock of the ride that
@@ -141,7 +152,7 @@ func TestProcessConcurrentRunsNeverOverlap(t *testing.T) {
 	}
 
 	second := runReaper(t, bin, dbURL, 0, "--batch-size", "10")
-	if !strings.Contains(second.stderr.String(), "another reaper run holds the lock") {
+	if !strings.Contains(second.stderr.String(), "another reaper run holds the lease") {
 		t.Fatalf("second process did not say the lock was held:\n%s", second.stderr)
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != 20 {
@@ -164,27 +175,40 @@ func TestProcessConcurrentRunsNeverOverlap(t *testing.T) {
 	}
 }
 
-// TestProcessLockHeldExternally: a manual run while anything holds the lock
-// (here the test itself) exits 0 and does nothing.
+// TestProcessLockHeldExternally: a manual run while another live run holds
+// the lease (here the test, renewing it) exits 0, does nothing, and names
+// the holder.
 func TestProcessLockHeldExternally(t *testing.T) {
 	bin, dbURL, pool := newProcessTest(t)
 	insertOldKeys(t, pool, 5)
 	ctx := context.Background()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
+	if a, err := lease.Acquire(ctx, pool, LeaseName, "test-holder", time.Hour); err != nil || !a.Acquired {
+		t.Fatalf("acquire: %+v, %v", a, err)
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
-		t.Fatal(err)
-	}
+	// A live holder renews its lease; the run must see that to give up.
+	renewCtx, stopRenewing := context.WithCancel(ctx)
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		for renewCtx.Err() == nil {
+			if err := lease.Renew(renewCtx, pool, LeaseName, "test-holder", time.Hour); err != nil && renewCtx.Err() == nil {
+				t.Errorf("renew: %v", err)
+				return
+			}
+			select {
+			case <-renewCtx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() { stopRenewing(); <-renewed }()
 	p := startReaper(t, bin, dbURL)
 	code := p.wait(t)
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", lockKey); err != nil {
-		t.Fatal(err)
-	}
-	conn.Release()
 	if code != 0 || queryInt(t, pool, "SELECT count(*) FROM idempotency_keys") != 5 {
 		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr)
+	}
+	if !strings.Contains(p.stderr.String(), `"result":"lock_held"`) || !strings.Contains(p.stderr.String(), `"lease_holder":"test-holder"`) {
+		t.Fatalf("the summary does not say who holds the lease:\n%s", p.stderr)
 	}
 }
 
@@ -197,17 +221,22 @@ func TestProcessSIGKILLMidRun(t *testing.T) {
 	createRides(t, pool, "SET NULL", ids[15])
 	release := blockOnRide(t, pool, ids[15])
 
-	p := startReaper(t, bin, dbURL, "--batch-size", "10")
+	leaseArgs := []string{"--lease-ttl", "6s", "--statement-timeout", "5s"}
+	p := startReaper(t, bin, dbURL, append([]string{"--batch-size", "10"}, leaseArgs...)...)
 	testwait.Until(t, time.Minute, "the reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	<-p.done
-	// The server notices the dead client (client_connection_check_interval)
-	// and ends the session, rolling back the batch and freeing the lock,
-	// even while the test still holds the row lock.
-	testwait.Until(t, time.Minute, "the killed reaper's advisory lock to be released", func() bool { return !advisoryLockHeld(t, pool) })
+	// The server notices the dead client (client_connection_check_interval,
+	// set in the batch) and ends the session, rolling back the batch, even
+	// while the test still holds the row lock. The lease stays behind.
+	testwait.Until(t, time.Minute, "the killed reaper's batch to be rolled back", func() bool { return !reaperWaitingOnLock(t, pool) })
 	release()
+	if !leaseHeld(t, pool) {
+		t.Fatal("the killed run's lease is gone: the next run would not have to take it over")
+	}
+	noAdvisoryLocks(t, pool)
 
 	consistent := func(wantKeys int64) {
 		t.Helper()
@@ -235,8 +264,17 @@ WHERE EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.id = r.key_id)`); n != 0 
 	}
 	consistent(20)
 
-	runReaper(t, bin, dbURL, 0, "--batch-size", "10")
+	// The next run waits for the dead run's lease to expire, takes it over
+	// and finishes the job: a killed run never turns into runs that do
+	// nothing.
+	next := runReaper(t, bin, dbURL, 0, append([]string{"--batch-size", "10"}, leaseArgs...)...)
 	consistent(0)
+	if !strings.Contains(next.stderr.String(), "took over the lease") || !strings.Contains(next.stderr.String(), `"took_over_from":"reaper/`) {
+		t.Fatalf("the next run does not say it took over the lease:\n%s", next.stderr)
+	}
+	if leaseHeld(t, pool) {
+		t.Fatal("the run did not release its lease")
+	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM rides WHERE idempotency_key_id IS NULL"); n != 1 {
 		t.Fatal("the ride did not lose its reference")
 	}
@@ -258,7 +296,7 @@ func TestProcessRestrictExits1NamingTheConstraint(t *testing.T) {
 func TestProcessBadFlagsExit2ListingEveryProblem(t *testing.T) {
 	bin := testbin.Build(t, "idemd/cmd/reaper")
 	cmd := exec.Command(bin, "--retention", "10m", "--batch-size", "0", "--schedule", "every hour",
-		"--max-runtime", "soon", "--statement-timeout", "0s", "--max-deletes", "-5", "--wal-compression", "gzip")
+		"--max-runtime", "soon", "--statement-timeout", "0s", "--max-deletes", "-5", "--wal-compression", "gzip", "--lease-ttl", "0s")
 	cmd.Env = append(os.Environ(), "DATABASE_URL=", "IDEMD_LOCK_WINDOW=-1s")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -267,7 +305,7 @@ func TestProcessBadFlagsExit2ListingEveryProblem(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
 		t.Fatalf("exit %v, want 2; stderr:\n%s", err, stderr.String())
 	}
-	for _, want := range []string{"--database-url", "--retention", "--batch-size", "--schedule", "--max-runtime", "--statement-timeout", "--max-deletes", "--lock-window", "--wal-compression"} {
+	for _, want := range []string{"--database-url", "--retention", "--batch-size", "--schedule", "--max-runtime", "--statement-timeout", "--max-deletes", "--lock-window", "--wal-compression", "--lease-ttl"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
 		}

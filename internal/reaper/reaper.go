@@ -3,14 +3,19 @@
 // idempotency_key_reviews in the same statement that deletes them, so no
 // unprocessable key disappears silently (DESIGN.md, invariant 4).
 //
-// A run takes a session advisory lock on a dedicated connection, so runs
-// never overlap whether they come from a CronJob, a manual run or a second
-// Deployment; a run that finds the lock held says so and ends successfully.
-// Each batch is its own transaction: a failing batch never undoes the work
-// of the batches before it.
+// A run holds the reaper's lease (internal/lease), renewed inside every
+// batch, so runs never overlap whether they come from a CronJob, a manual
+// run or a second Deployment, and whatever pooler sits between them and the
+// database; a run that finds another live run says so and ends
+// successfully, and a run that finds the lease of a dead run waits for it
+// to expire and takes over. Each batch is its own transaction on any pooled
+// connection, with every setting local to it: a failing batch never undoes
+// the work of the batches before it, and nothing outlives a batch on a
+// server connection.
 package reaper
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,15 +29,24 @@ import (
 	"github.com/robfig/cron/v3"
 	"go.uber.org/zap"
 
+	"idemd/internal/lease"
 	"idemd/internal/review"
 )
 
 // Result is what one run did. Counts are of committed work: a batch that
 // failed or was rolled back contributes nothing.
 type Result struct {
-	// LockHeld: another run held the advisory lock, so this one did
-	// nothing (successfully).
-	LockHeld bool
+	// LockHeld: another live run held the lease, so this one did nothing
+	// (successfully). LeaseHolder names that run.
+	LockHeld    bool
+	LeaseHolder string
+	// TookOverFrom names the run whose lease this one took after it
+	// expired: that run ended without releasing it (killed, or cut off from
+	// the database).
+	TookOverFrom string
+	// WALCompression is the wal_compression the batches ran with; empty
+	// when they kept the server's setting.
+	WALCompression string
 	DryRun   bool
 
 	// Deleted keys past the horizon.
@@ -97,6 +111,8 @@ type Service struct {
 	pinnedNow *time.Time
 	// hooks let tests stop a run at a known point; nil in production.
 	hooks testHooks
+	// holder names this process in the lease table.
+	holder string
 
 	mu      sync.Mutex
 	cron    *cron.Cron
@@ -105,7 +121,8 @@ type Service struct {
 }
 
 type testHooks struct {
-	afterLock  func(ctx context.Context, conn *pgx.Conn) // the lock is held on conn, no batch yet
+	afterLock  func(ctx context.Context)               // the lease is held, no batch yet
+	inBatch    func(ctx context.Context, tx pgx.Tx) // a batch's settings are in force, its statement not run yet
 	afterBatch func(ctx context.Context, batch int)
 }
 
@@ -125,7 +142,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, logger: cfg.Logger, metrics: m}, nil
+	return &Service{cfg: cfg, logger: cfg.Logger, metrics: m, holder: lease.Holder("reaper")}, nil
 }
 
 // RunOnce does one run: take the lock, reap (or plan, for a dry run), log
@@ -144,85 +161,51 @@ func (s *Service) runOnce(ctx context.Context) (*Result, error) {
 	return res, err
 }
 
-func (s *Service) run(ctx context.Context, res *Result, start time.Time) (err error) {
-	// A dedicated connection: the session advisory lock belongs to it, and
-	// every batch runs on it, so the lock lives exactly as long as the
-	// connection doing the work. If the process dies, PostgreSQL ends the
-	// session and the lock is gone with it.
-	conn, err := s.cfg.Pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("reaper: acquire connection: %w", err)
-	}
-	// A reaper killed while a batch waits on a row lock would otherwise keep
-	// its session (and the advisory lock) until the wait ends. PostgreSQL 14+
-	// notices the dead client within this interval; older servers reject the
-	// setting, which only costs that promptness.
-	if _, err := conn.Exec(ctx, "SELECT set_config('client_connection_check_interval', '1000', false)"); err != nil {
-		s.logger.Debug("client_connection_check_interval not supported", zap.Error(err))
-	}
-
-	// A dry run changes nothing, so it needs no lock: an operator previewing
-	// while a run is going still gets an answer.
+func (s *Service) run(ctx context.Context, res *Result, start time.Time) error {
+	// A dry run changes nothing, so it needs no lease: an operator
+	// previewing while a run is going still gets an answer.
 	if s.cfg.DryRun {
-		defer conn.Release()
-		return s.dryRun(ctx, conn.Conn(), res)
+		return s.dryRun(ctx, res)
 	}
-
-	var locked bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&locked); err != nil {
-		conn.Release()
-		return fmt.Errorf("reaper: try advisory lock: %w", err)
+	held, err := s.takeLease(ctx, res)
+	if err != nil || !held {
+		return err
 	}
-	if !locked {
-		conn.Release()
-		res.LockHeld = true
-		s.logger.Info("another reaper run holds the lock; this run does nothing")
-		return nil
-	}
-	walCompressed := s.setWALCompression(ctx, conn.Conn())
-	defer func() {
-		// Unlock (and undo the session's wal_compression) before the
-		// connection goes back to the pool. If that fails the session state
-		// is unknown: close the connection, which ends the session and so
-		// the lock, rather than return a locked one.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		var uerr error
-		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", lockKey); err != nil {
-			uerr = fmt.Errorf("advisory unlock: %w", err)
-		} else if walCompressed {
-			if _, err := conn.Exec(uctx, "RESET wal_compression"); err != nil {
-				uerr = fmt.Errorf("reset wal_compression: %w", err)
-			}
-		}
-		if uerr != nil {
-			s.logger.Warn("releasing the run's session failed; closing the connection", zap.Error(uerr))
-			_ = conn.Conn().Close(uctx)
-		}
-		conn.Release()
-	}()
+	defer s.releaseLease(ctx)
+	hbCtx, stopHeartbeat := context.WithCancel(ctx)
+	hbDone := make(chan struct{})
+	go func() { defer close(hbDone); s.heartbeat(hbCtx) }()
+	defer func() { stopHeartbeat(); <-hbDone }()
 
 	if s.hooks.afterLock != nil {
-		s.hooks.afterLock(ctx, conn.Conn())
+		s.hooks.afterLock(ctx)
 	}
-	if err := s.checkCaps(ctx, conn.Conn()); err != nil {
+	if s.probeWALCompression(ctx) {
+		res.WALCompression = s.cfg.WALCompression
+	}
+	if err := s.checkCaps(ctx); err != nil {
 		res.StopReason = "error"
 		return err
 	}
-	return s.reap(ctx, conn.Conn(), res, start)
+	return s.reap(ctx, res, start)
 }
 
-// setWALCompression sets --wal-compression for the run's session and
-// reports whether it did. wal_compression is a superuser setting: a role
+// probeWALCompression reports whether --wal-compression can be set in this
+// run's batch transactions (SET LOCAL, so nothing outlives a batch on a
+// pooled connection). wal_compression is a superuser setting: a role
 // without superuser or GRANT SET ON PARAMETER wal_compression (PostgreSQL
 // 15+) is refused, as is a method the server was built without, and the run
 // goes on with the server's setting, since compression changes how many
-// bytes the WAL takes, never what is deleted.
-func (s *Service) setWALCompression(ctx context.Context, conn *pgx.Conn) bool {
+// bytes the WAL takes, never what is deleted. The probe is its own
+// transaction because a refused set_config would abort a batch's.
+func (s *Service) probeWALCompression(ctx context.Context) bool {
 	if s.cfg.WALCompression == "server" {
 		return false
 	}
-	_, err := conn.Exec(ctx, "SELECT set_config('wal_compression', $1, false)", s.cfg.WALCompression)
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT set_config('wal_compression', $1, true)", s.cfg.WALCompression)
+		return err
+	})
 	if err == nil {
 		return true
 	}
@@ -231,15 +214,15 @@ func (s *Service) setWALCompression(ctx context.Context, conn *pgx.Conn) bool {
 	case ctx.Err() != nil:
 		// Shutting down: the run stops at its next step, which says so.
 	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
-		s.logger.Info("could not set wal_compression for the reaper's session; its WAL uses the server's setting "+
+		s.logger.Info("could not set wal_compression for the reaper's batches; their WAL uses the server's setting "+
 			"(grant it with GRANT SET ON PARAMETER wal_compression TO <reaper role>, or pass --wal-compression server)",
 			zap.String("wal_compression", s.cfg.WALCompression), zap.Error(err))
 	case errors.As(err, &pgErr) && pgErr.Code == "22023": // invalid_parameter_value
-		s.logger.Info("could not set wal_compression for the reaper's session: the server does not support this method; "+
-			"its WAL uses the server's setting (pick another --wal-compression, or server)",
+		s.logger.Info("could not set wal_compression for the reaper's batches: the server does not support this method; "+
+			"their WAL uses the server's setting (pick another --wal-compression, or server)",
 			zap.String("wal_compression", s.cfg.WALCompression), zap.Error(err))
 	default:
-		s.logger.Warn("could not set wal_compression for the reaper's session; its WAL uses the server's setting",
+		s.logger.Warn("could not set wal_compression for the reaper's batches; their WAL uses the server's setting",
 			zap.String("wal_compression", s.cfg.WALCompression), zap.Error(err))
 	}
 	return false
@@ -247,7 +230,7 @@ func (s *Service) setWALCompression(ctx context.Context, conn *pgx.Conn) bool {
 
 // reap deletes batches until one comes back short (nothing eligible left),
 // the run's time is up, or the process is shutting down.
-func (s *Service) reap(ctx context.Context, conn *pgx.Conn, res *Result, start time.Time) error {
+func (s *Service) reap(ctx context.Context, res *Result, start time.Time) error {
 	size := s.cfg.BatchSize
 	var cursor *batchCursor
 	for {
@@ -271,7 +254,7 @@ func (s *Service) reap(ctx context.Context, conn *pgx.Conn, res *Result, start t
 			}
 		}
 
-		b, err := s.deleteBatch(ctx, conn, limit, cursor, res)
+		b, err := s.deleteBatch(ctx, limit, cursor, res)
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil:
@@ -355,20 +338,20 @@ const rowLockTimeout = 50 * time.Millisecond
 // transaction holds locked, in the form that skips locked keys. A SIGTERM
 // does not cancel a running batch (it finishes within --statement-timeout
 // and the run stops after it); only the statement timeout does.
-func (s *Service) deleteBatch(ctx context.Context, conn *pgx.Conn, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
-	b, err := s.tryBatch(ctx, conn, rangeBatchSQL, rowLockTimeout, limit, cursor, res)
+func (s *Service) deleteBatch(ctx context.Context, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
+	b, err := s.tryBatch(ctx, rangeBatchSQL, rowLockTimeout, limit, cursor, res)
 	if errors.Is(err, errRangeEmpty) {
 		s.metrics.orderedBatches.Inc()
 		res.OrderedBatches++
 		s.logger.Debug("the range form found nothing to delete before its bound; taking keys in id order", zap.Int("batch", res.Batches+1))
-		b, err = s.tryBatch(ctx, conn, orderedBatchSQL, rowLockTimeout, limit, cursor, res)
+		b, err = s.tryBatch(ctx, orderedBatchSQL, rowLockTimeout, limit, cursor, res)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
 		s.metrics.lockedBatches.Inc()
 		res.LockedBatches++
 		s.logger.Debug("batch met a locked key; redoing it skipping locked keys", zap.Int("batch", res.Batches+1))
-		b, err = s.tryBatch(ctx, conn, lockingBatchSQL, 0, limit, cursor, res)
+		b, err = s.tryBatch(ctx, lockingBatchSQL, 0, limit, cursor, res)
 	}
 	return b, err
 }
@@ -381,15 +364,20 @@ func (s *Service) deleteBatch(ctx context.Context, conn *pgx.Conn, limit int, cu
 // counts only eligible keys.
 var errRangeEmpty = errors.New("range batch deleted nothing before its bound")
 
+// batchSettingsSQL sets a batch transaction's timeouts, its asynchronous
+// commit and the server's check for a vanished client.
+const batchSettingsSQL = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
+       set_config('synchronous_commit', 'off', true), set_config('client_connection_check_interval', '1000', true)`
+
 // tryBatch runs one form of a batch in a transaction. lockTimeout 0 leaves
 // lock waits to the statement timeout.
-func (s *Service) tryBatch(ctx context.Context, conn *pgx.Conn, sql string, lockTimeout time.Duration, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
+func (s *Service) tryBatch(ctx context.Context, sql string, lockTimeout time.Duration, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
 	var b batchResult
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StatementTimeout+10*time.Second)
 	defer cancel()
 	started := time.Now()
 
-	tx, err := conn.Begin(bctx)
+	tx, err := s.cfg.Pool.Begin(bctx)
 	if err != nil {
 		return b, fmt.Errorf("begin: %w", err)
 	}
@@ -401,10 +389,30 @@ func (s *Service) tryBatch(ctx context.Context, conn *pgx.Conn, sql string, lock
 	// again, so nothing the reaper promises depends on that wait, while a
 	// batch's WAL (megabytes: every first touch of a page after a checkpoint
 	// logs the whole page) makes the wait long.
-	if _, err := tx.Exec(bctx, `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
-       set_config('synchronous_commit', 'off', true)`,
-		fmt.Sprint(s.cfg.StatementTimeout.Milliseconds()), fmt.Sprint(lockTimeout.Milliseconds())); err != nil {
-		return b, fmt.Errorf("set batch timeouts: %w", err)
+	//
+	// Every setting is local to the batch's transaction: behind a
+	// transaction-mode pooler a session setting would stay on a server
+	// connection the API uses next. client_connection_check_interval lets
+	// the server notice a reaper killed while its batch waits on a row lock
+	// and roll the batch back then, rather than when the wait ends.
+	settings := batchSettingsSQL
+	args := []any{fmt.Sprint(s.cfg.StatementTimeout.Milliseconds()), fmt.Sprint(lockTimeout.Milliseconds())}
+	if res.WALCompression != "" {
+		settings += `, set_config('wal_compression', $3, true)`
+		args = append(args, res.WALCompression)
+	}
+	if _, err := tx.Exec(bctx, settings, args...); err != nil {
+		return b, fmt.Errorf("set batch settings: %w", err)
+	}
+	// The lease fences the batch: its row stays locked until the batch
+	// commits, so no other run can take the lease while this batch's
+	// deletions are uncommitted, and a run that lost its lease (it stalled
+	// past --lease-ttl and another run took over) stops here.
+	if err := lease.Renew(bctx, tx, LeaseName, s.holder, s.cfg.LeaseTTL); err != nil {
+		return b, err
+	}
+	if s.hooks.inBatch != nil {
+		s.hooks.inBatch(bctx, tx)
 	}
 	var cursorAt *time.Time
 	var cursorID *int64
@@ -458,8 +466,8 @@ func (s *Service) tryBatch(ctx context.Context, conn *pgx.Conn, sql string, lock
 
 // plan counts the eligible keys and the reviews they would need. limit
 // bounds the count (nil: count everything).
-func (s *Service) plan(ctx context.Context, conn *pgx.Conn, limit *int64) (deletes, flags int64, err error) {
-	err = conn.QueryRow(ctx, planSQL,
+func (s *Service) plan(ctx context.Context, limit *int64) (deletes, flags int64, err error) {
+	err = s.cfg.Pool.QueryRow(ctx, planSQL,
 		s.cfg.Retention.Microseconds(), s.cfg.LockWindow.Microseconds(), s.pinnedNow,
 		limit, review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp,
 	).Scan(&deletes, &flags)
@@ -472,7 +480,7 @@ func (s *Service) plan(ctx context.Context, conn *pgx.Conn, limit *int64) (delet
 // checkCaps refuses a run that would exceed --max-deletes or --max-flags
 // before it deletes anything. The count stops one past the delete cap, so
 // it costs no more than the run it guards.
-func (s *Service) checkCaps(ctx context.Context, conn *pgx.Conn) error {
+func (s *Service) checkCaps(ctx context.Context) error {
 	if s.cfg.MaxDeletes == 0 && s.cfg.MaxFlags == 0 {
 		return nil
 	}
@@ -481,7 +489,7 @@ func (s *Service) checkCaps(ctx context.Context, conn *pgx.Conn) error {
 		l := s.cfg.MaxDeletes + 1
 		limit = &l
 	}
-	deletes, flags, err := s.plan(ctx, conn, limit)
+	deletes, flags, err := s.plan(ctx, limit)
 	if err != nil {
 		return err
 	}
@@ -498,15 +506,15 @@ func (s *Service) checkCaps(ctx context.Context, conn *pgx.Conn) error {
 const dryRunListLimit = 100
 
 // dryRun reports what a run would do now, changing nothing.
-func (s *Service) dryRun(ctx context.Context, conn *pgx.Conn, res *Result) error {
-	deletes, flags, err := s.plan(ctx, conn, nil)
+func (s *Service) dryRun(ctx context.Context, res *Result) error {
+	deletes, flags, err := s.plan(ctx, nil)
 	if err != nil {
 		return err
 	}
 	res.WouldDelete, res.WouldFlag = deletes, flags
 	res.Complete = true
 
-	rows, err := conn.Query(ctx, planFlagsSQL,
+	rows, err := s.cfg.Pool.Query(ctx, planFlagsSQL,
 		s.cfg.Retention.Microseconds(), s.cfg.LockWindow.Microseconds(), s.pinnedNow,
 		dryRunListLimit, review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp)
 	if err != nil {
@@ -602,6 +610,15 @@ func (s *Service) finish(res *Result, err error) {
 	}
 	if res.StopReason != "" {
 		fields = append(fields, zap.String("stop_reason", res.StopReason))
+	}
+	if res.LeaseHolder != "" {
+		fields = append(fields, zap.String("lease_holder", res.LeaseHolder))
+	}
+	if res.TookOverFrom != "" {
+		fields = append(fields, zap.String("took_over_from", res.TookOverFrom))
+	}
+	if !res.LockHeld && !res.DryRun {
+		fields = append(fields, zap.String("wal_compression", cmp.Or(res.WALCompression, "server")))
 	}
 	if res.DryRun {
 		fields = append(fields, zap.Int64("would_delete", res.WouldDelete), zap.Int64("would_flag", res.WouldFlag))

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 
 	"idemd/internal/dbtest"
+	"idemd/internal/lease"
 	"idemd/internal/review"
 )
 
@@ -206,7 +206,7 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 
 	first, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
 	locked, release := make(chan struct{}), make(chan struct{})
-	first.hooks.afterLock = func(context.Context, *pgx.Conn) { close(locked); <-release }
+	first.hooks.afterLock = func(context.Context) { close(locked); <-release }
 	type outcome struct {
 		res *Result
 		err error
@@ -236,7 +236,7 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 	start := make(chan struct{})
 	for range 8 {
 		svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
-		enter := func(context.Context, *pgx.Conn) {
+		enter := func(context.Context) {
 			n := inside.Add(1)
 			for {
 				m := maxInside.Load()
@@ -486,15 +486,9 @@ func TestDryRunWhileARunHoldsTheLock(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	insertOldKeys(t, pool, 3)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
+	if a, err := lease.Acquire(ctx, pool, LeaseName, "test-holder", time.Hour); err != nil || !a.Acquired {
+		t.Fatalf("acquire: %+v, %v", a, err)
 	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", lockKey) //nolint:errcheck
 	svc, out := newService(t, pool, func(s *Settings) { s.DryRun = true })
 	res, err := svc.runOnce(ctx)
 	if err != nil || res.LockHeld || res.WouldDelete != 3 || !strings.Contains(out.String(), "would delete 3 keys") {

@@ -239,8 +239,3 @@ WHERE ` + eligible + `
         AND r.reason = CASE WHEN k.completer_gave_up_at IS NOT NULL THEN $6::text ELSE $5::text END)
 ORDER BY k.created_at
 LIMIT $4`
-
-// lockKey is the advisory lock every reaper takes for a run ("idemdrea").
-// Advisory locks are per database, so two deployments sharing a server but
-// not a database do not block each other.
-const lockKey int64 = 0x6964656d64726561

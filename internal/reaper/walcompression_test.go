@@ -13,11 +13,12 @@ import (
 	"idemd/internal/dbtest"
 )
 
-// TestWALCompression: the run's session compresses its WAL with
+// TestWALCompression: the run's batches compress their WAL with
 // --wal-compression when the role may set it (superuser, or PostgreSQL 15's
-// GRANT SET ON PARAMETER), goes on with the server's setting and says why
-// when it may not, and leaves the pooled connection as it found it. The
-// oracle is PostgreSQL's own setting on the connection the batches run on.
+// GRANT SET ON PARAMETER), go on with the server's setting and say why when
+// it may not, and leave the pooled connection as they found it (the setting
+// is local to each batch's transaction). The oracle is PostgreSQL's own
+// setting on the connection the batches run on.
 func TestWALCompression(t *testing.T) {
 	dbURL := dbtest.NewDatabase(t)
 	ctx := context.Background()
@@ -70,6 +71,7 @@ func TestWALCompression(t *testing.T) {
 		"GRANT SELECT, DELETE ON idempotency_keys TO " + r,
 		"GRANT SELECT, INSERT ON idempotency_key_reviews TO " + r,
 		"GRANT USAGE ON SEQUENCE idempotency_key_reviews_id_seq TO " + r,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON idemd_leases TO " + r,
 	} {
 		if _, err := admin.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -107,8 +109,8 @@ func TestWALCompression(t *testing.T) {
 			t.Fatal(err)
 		}
 		var pidDuring, pidAfter int
-		svc.hooks.afterLock = func(ctx context.Context, conn *pgx.Conn) {
-			if err := conn.QueryRow(ctx, "SELECT current_setting('wal_compression'), pg_backend_pid()").Scan(&during, &pidDuring); err != nil {
+		svc.hooks.inBatch = func(ctx context.Context, tx pgx.Tx) {
+			if err := tx.QueryRow(ctx, "SELECT current_setting('wal_compression'), pg_backend_pid()").Scan(&during, &pidDuring); err != nil {
 				t.Errorf("wal_compression during the run: %v", err)
 			}
 		}

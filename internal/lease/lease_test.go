@@ -1,0 +1,135 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"idemd/internal/dbtest"
+	"idemd/internal/lease"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func TestAcquireRenewRelease(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+
+	a, err := lease.Acquire(ctx, pool, "task", "a", time.Hour)
+	if err != nil || !a.Acquired || a.PrevHolder != "" {
+		t.Fatalf("first acquire: %+v, %v", a, err)
+	}
+	b, err := lease.Acquire(ctx, pool, "task", "b", time.Hour)
+	if err != nil || b.Acquired || b.PrevHolder != "a" {
+		t.Fatalf("acquire of a held lease: %+v, %v", b, err)
+	}
+	if err := lease.Renew(ctx, pool, "task", "a", time.Hour); err != nil {
+		t.Fatalf("holder's renew: %v", err)
+	}
+	if err := lease.Renew(ctx, pool, "task", "b", time.Hour); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("renew by a non-holder: %v, want ErrLost", err)
+	}
+	if ok, err := lease.Release(ctx, pool, "task", "b"); err != nil || ok {
+		t.Fatalf("release by a non-holder: %v, %v", ok, err)
+	}
+	if ok, err := lease.Release(ctx, pool, "task", "a"); err != nil || !ok {
+		t.Fatalf("holder's release: %v, %v", ok, err)
+	}
+	if b, err := lease.Acquire(ctx, pool, "task", "b", time.Hour); err != nil || !b.Acquired || b.TookOver("b") {
+		t.Fatalf("acquire after release: %+v, %v", b, err)
+	}
+}
+
+// TestExpiredLeaseIsTakenOver: a holder that stops renewing loses its lease
+// to the next taker, and its own later renewal fails.
+func TestExpiredLeaseIsTakenOver(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	if a, err := lease.Acquire(ctx, pool, "task", "dead", time.Hour); err != nil || !a.Acquired {
+		t.Fatalf("acquire: %+v, %v", a, err)
+	}
+	// Expire it by the database clock rather than waiting for it.
+	if _, err := pool.Exec(ctx, "UPDATE idemd_leases SET expires_at = clock_timestamp() - interval '1 second'"); err != nil {
+		t.Fatal(err)
+	}
+	a, err := lease.Acquire(ctx, pool, "task", "next", time.Hour)
+	if err != nil || !a.Acquired || !a.TookOver("next") || a.PrevHolder != "dead" {
+		t.Fatalf("takeover: %+v, %v", a, err)
+	}
+	if err := lease.Renew(ctx, pool, "task", "dead", time.Hour); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("the old holder's renew: %v, want ErrLost", err)
+	}
+}
+
+// TestRenewFencesTheTransaction: while a transaction that renewed the lease
+// is open, a taker is told the holder is busy even after the expiry, and
+// after it commits the renewed expiry stands.
+func TestRenewFencesTheTransaction(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	if a, err := lease.Acquire(ctx, pool, "task", "a", time.Hour); err != nil || !a.Acquired {
+		t.Fatalf("acquire: %+v, %v", a, err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE idemd_leases SET expires_at = clock_timestamp() - interval '1 second'"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if err := lease.Renew(ctx, tx, "task", "a", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	b, err := lease.Acquire(ctx, pool, "task", "b", time.Hour)
+	if err != nil || !b.Busy || b.Acquired {
+		t.Fatalf("acquire during the guarded transaction: %+v, %v", b, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, err = lease.Acquire(ctx, pool, "task", "b", time.Hour)
+	if err != nil || b.Acquired || b.PrevHolder != "a" {
+		t.Fatalf("acquire after the renewal committed: %+v, %v", b, err)
+	}
+}
+
+// TestConcurrentAcquireOneWinner: of many takers racing for a free or an
+// expired lease, exactly one gets it.
+func TestConcurrentAcquireOneWinner(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	for round := range 10 {
+		if _, err := pool.Exec(ctx, "UPDATE idemd_leases SET expires_at = clock_timestamp() - interval '1 second'"); err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		winners := 0
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				a, err := lease.Acquire(ctx, pool, "task", string(rune('a'+i))+string(rune('0'+round)), time.Hour)
+				if err != nil {
+					t.Errorf("acquire: %v", err)
+					return
+				}
+				if a.Acquired {
+					mu.Lock()
+					winners++
+					mu.Unlock()
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if winners != 1 {
+			t.Fatalf("round %d: %d takers got the lease", round, winners)
+		}
+	}
+}
