@@ -47,7 +47,7 @@ type Result struct {
 	// WALCompression is the wal_compression the batches ran with; empty
 	// when they kept the server's setting.
 	WALCompression string
-	DryRun   bool
+	DryRun         bool
 
 	// Deleted keys past the horizon.
 	Deleted int64
@@ -121,7 +121,7 @@ type Service struct {
 }
 
 type testHooks struct {
-	afterLock  func(ctx context.Context)               // the lease is held, no batch yet
+	afterLock  func(ctx context.Context)            // the lease is held, no batch yet
 	inBatch    func(ctx context.Context, tx pgx.Tx) // a batch's settings are in force, its statement not run yet
 	afterBatch func(ctx context.Context, batch int)
 }

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-
 	"idemd/internal/dbtest"
 	"idemd/internal/lease"
 	"idemd/internal/review"
