@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -211,11 +210,6 @@ func TestObservability(t *testing.T) {
 				} else if !anchors[strings.ToLower(rule.Alert)] {
 					t.Errorf("alert %s: docs/operations.md has no \"### %s\" section", rule.Alert, rule.Alert)
 				}
-				if rule.For != "" {
-					if _, err := time.ParseDuration(rule.For); err != nil {
-						t.Errorf("alert %s: for %q: %v", rule.Alert, rule.For, err)
-					}
-				}
 			}
 		}
 	}
@@ -227,10 +221,9 @@ func TestObservability(t *testing.T) {
 	for _, daemon := range []string{"enqueuer", "completer", "reaper"} {
 		code[daemon] = goSource(t, filepath.Join("..", "internal", daemon))
 	}
+	// Syntax (PromQL, durations, templates) is promtool's to judge
+	// (TestAlertRules); these checks are idemd's own contract.
 	for where, expr := range observabilityExprs(t, r) {
-		if !balanced(expr) {
-			t.Errorf("%s: unbalanced brackets in %q", where, expr)
-		}
 		for _, name := range metricName.FindAllString(expr, -1) {
 			if !contract[baseMetric(name, contract)] {
 				t.Errorf("%s uses %s, which the Metrics section of docs/operations.md does not list", where, name)
@@ -318,27 +311,6 @@ func hasObjectNamed(r *rendered, name string) bool {
 		}
 	}
 	return false
-}
-
-func balanced(s string) bool {
-	var stack []rune
-	pairs := map[rune]rune{')': '(', ']': '[', '}': '{'}
-	inString := false
-	for _, c := range s {
-		switch {
-		case c == '"':
-			inString = !inString
-		case inString:
-		case c == '(' || c == '[' || c == '{':
-			stack = append(stack, c)
-		case pairs[c] != 0:
-			if len(stack) == 0 || stack[len(stack)-1] != pairs[c] {
-				return false
-			}
-			stack = stack[:len(stack)-1]
-		}
-	}
-	return len(stack) == 0 && !inString
 }
 
 func mapsValues(m map[string]string) []string {
