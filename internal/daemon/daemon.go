@@ -143,7 +143,9 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 			fmt.Fprintf(stderr, "%s: %v\n", name, err)
 			return ExitConfig
 		}
-		logger.Error("failed", zap.Error(err))
+		if !alreadyLogged(err) {
+			logger.Error("failed", zap.Error(err))
+		}
 		return ExitRuntime
 	}
 	return ExitOK

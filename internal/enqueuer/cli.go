@@ -81,12 +81,13 @@ func (c *CLI) Run(ctx context.Context, env *daemon.Env) error {
 			zap.Int("batches", res.Batches), zap.Duration("duration", time.Since(start))}
 		if err != nil {
 			env.Logger.Error("drain failed", append(fields, zap.Error(err))...)
-			return err
+			return daemon.AlreadyLogged(err)
 		}
 		env.Logger.Info("drained", fields...)
 		return nil
 	}
-	env.Logger.Info("enqueuer started", zap.Int("batch_size", c.BatchSize), zap.Duration("poll_interval", c.PollInterval))
+	env.Logger.Info("enqueuer started", zap.Int("batch_size", c.BatchSize), zap.Duration("poll_interval", c.PollInterval),
+		zap.Int("max_args_bytes", c.MaxArgsBytes))
 	if err := daemon.RunService(ctx, svc, c.ShutdownTimeout); err != nil {
 		return err
 	}

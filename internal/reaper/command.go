@@ -43,8 +43,9 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 	}
 	env.Ready.MarkStarted(time.Now())
 	if c.Schedule == "" {
+		// RunOnce logged the run's summary line, with the error if any.
 		_, err := svc.RunOnce(ctx)
-		return err
+		return daemon.AlreadyLogged(err)
 	}
 	// Not ready when two scheduled runs in a row have not happened.
 	sched, err := cronParser.Parse(c.Schedule)
