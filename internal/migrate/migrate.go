@@ -1,5 +1,6 @@
 // Package migrate applies idemd's own migrations and River's, under one
-// advisory lock, so `idemctl migrate` is safe to run twice or concurrently.
+// advisory lock held for the run's transaction, so `idemctl migrate` is
+// safe to run twice or concurrently, directly or through any pooler.
 package migrate
 
 import (
@@ -41,11 +42,17 @@ type Options struct {
 	Logger      *slog.Logger
 }
 
-// Up applies River's migrations and then idemd's. It waits for the advisory
-// lock with pg_try_advisory_lock in a loop rather than a blocking
-// pg_advisory_lock: a session blocked inside pg_advisory_lock holds a
-// snapshot, and idemd's CREATE INDEX CONCURRENTLY would wait for that snapshot
-// while its owner waits for the lock.
+// Up applies River's migrations and then idemd's, holding LockKey as a
+// transaction-level advisory lock in a transaction that stays open on a
+// dedicated connection for the whole migration. A transaction keeps its
+// server connection behind any pooler, including a transaction-mode one,
+// and ends (releasing the lock) at COMMIT or when the connection dies,
+// whereas a session lock's unlock could run on another server connection
+// and leave it held by nobody. The lock is tried in a loop of short
+// transactions rather than waited for, so migrators that wait hold neither
+// a server connection nor a snapshot that idemd's CREATE INDEX CONCURRENTLY
+// would wait for; the winner's open transaction holds no snapshot between
+// statements (READ COMMITTED), so it does not block those either.
 func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) {
 	if opts.LockTimeout <= 0 {
 		opts.LockTimeout = 5 * time.Minute
@@ -61,22 +68,33 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 	if err != nil {
 		return nil, fmt.Errorf("migrate: open lock connection: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing also releases the lock
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing also ends the lock's transaction
 
+	var lockTx pgx.Tx
 	if err := acquireLock(ctx, func(ctx context.Context) (bool, error) {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return false, err
+		}
 		var ok bool
-		err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", LockKey).Scan(&ok)
-		return ok, err
+		// The simple protocol: an extended-protocol portal would outlive
+		// the statement and keep its snapshot (and so an xmin) for the
+		// whole transaction, and CREATE INDEX CONCURRENTLY waits for that.
+		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", pgx.QueryExecModeSimpleProtocol, LockKey).Scan(&ok); err != nil || !ok {
+			_ = tx.Rollback(ctx)
+			return false, err
+		}
+		lockTx = tx
+		return true, nil
 	}, opts.LockTimeout); err != nil {
 		return nil, err
 	}
 	defer func() {
-		// Unlock on a fresh context: the caller's may be cancelled, and a
-		// leaked session lock would block the next migrator until this
-		// connection closes.
+		// On a fresh context: the caller's may be cancelled. If the
+		// rollback fails, closing the connection ends the transaction.
 		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		_, _ = conn.Exec(unlockCtx, "SELECT pg_advisory_unlock($1)", LockKey)
+		_ = lockTx.Rollback(unlockCtx)
 	}()
 
 	res := &Result{}
