@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,17 +20,32 @@ import (
 // --batch-size). DATABASE_URL is the one exception, by convention.
 const EnvPrefix = "IDEMD"
 
+// Pooler values: what sits between idemd and PostgreSQL.
+const (
+	PoolerNone        = "none"        // a direct connection
+	PoolerSession     = "session"     // a session-mode pooler: one server connection per client connection
+	PoolerTransaction = "transaction" // a transaction-mode pooler: server connections change between transactions
+)
+
+// Poolers lists the --pooler values.
+var Poolers = []string{PoolerNone, PoolerSession, PoolerTransaction}
+
 // Database is the connection setting every command shares.
 type Database struct {
 	DatabaseURL string `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL connection URL (env DATABASE_URL). Required."`
+	Pooler      string `name:"pooler" default:"none" help:"What --database-url goes through: none (direct), session (a session-mode pooler) or transaction (PgBouncer's transaction mode, or any proxy that moves a client between server connections). transaction turns off pgx's named prepared statements, which such a pooler cannot keep (docs/operations.md)."`
 }
 
 // Check returns the problems with the database setting.
 func (d *Database) Check() []string {
+	var p []string
 	if strings.TrimSpace(d.DatabaseURL) == "" {
-		return []string{"--database-url (or DATABASE_URL) is required"}
+		p = append(p, "--database-url (or DATABASE_URL) is required")
 	}
-	return nil
+	if !slices.Contains(Poolers, d.Pooler) {
+		p = append(p, fmt.Sprintf("--pooler %q must be one of %s", d.Pooler, strings.Join(Poolers, ", ")))
+	}
+	return p
 }
 
 // Logging selects the log encoding and level.

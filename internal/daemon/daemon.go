@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -21,6 +22,7 @@ import (
 
 	"idemd/internal/config"
 	"idemd/internal/logging"
+	"idemd/internal/migrate"
 	"idemd/internal/opshttp"
 )
 
@@ -92,7 +94,7 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 		return nil, nil, ExitConfig
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	pool, err := NewPool(ctx, db.DatabaseURL, "idemd-"+name)
+	pool, err := NewPool(ctx, db.DatabaseURL, "idemd-"+name, db.Pooler, logger)
 	if err != nil {
 		stop()
 		logger.Sync() //nolint:errcheck
@@ -118,7 +120,9 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ready := &opshttp.Readiness{Ping: pool.Ping}
+	// Not ready until `idemctl migrate` has run: a rollout waits for the
+	// migration Job instead of sending work to a daemon that cannot do it.
+	ready := &opshttp.Readiness{Ping: pool.Ping, Schema: func(ctx context.Context) error { return migrate.Check(ctx, pool) }}
 	env := &Env{Name: name, Logger: logger, Pool: pool, Registry: reg, Ready: ready, Stdout: stdout}
 
 	if common.HTTPAddr != "" {
@@ -155,7 +159,14 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 // the URL sets one), so pg_stat_activity shows which daemon holds what. It
 // does not connect: daemons start even while PostgreSQL is down and report
 // that through /readyz rather than crash-looping.
-func NewPool(ctx context.Context, url, appName string) (*pgxpool.Pool, error) {
+//
+// Behind a transaction-mode pooler (pooler "transaction") the pool uses
+// unnamed statements whose descriptions pgx caches: still one round trip
+// per query, but nothing prepared on a server connection, which such a
+// pooler hands to other clients between transactions (a named statement
+// then fails with 42P05 or 26000, or is left behind for the API). Without
+// it, those errors are logged once with the fix.
+func NewPool(ctx context.Context, url, appName, pooler string, logger *zap.Logger) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// pgx's error may echo the URL; never print the password.
@@ -163,6 +174,11 @@ func NewPool(ctx context.Context, url, appName string) (*pgxpool.Pool, error) {
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	}
+	if pooler == config.PoolerTransaction {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	} else if logger != nil {
+		cfg.ConnConfig.Tracer = &poolerMismatch{logger: logger}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -34,6 +34,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"go.uber.org/zap"
 
+	"idemd/internal/lease"
 	"idemd/internal/lifecycle"
 	"idemd/internal/opshttp"
 )
@@ -48,6 +49,10 @@ const (
 	DefaultPollInterval  = 2 * time.Second
 	DefaultMaxArgsBytes  = 256 << 10
 	DefaultStatsInterval = 5 * time.Second
+	// The listener's self-check: frequent enough that a deaf listener is
+	// found within a scrape or two, rare enough to cost nothing.
+	DefaultListenerCheckInterval = 30 * time.Second
+	DefaultListenerCheckTimeout  = 5 * time.Second
 )
 
 // Config configures a Service. Zero values take the defaults.
@@ -67,9 +72,19 @@ type Config struct {
 	MaxArgsBytes int
 	// StatsInterval is how often the backlog gauges are refreshed.
 	StatsInterval time.Duration
-	// PollOnly disables LISTEN: the service wakes only on PollInterval. It
-	// exists to measure the article's polling design against NOTIFY.
+	// PollOnly disables LISTEN: the service wakes only on PollInterval, for
+	// setups where no connection can LISTEN (a transaction-mode pooler and
+	// no direct URL), and to measure the article's polling design.
 	PollOnly bool
+	// ListenConfig is the connection the listener uses; nil: the pool's.
+	// Behind a transaction-mode pooler it must be a direct or session-mode
+	// connection: LISTEN is session state.
+	ListenConfig *pgx.ConnConfig
+	// ListenerCheckInterval is how often the listener proves itself with a
+	// NOTIFY sent through the pool, which must come back within
+	// ListenerCheckTimeout or the listener reconnects.
+	ListenerCheckInterval time.Duration
+	ListenerCheckTimeout  time.Duration
 	// Logger; nil discards.
 	Logger *zap.Logger
 	// Metrics; nil creates unregistered ones.
@@ -118,6 +133,12 @@ func (c *Config) validate() error {
 	if c.StatsInterval == 0 {
 		c.StatsInterval = DefaultStatsInterval
 	}
+	if c.ListenerCheckInterval <= 0 {
+		c.ListenerCheckInterval = DefaultListenerCheckInterval
+	}
+	if c.ListenerCheckTimeout <= 0 {
+		c.ListenerCheckTimeout = DefaultListenerCheckTimeout
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -139,6 +160,8 @@ type Service struct {
 	wake chan string // cause of the pending wake-up; buffered 1
 
 	runner lifecycle.Runner
+	// instance tells this replica's listener self-checks from others'.
+	instance string
 }
 
 // New builds a Service on pool.
@@ -153,14 +176,15 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("enqueuer: river client: %w", err)
 	}
 	s := &Service{
-		cfg:    cfg,
-		pool:   pool,
-		river:  rc,
-		valid:  validator{maxArgsBytes: cfg.MaxArgsBytes},
-		logger: cfg.Logger,
-		m:      cfg.Metrics,
-		wake:   make(chan string, 1),
-		runner: lifecycle.Runner{Name: "enqueuer"},
+		cfg:      cfg,
+		pool:     pool,
+		river:    rc,
+		valid:    validator{maxArgsBytes: cfg.MaxArgsBytes},
+		logger:   cfg.Logger,
+		m:        cfg.Metrics,
+		wake:     make(chan string, 1),
+		runner:   lifecycle.Runner{Name: "enqueuer"},
+		instance: lease.Holder("enqueuer"),
 	}
 	if len(cfg.AllowedKinds) > 0 {
 		s.valid.allowed = make(map[string]bool, len(cfg.AllowedKinds))
@@ -526,9 +550,11 @@ func (s *Service) run(ctx context.Context, stop <-chan struct{}) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		if !s.cfg.PollOnly {
-			s.listen(auxCtx)
+		if s.cfg.PollOnly {
+			s.m.PollOnly.Set(1)
+			return
 		}
+		s.listen(auxCtx)
 	}()
 	go func() { defer wg.Done(); s.statsLoop(auxCtx) }()
 	s.loop(ctx, stop)
@@ -599,18 +625,30 @@ func retryDelay(failures int) time.Duration {
 
 // listen holds a dedicated connection (not a pool one: LISTEN is session
 // state) and turns notifications into wake-ups. After a reconnect it wakes
-// the loop, since notifications sent while it was down are lost.
+// the loop, since notifications sent while it was down are lost. A listener
+// that stays connected but deaf (LISTEN through a transaction-mode pooler
+// "succeeds" and then hears nothing) is found by its self-check; the first
+// failure of an outage is a warning, the retries after it are not.
 func (s *Service) listen(ctx context.Context) {
 	failures := 0
 	for ctx.Err() == nil {
-		err := s.listenOnce(ctx, func() { failures = 0 })
+		err := s.listenOnce(ctx, func() {
+			if failures > 0 {
+				s.logger.Info("listener is back: notifications arrive again", zap.Int("failed_attempts", failures))
+			}
+			failures = 0
+		})
 		if ctx.Err() != nil {
 			return
 		}
 		failures++
 		s.m.ListenerUp.Set(0)
 		delay := retryDelay(failures)
-		s.logger.Warn("listener lost; reconnecting", zap.Error(err), zap.Duration("retry_in", delay))
+		log := s.logger.Debug
+		if failures == 1 {
+			log = s.logger.Warn
+		}
+		log("listener lost; waking by polling until it is back", zap.Error(err), zap.Duration("retry_in", delay), zap.Duration("poll_interval", s.cfg.PollInterval))
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
@@ -619,8 +657,16 @@ func (s *Service) listen(ctx context.Context) {
 	}
 }
 
+// listenerCheckPrefix marks the listener's own NOTIFYs on the channel;
+// they are not wake-ups.
+const listenerCheckPrefix = "idemd-listener-check:"
+
 func (s *Service) listenOnce(ctx context.Context, connected func()) error {
-	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+	cfg := s.cfg.ListenConfig
+	if cfg == nil {
+		cfg = s.pool.Config().ConnConfig
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.Copy())
 	if err != nil {
 		return fmt.Errorf("enqueuer listen: connect: %w", err)
 	}
@@ -628,14 +674,82 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
 		return fmt.Errorf("enqueuer listen: %w", err)
 	}
-	connected()
-	s.m.ListenerUp.Set(1)
-	s.trigger("reconnect")
+
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	arrived := make(chan string, 1)
+	checkErr := make(chan error, 1)
+	go func() {
+		err := s.checkListener(lctx, arrived, connected)
+		checkErr <- err
+		cancel()
+	}()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(lctx)
+		if err != nil {
+			cancel()
+			if cerr := <-checkErr; cerr != nil {
+				return cerr
+			}
 			return fmt.Errorf("enqueuer listen: wait: %w", err)
 		}
+		if strings.HasPrefix(n.Payload, listenerCheckPrefix) {
+			select {
+			case arrived <- n.Payload:
+			default:
+			}
+			continue
+		}
 		s.trigger("notify")
+	}
+}
+
+// checkListener sends a NOTIFY through the pool, the path the API's own
+// notifications take, and waits for it on the listener; then again every
+// ListenerCheckInterval. The listener counts as up only once a round trip
+// came back, so listener_up means notifications arrive, not merely that a
+// connection is open. It returns (ending the listener's connection) when a
+// round trip fails.
+func (s *Service) checkListener(ctx context.Context, arrived <-chan string, connected func()) error {
+	for seq := 0; ; seq++ {
+		payload := fmt.Sprintf("%s%s:%d", listenerCheckPrefix, s.instance, seq)
+		if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, payload); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("enqueuer listen: send the self-check NOTIFY: %w", err)
+		}
+		timeout := time.NewTimer(s.cfg.ListenerCheckTimeout)
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				timeout.Stop()
+				return nil
+			case <-timeout.C:
+				s.m.ListenerCheckFailures.Inc()
+				return fmt.Errorf("enqueuer listen: a NOTIFY sent through the pool did not reach the listener within %s "+
+					"(behind a transaction-mode pooler, give --listen-database-url a direct or session-mode URL)", s.cfg.ListenerCheckTimeout)
+			case p := <-arrived:
+				if p == payload {
+					timeout.Stop()
+					break wait
+				}
+				// Another replica's check, or an earlier one of ours.
+			}
+		}
+		if seq == 0 {
+			connected()
+			s.m.ListenerUp.Set(1)
+			s.trigger("reconnect")
+		}
+		t := time.NewTimer(s.cfg.ListenerCheckInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
 	}
 }
 

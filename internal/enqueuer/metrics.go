@@ -12,6 +12,12 @@ type Metrics struct {
 	OldestAge     prometheus.Gauge
 	Wakeups       *prometheus.CounterVec
 	ListenerUp    prometheus.Gauge
+	// PollOnly is 1 when the service does not listen at all (--poll-only,
+	// or a transaction-mode pooler without --listen-database-url).
+	PollOnly prometheus.Gauge
+	// ListenerCheckFailures counts self-NOTIFY round trips that did not
+	// come back: the listener was connected but deaf.
+	ListenerCheckFailures prometheus.Counter
 }
 
 // NewMetrics creates the collectors; Register adds them to a registry.
@@ -40,7 +46,13 @@ func NewMetrics() *Metrics {
 			Name: "idemd_enqueuer_wakeups_total", Help: "Drain wake-up signals by cause (notify, poll, reconnect, retry, start), counted even when coalesced into a pending wake-up.",
 		}, []string{"cause"}),
 		ListenerUp: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "idemd_enqueuer_listener_up", Help: "1 while the LISTEN connection is established.",
+			Name: "idemd_enqueuer_listener_up", Help: "1 while notifications are known to arrive: the listener is connected and its last self-NOTIFY round trip came back.",
+		}),
+		PollOnly: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_enqueuer_poll_only", Help: "1 when the enqueuer does not listen and wakes only every --poll-interval (--poll-only, or --pooler transaction without --listen-database-url).",
+		}),
+		ListenerCheckFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_listener_check_failures_total", Help: "Self-NOTIFY round trips that did not reach the listener in time (it then reconnects).",
 		}),
 	}
 	// Every reason starts at 0: increase() over a series that appears at 1
@@ -53,7 +65,7 @@ func NewMetrics() *Metrics {
 
 // Register adds the collectors to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.Moved, m.DeadLettered, m.BatchDuration, m.BatchErrors, m.Backlog, m.OldestAge, m.Wakeups, m.ListenerUp} {
+	for _, c := range []prometheus.Collector{m.Moved, m.DeadLettered, m.BatchDuration, m.BatchErrors, m.Backlog, m.OldestAge, m.Wakeups, m.ListenerUp, m.PollOnly, m.ListenerCheckFailures} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -153,4 +155,95 @@ func acquireLock(ctx context.Context, try func(context.Context) (bool, error), t
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// PendingError lists the migrations a database lacks.
+type PendingError struct {
+	Idemd []string // idemd migration files not applied
+	River []int    // River migration versions not applied
+}
+
+func (e *PendingError) Error() string {
+	var parts []string
+	if len(e.Idemd) > 0 {
+		parts = append(parts, fmt.Sprintf("idemd migration %s", strings.Join(e.Idemd, ", ")))
+	}
+	if len(e.River) > 0 {
+		vs := make([]string, len(e.River))
+		for i, v := range e.River {
+			vs[i] = strconv.Itoa(v)
+		}
+		parts = append(parts, "River migration "+strings.Join(vs, ", "))
+	}
+	return "the database schema is behind this binary: missing " + strings.Join(parts, " and ") + "; run `idemctl migrate`"
+}
+
+// appliedIdemdSQL lists the idemd versions whose latest goose record says
+// applied (a later Down leaves a newer unapplied record).
+const appliedIdemdSQL = `
+SELECT version_id FROM (
+    SELECT DISTINCT ON (version_id) version_id, is_applied
+    FROM idemd_schema_migrations ORDER BY version_id, id DESC
+) v WHERE is_applied AND version_id > 0`
+
+// Check returns nil when the database has every idemd and River migration
+// this binary was built with, and a *PendingError naming the missing ones
+// otherwise. It changes nothing, so /readyz can ask it: a daemon started
+// before `idemctl migrate` becomes ready once it has run, without a restart.
+func Check(ctx context.Context, pool *pgxpool.Pool) error {
+	applied := map[int64]bool{}
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
+		return fmt.Errorf("migrate: check schema: %w", err)
+	}
+	if exists {
+		rows, err := pool.Query(ctx, appliedIdemdSQL)
+		if err != nil {
+			return fmt.Errorf("migrate: check schema: %w", err)
+		}
+		vs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return fmt.Errorf("migrate: check schema: %w", err)
+		}
+		for _, v := range vs {
+			applied[v] = true
+		}
+	}
+	pending := &PendingError{}
+	files, err := fs.Glob(Files(), "*.sql")
+	if err != nil {
+		return fmt.Errorf("migrate: list migrations: %w", err)
+	}
+	for _, f := range files {
+		digits, _, ok := strings.Cut(f, "_")
+		v, err := strconv.ParseInt(digits, 10, 64)
+		if !ok || err != nil {
+			continue // not a goose migration
+		}
+		if !applied[v] {
+			pending.Idemd = append(pending.Idemd, f)
+		}
+	}
+
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return fmt.Errorf("migrate: river migrator: %w", err)
+	}
+	existing, err := migrator.ExistingVersions(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: check River's schema: %w", err)
+	}
+	have := map[int]bool{}
+	for _, m := range existing {
+		have[m.Version] = true
+	}
+	for _, m := range migrator.AllVersions() {
+		if !have[m.Version] {
+			pending.River = append(pending.River, m.Version)
+		}
+	}
+	if len(pending.Idemd)+len(pending.River) > 0 {
+		return pending
+	}
+	return nil
 }

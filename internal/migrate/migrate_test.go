@@ -2,6 +2,8 @@ package migrate_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
 
@@ -161,5 +163,33 @@ INSERT INTO staged_jobs (job_name, job_args) VALUES ('send_ride_receipt', '{"rid
 	}
 	if nIdx != 1 {
 		t.Fatalf("unique index duplicated or missing: %d", nIdx)
+	}
+}
+
+// TestCheckNamesWhatIsMissing: an empty database lacks every migration and
+// Check says which and what to run; after Up it is current.
+func TestCheckNamesWhatIsMissing(t *testing.T) {
+	pool := emptyDatabase(t)
+	ctx := context.Background()
+	err := migrate.Check(ctx, pool)
+	var pending *migrate.PendingError
+	if !errors.As(err, &pending) || len(pending.River) == 0 || len(pending.Idemd) == 0 {
+		t.Fatalf("empty database: %v", err)
+	}
+	if !strings.Contains(err.Error(), "00011_idemd_leases.sql") || !strings.Contains(err.Error(), "idemctl migrate") {
+		t.Fatalf("message does not name the migration and the fix: %v", err)
+	}
+	if _, err := migrate.Up(ctx, pool, migrate.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrate.Check(ctx, pool); err != nil {
+		t.Fatalf("after Up: %v", err)
+	}
+	// Undo the newest idemd migration's record: Check notices.
+	if _, err := pool.Exec(ctx, "DELETE FROM idemd_schema_migrations WHERE version_id = (SELECT max(version_id) FROM idemd_schema_migrations)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrate.Check(ctx, pool); !errors.As(err, &pending) || len(pending.Idemd) != 1 || len(pending.River) != 0 {
+		t.Fatalf("one idemd migration unrecorded: %v", err)
 	}
 }

@@ -1,6 +1,6 @@
 // Package opshttp serves the operational endpoints every long-running daemon
 // exposes: /healthz (process alive, never touches the database), /readyz
-// (database reachable and the last pass recent) and /metrics (Prometheus).
+// (database reachable, schema migrated and the last pass recent) and /metrics (Prometheus).
 package opshttp
 
 import (
@@ -20,6 +20,9 @@ import (
 type Readiness struct {
 	// Ping checks the database; it is given a short timeout.
 	Ping func(ctx context.Context) error
+	// Schema checks that the database has the migrations the binary
+	// expects; its error says which are missing. Optional.
+	Schema func(ctx context.Context) error
 	// MaxPassAge is how old the last successful pass may be before /readyz
 	// fails. Zero disables the check.
 	MaxPassAge time.Duration
@@ -38,6 +41,13 @@ func (r *Readiness) Check(ctx context.Context, now time.Time) error {
 		defer cancel()
 		if err := r.Ping(pctx); err != nil {
 			return fmt.Errorf("database unreachable: %w", err)
+		}
+	}
+	if r.Schema != nil {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if err := r.Schema(sctx); err != nil {
+			return err
 		}
 	}
 	if r.MaxPassAge > 0 {
