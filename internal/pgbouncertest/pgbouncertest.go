@@ -51,6 +51,10 @@ type Options struct {
 	// Users are roles besides postgres that clients may connect as. They
 	// must exist on the server; pgbouncer only needs them in its auth_file.
 	Users []string
+	// BackendURL is an admin URL (database postgres) of the server to pool;
+	// empty: the server internal/dbtest uses. The fault suite pools its own
+	// cluster.
+	BackendURL string
 }
 
 // Bouncer is one running pgbouncer.
@@ -121,7 +125,10 @@ func Start(tb testing.TB, opts Options) *Bouncer {
 	if opts.PoolSize <= 0 {
 		opts.PoolSize = defaultPoolSize
 	}
-	backend := dbtest.ServerURL(tb)
+	backend := opts.BackendURL
+	if backend == "" {
+		backend = dbtest.ServerURL(tb)
+	}
 	u, err := url.Parse(backend)
 	if err != nil {
 		tb.Fatalf("pgbouncertest: parse dbtest's server URL: %v", err)

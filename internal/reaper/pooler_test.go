@@ -1,0 +1,84 @@
+package reaper
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"idemd/internal/pgbouncertest"
+	"idemd/internal/testwait"
+)
+
+// TestProcessThroughTransactionPooler runs reaper processes through a real
+// PgBouncer in transaction mode, with other clients sharing its pool: runs
+// back to back each delete (never lock_held: no other run exists), a run
+// SIGKILLed mid-batch is followed by one that takes its lease over and
+// finishes, and afterwards no server connection of the pool holds an
+// advisory lock, a LISTEN, a prepared statement or a changed setting (the
+// session-lock reaper left its lock, wal_compression and
+// client_connection_check_interval there).
+func TestProcessThroughTransactionPooler(t *testing.T) {
+	bin, dbURL, pool := newProcessTest(t)
+	ctx := context.Background()
+	db := pgbouncertest.DatabaseName(t, dbURL)
+	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 4})
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	waitLoad, loadTx := b.Load(loadCtx, db, "postgres", 2)
+	pooled := b.URL(db, "postgres")
+	args := func(extra ...string) []string {
+		return append([]string{"--pooler", "transaction", "--batch-size", "10", "--lease-ttl", "6s", "--statement-timeout", "5s"}, extra...)
+	}
+
+	for run := range 4 {
+		insertOldKeys(t, pool, 25)
+		p := runReaper(t, bin, pooled, 0, args()...)
+		if !strings.Contains(p.stderr.String(), `"result":"complete"`) || !strings.Contains(p.stderr.String(), `"deleted":25`) {
+			t.Fatalf("run %d did not delete its 25 keys:\n%s", run, p.stderr)
+		}
+	}
+
+	ids := insertOldKeys(t, pool, 30)
+	createRides(t, pool, "SET NULL", ids[15])
+	release := blockOnRide(t, pool, ids[15])
+	p := startReaper(t, bin, pooled, args()...)
+	testwait.Until(t, time.Minute, "the reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	// pgbouncer closes the server connection of a client that vanished
+	// mid-transaction, which rolls the batch back.
+	testwait.Until(t, time.Minute, "the killed reaper's batch to be rolled back", func() bool { return !reaperWaitingOnLock(t, pool) })
+	release()
+	next := runReaper(t, bin, pooled, 0, args()...)
+	if !strings.Contains(next.stderr.String(), "took over the lease") || !strings.Contains(next.stderr.String(), `"result":"complete"`) {
+		t.Fatalf("the run after the killed one did not take over and finish:\n%s", next.stderr)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != 0 {
+		t.Fatalf("%d keys left", n)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_key_reviews"); n != 10+4*8 {
+		t.Fatalf("%d reviews, want one per deleted unfinished key (%d)", n, 10+4*8)
+	}
+	if leaseHeld(t, pool) {
+		t.Fatal("the last run did not release its lease")
+	}
+
+	stopLoad()
+	if err := waitLoad(); err != nil {
+		t.Fatal(err)
+	}
+	if loadTx.Load() == 0 {
+		t.Fatal("no other client used the pool")
+	}
+	noAdvisoryLocks(t, pool)
+	leaks, err := b.Leaks(ctx, db, "postgres", "application_name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leaks) > 0 {
+		t.Fatalf("server connections were left with session state: %q", leaks)
+	}
+}
