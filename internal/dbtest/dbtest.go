@@ -10,6 +10,11 @@
 // hash of the migrations) and every test gets CREATE DATABASE ... TEMPLATE,
 // which costs a file copy rather than a migration run. With CI=true and no
 // server reachable, tests fail; they never skip.
+//
+// The template gets deploy/sql/roles.sql and is migrated as idemd_migrator,
+// and tests connect as idemd_runtime, the daemons' role in production
+// (docs/operations.md, "Database roles"): the suites prove those grants are
+// enough. AdminURL and MigratorURL are for the setup a daemon never does.
 package dbtest
 
 import (
@@ -31,6 +36,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	rolesql "idemd/deploy/sql"
 	"idemd/internal/migrate"
 	"idemd/internal/scratchdb"
 	"idemd/internal/testbin"
@@ -75,7 +81,8 @@ func ServerURL(tb testing.TB) string {
 }
 
 // NewDatabase creates a fresh migrated database, drops it when the test ends,
-// and returns its URL.
+// and returns its URL as RuntimeRole (AdminURL and MigratorURL give the
+// same database as the other roles).
 func NewDatabase(tb testing.TB) string {
 	tb.Helper()
 	admin := ServerURL(tb)
@@ -97,11 +104,11 @@ func NewDatabase(tb testing.TB) string {
 			tb.Logf("dbtest: drop database %s: %v", name, err)
 		}
 	})
-	return WithDatabase(admin, name)
+	return RuntimeURL(WithDatabase(admin, name))
 }
 
-// NewPool creates a fresh migrated database and a pool on it, both closed
-// when the test ends.
+// NewPool creates a fresh migrated database and a pool on it as RuntimeRole,
+// both closed when the test ends.
 func NewPool(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
 	dbURL := NewDatabase(tb)
@@ -192,6 +199,8 @@ func migrationsHash() (string, error) {
 	for _, v := range m.AllVersions() {
 		fmt.Fprintf(h, "river%d\x00%s\x00", v.Version, v.SQLUp)
 	}
+	// The grants are part of the template too.
+	fmt.Fprintf(h, "roles\x00%s\x00", rolesql.Roles)
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
@@ -233,7 +242,19 @@ func ensureTemplate(ctx context.Context, admin string) (string, error) {
 		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{building}.Sanitize()); err != nil {
 			return "", err
 		}
-		if err := migrateDatabase(ctx, WithDatabase(admin, building)); err != nil {
+		// roles.sql also creates the roles, which belong to the cluster:
+		// a template exists only where its roles were created (its name
+		// hashes the file), and the template itself is never connected to
+		// again, since CREATE DATABASE ... TEMPLATE fails while it is.
+		buildingURL := WithDatabase(admin, building)
+		err := ApplyRoles(ctx, buildingURL)
+		if err == nil {
+			// As the migrator, like `idemctl migrate` in production, so
+			// every object is the migrator's and the default privileges
+			// of roles.sql grant it to the runtime.
+			err = migrateDatabase(ctx, MigratorURL(buildingURL))
+		}
+		if err != nil {
 			conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{building}.Sanitize()+" WITH (FORCE)") //nolint:errcheck
 			return "", fmt.Errorf("migrate template: %w", err)
 		}

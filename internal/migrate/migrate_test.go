@@ -16,7 +16,8 @@ import (
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
-// emptyDatabase returns a pool on a brand-new, unmigrated database.
+// emptyDatabase returns a pool on a brand-new, unmigrated database, as the
+// migrator role.
 func emptyDatabase(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	admin := dbtest.ServerURL(t)
@@ -33,7 +34,12 @@ func emptyDatabase(t *testing.T) *pgxpool.Pool {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.New(ctx, dbtest.WithDatabase(admin, name))
+	// The documented roles, and the pool as idemd_migrator: `idemctl
+	// migrate` runs as that role in production (deploy/sql/roles.sql).
+	if err := dbtest.ApplyRoles(ctx, dbtest.WithDatabase(admin, name)); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, dbtest.MigratorURL(dbtest.WithDatabase(admin, name)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +120,11 @@ func TestUpTwiceAndConcurrently(t *testing.T) {
 }
 
 // An API already running on the article's schema keeps working: its rows
-// survive, and its two-column INSERT into staged_jobs still succeeds.
+// survive, and its two-column INSERT into staged_jobs still succeeds. The
+// article's tables are created by the migrator here: on an existing
+// database they must be handed over to it (ALTER TABLE ... OWNER TO
+// idemd_migrator, docs/operations.md), since adding columns and indexes
+// takes the table's owner.
 func TestAdditiveOnArticleSchema(t *testing.T) {
 	pool := emptyDatabase(t)
 	ctx := context.Background()

@@ -8,13 +8,15 @@ import (
 	"sync"
 	"testing"
 
+	"idemd/internal/dbtest"
 	"idemd/internal/migrate"
 	"idemd/internal/pgbouncertest"
 	"idemd/internal/testbin"
 )
 
 // TestConcurrentMigrateThroughTransactionPooler: three `idemctl migrate`
-// processes at once through a real PgBouncer in transaction mode, other
+// processes at once through a real PgBouncer in transaction mode, as the
+// migrator role of deploy/sql/roles.sql, other
 // clients on the pool, on an empty database: all succeed, the schema is
 // complete, and no server connection keeps the migration lock or any other
 // session state.
@@ -23,7 +25,7 @@ func TestConcurrentMigrateThroughTransactionPooler(t *testing.T) {
 	pool := emptyDatabase(t)
 	ctx := context.Background()
 	db := pool.Config().ConnConfig.Database
-	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 6})
+	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 6, Users: []string{dbtest.MigratorRole}})
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	waitLoad, loadTx := b.Load(loadCtx, db, "postgres", 2)
 
@@ -35,7 +37,7 @@ func TestConcurrentMigrateThroughTransactionPooler(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			cmd := exec.Command(bin, "migrate", "--pooler", "transaction", "--log-format", "console")
-			cmd.Env = append(os.Environ(), "DATABASE_URL="+b.URL(db, "postgres"))
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+b.URL(db, dbtest.MigratorRole))
 			cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
 			errs[i] = cmd.Run()
 		}()
@@ -64,7 +66,7 @@ func TestConcurrentMigrateThroughTransactionPooler(t *testing.T) {
 	if locks != 0 {
 		t.Fatalf("%d advisory locks held after the migrations", locks)
 	}
-	leaks, err := b.Leaks(ctx, db, "postgres", "application_name")
+	leaks, err := b.Leaks(ctx, db, dbtest.MigratorRole, "application_name")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,106 @@
+package dbtest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	rolesql "idemd/deploy/sql"
+)
+
+// The roles of deploy/sql/roles.sql. Tests run as RuntimeRole, the role the
+// daemons get in production, so a privilege a daemon needs and the file
+// does not grant fails a test instead of a deployment.
+const (
+	MigratorRole = rolesql.MigratorRole
+	RuntimeRole  = rolesql.RuntimeRole
+	APIRole      = rolesql.APIRole
+)
+
+// testPassword is given to the login roles only when the admin URL carries a
+// password (a TEST_DATABASE_URL server with password authentication); the
+// servers dbtest starts itself trust every local connection.
+const testPassword = "idemd-test"
+
+// ApplyRoles runs deploy/sql/roles.sql, unchanged, in the database of
+// adminURL (a superuser or the database owner): it creates the roles if
+// missing (roles are per cluster) and grants them what they need in that
+// database. It is idempotent and safe to run from several processes at
+// once; callers on a shared server still serialise it (ensureTemplate's
+// advisory lock) because concurrent ALTER ROLE PASSWORD can fail with
+// "tuple concurrently updated".
+func ApplyRoles(ctx context.Context, adminURL string) error {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return fmt.Errorf("dbtest: roles: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	// Exec without arguments uses the simple protocol, which runs the
+	// file's several statements in one call, as psql -f would.
+	if _, err := conn.Exec(ctx, rolesql.Roles); err != nil {
+		return fmt.Errorf("dbtest: apply deploy/sql/roles.sql: %w", err)
+	}
+	if hasPassword(adminURL) {
+		for _, r := range []string{MigratorRole, RuntimeRole} {
+			if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER ROLE %s PASSWORD '%s'", pgx.Identifier{r}.Sanitize(), testPassword)); err != nil {
+				return fmt.Errorf("dbtest: roles: password of %s: %w", r, err)
+			}
+		}
+	}
+	return nil
+}
+
+// AsRole returns rawURL (any database URL of the test server) logging in as
+// role instead. For MigratorRole and RuntimeRole only: they are the roles
+// that log in.
+func AsRole(rawURL, role string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		panic(fmt.Sprintf("dbtest: parse database url: %v", err))
+	}
+	if hasPassword(rawURL) {
+		u.User = url.UserPassword(role, testPassword)
+	} else {
+		u.User = url.User(role)
+	}
+	return u.String()
+}
+
+// AdminURL returns dbURL (a URL from NewDatabase, any role) as the server's
+// admin, a superuser on the servers dbtest finds. Only for what no idemd
+// component may do and a test must: create roles, CHECKPOINT, ALTER a table
+// to set up a fault, read other roles' sessions.
+func AdminURL(tb testing.TB, dbURL string) string {
+	tb.Helper()
+	admin, err := url.Parse(ServerURL(tb))
+	if err != nil {
+		tb.Fatalf("dbtest: parse admin url: %v", err)
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		tb.Fatalf("dbtest: parse database url: %v", err)
+	}
+	u.User = admin.User
+	return u.String()
+}
+
+// MigratorURL returns dbURL as MigratorRole: the role that owns idemd's
+// schema. Tests create their own tables with it (Rocket Rides' tables, a
+// test table), so the default privileges grant them to RuntimeRole as they
+// would grant a later migration's.
+func MigratorURL(dbURL string) string { return AsRole(dbURL, MigratorRole) }
+
+// RuntimeURL returns dbURL as RuntimeRole, the daemons' role.
+func RuntimeURL(dbURL string) string { return AsRole(dbURL, RuntimeRole) }
+
+func hasPassword(rawURL string) bool {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.User == nil {
+		return false
+	}
+	_, ok := u.User.Password()
+	return ok
+}
