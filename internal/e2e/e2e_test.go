@@ -23,6 +23,7 @@ import (
 	"idemd/internal/dbtest"
 	"idemd/internal/e2e/system"
 	"idemd/internal/e2e/tcpproxy"
+	"idemd/internal/pgbouncertest"
 	"idemd/internal/scratchdb"
 )
 
@@ -56,6 +57,49 @@ type env struct {
 	eventMu sync.Mutex
 	events  []string
 	poison  []int64
+
+	// Pooled runs only: the PgBouncer between the daemons and PostgreSQL,
+	// the database's name, and the stop of the other clients' load (it
+	// returns how many transactions they ran).
+	bouncer  *pgbouncertest.Bouncer
+	dbName   string
+	stopLoad func() int64
+}
+
+// checkSessions: a run leaves no session state behind. Only one reaper
+// runs, so no run may have found the lease held by a live run; no session
+// of the database holds an advisory lock; and, pooled, no server connection
+// of the pool keeps an advisory lock, a LISTEN, a prepared statement or a
+// changed setting for the next client.
+func (e *env) checkSessions(ctx context.Context) {
+	t := e.t
+	if log, err := os.ReadFile(e.daemons.Reaper.LogPath); err != nil {
+		t.Errorf("reaper log: %v", err)
+	} else if n := strings.Count(string(log), "another reaper run holds the lease"); n > 0 {
+		t.Errorf("the only reaper found the lease held by a live run %d times", n)
+	} else {
+		e.logf("reaper: %d runs took over a killed run's lease", strings.Count(string(log), "took over the lease"))
+	}
+	var locks int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+		WHERE l.locktype = 'advisory' AND d.datname = current_database()`).Scan(&locks); err != nil || locks != 0 {
+		t.Errorf("advisory locks held after the run: %d (%v)", locks, err)
+	}
+	if e.bouncer == nil {
+		return
+	}
+	if n := e.stopLoad(); n == 0 {
+		t.Error("no other client used the pool")
+	} else {
+		e.logf("other clients ran %d transactions through the pool", n)
+	}
+	leaks, err := e.bouncer.Leaks(ctx, e.dbName, "postgres", "application_name")
+	if err != nil {
+		t.Errorf("inspect the pool's server connections: %v", err)
+	}
+	for _, l := range leaks {
+		t.Errorf("server connection left with session state: %s", l)
+	}
 }
 
 func (e *env) logf(format string, args ...any) {
@@ -68,11 +112,21 @@ func (e *env) logf(format string, args ...any) {
 
 // TestFaults is the suite: Rocket Rides with 2 enqueuers, 2 completers and
 // the reaper under every fault of issue 7, then the oracle.
-func TestFaults(t *testing.T) {
+func TestFaults(t *testing.T) { runFaults(t, false) }
+
+// TestFaultsThroughPgBouncer is the same suite with the daemons reaching
+// PostgreSQL through a real PgBouncer in transaction mode (the proxy's cuts
+// between them and it), the enqueuers listening on a direct connection, and
+// other clients sharing the pool. Afterwards no server connection of the
+// pool may hold an advisory lock, a LISTEN, a prepared statement or a
+// changed setting.
+func TestFaultsThroughPgBouncer(t *testing.T) { runFaults(t, true) }
+
+func runFaults(t *testing.T, pooled bool) {
 	started := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	e := setUp(ctx, t)
+	e := setUp(ctx, t, pooled)
 	defer system.CloseIdleConnections()
 
 	// Traffic: riders who give up mid-request (a fifth of them) and retry
@@ -134,6 +188,7 @@ func TestFaults(t *testing.T) {
 		}
 	}
 	e.oracle(ctx, stats)
+	e.checkSessions(ctx)
 	e.scanLogs()
 	e.status(ctx)
 	t.Logf("suite took %s", time.Since(started).Round(time.Second))
@@ -145,7 +200,7 @@ func TestFaults(t *testing.T) {
 	}
 }
 
-func setUp(ctx context.Context, t *testing.T) *env {
+func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	t.Helper()
 	e := &env{t: t, dir: t.TempDir()}
 	var err error
@@ -161,7 +216,31 @@ func setUp(ctx context.Context, t *testing.T) *env {
 	if err := system.Migrate(ctx, e.bins, e.dbURL); err != nil {
 		t.Fatal(err)
 	}
-	if e.proxy, err = tcpproxy.New(fmt.Sprintf("127.0.0.1:%d", e.cluster.Port())); err != nil {
+	// The daemons' path: the proxy (for cuts), then PostgreSQL or, pooled,
+	// a PgBouncer in transaction mode in front of it.
+	target := fmt.Sprintf("127.0.0.1:%d", e.cluster.Port())
+	var extraArgs, enqueuerArgs []string
+	if pooled {
+		e.bouncer = pgbouncertest.Start(t, pgbouncertest.Options{BackendURL: e.cluster.URL(), PoolSize: 12})
+		target = e.bouncer.Addr
+		extraArgs = []string{"--pooler", "transaction"}
+		// LISTEN is session state: the enqueuers listen on a direct
+		// connection, as docs/operations.md tells operators to.
+		enqueuerArgs = []string{"--listen-database-url", e.dbURL}
+		e.dbName = pgbouncertest.DatabaseName(t, e.dbURL)
+		loadCtx, stopLoad := context.WithCancel(ctx)
+		wait, n := e.bouncer.Load(loadCtx, e.dbName, "postgres", 2)
+		e.stopLoad = func() int64 {
+			stopLoad()
+			// The suite stops and restarts PostgreSQL: a load client ends
+			// at the first error it meets, which is no finding here.
+			if err := wait(); err != nil {
+				e.logf("pool load ended early: %v", err)
+			}
+			return n.Load()
+		}
+	}
+	if e.proxy, err = tcpproxy.New(target); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.proxy.Close() })
@@ -206,6 +285,7 @@ func setUp(ctx context.Context, t *testing.T) *env {
 	if e.daemons, err = system.NewDaemons(e.bins, system.DaemonOptions{
 		DatabaseURL: daemonURL, APIURL: e.frontSv.URL, SecretFile: secretPath,
 		Enqueuers: 2, Completers: 2, Reaper: true, Dir: e.dir,
+		ExtraArgs: extraArgs, ExtraEnqueuerArgs: enqueuerArgs,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +306,7 @@ func setUp(ctx context.Context, t *testing.T) *env {
 			t.Fatalf("%s never became ready: %v\n%s", p.Name, err, p.LogTail(3000))
 		}
 	}
-	e.logf("set up in its own cluster (port %d), daemons through proxy %s, all ready", e.cluster.Port(), e.proxy.Addr())
+	e.logf("set up in its own cluster (port %d), daemons through proxy %s (PgBouncer: %v), all ready", e.cluster.Port(), e.proxy.Addr(), pooled)
 	return e
 }
 

@@ -489,6 +489,10 @@ type DaemonOptions struct {
 	Dir         string
 	// ExtraCompleterArgs are appended to every completer's flags.
 	ExtraCompleterArgs []string
+	// ExtraArgs are appended to every daemon's flags (--pooler), and
+	// ExtraEnqueuerArgs to the enqueuers' (--listen-database-url).
+	ExtraArgs         []string
+	ExtraEnqueuerArgs []string
 }
 
 // NewDaemons builds (does not start) the daemon set.
@@ -499,7 +503,8 @@ func NewDaemons(bins *Binaries, o DaemonOptions) (*DaemonSet, error) {
 		if err != nil {
 			return nil, "", err
 		}
-		return []string{"--database-url", o.DatabaseURL, "--log-format", "console", "--http-addr", addr, "--shutdown-timeout", "10s"}, addr, nil
+		args := []string{"--database-url", o.DatabaseURL, "--log-format", "console", "--http-addr", addr, "--shutdown-timeout", "10s"}
+		return append(args, o.ExtraArgs...), addr, nil
 	}
 	for i := range o.Enqueuers {
 		name := fmt.Sprintf("enqueuer-%d", i+1)
@@ -508,6 +513,7 @@ func NewDaemons(bins *Binaries, o DaemonOptions) (*DaemonSet, error) {
 			return nil, err
 		}
 		args = append(args, "--allowed-kinds", "send_ride_receipt", "--max-args-bytes", "4096", "--poll-interval", "1s", "--stats-interval", "1s")
+		args = append(args, o.ExtraEnqueuerArgs...)
 		d.Enqueuers = append(d.Enqueuers, &Proc{Name: name, Bin: bins.Enqueuer, Args: args, OpsAddr: addr, LogPath: filepath.Join(o.Dir, name+".log")})
 	}
 	for i := range o.Completers {
@@ -533,7 +539,10 @@ func NewDaemons(bins *Binaries, o DaemonOptions) (*DaemonSet, error) {
 		}
 		// The shortest retention the reaper accepts; the suite backdates
 		// keys to give it work.
-		args = append(args, "--schedule", "@every 2s", "--retention", "1h", "--batch-size", "50", "--lock-window", "1h")
+		// A short lease: a reaper SIGKILLed mid-run holds up its restarted
+		// self for at most --lease-ttl.
+		args = append(args, "--schedule", "@every 2s", "--retention", "1h", "--batch-size", "50", "--lock-window", "1h",
+			"--lease-ttl", "6s", "--statement-timeout", "5s")
 		d.Reaper = &Proc{Name: "reaper", Bin: bins.Reaper, Args: args, OpsAddr: addr, LogPath: filepath.Join(o.Dir, "reaper.log")}
 	}
 	return d, nil
