@@ -1,0 +1,123 @@
+package enqueuer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"idemd/internal/config"
+	"idemd/internal/daemon"
+	"idemd/internal/dbtest"
+	"idemd/internal/pgbouncertest"
+	"idemd/internal/testwait"
+)
+
+// pooledPool is a pool through a real PgBouncer in transaction mode, built
+// the way the daemons build it with --pooler transaction.
+func pooledPool(t *testing.T) (*pgxpool.Pool, *pgbouncertest.Bouncer, string, string) {
+	t.Helper()
+	dbURL := dbtest.NewDatabase(t)
+	db := pgbouncertest.DatabaseName(t, dbURL)
+	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 4})
+	pool, err := daemon.NewPool(context.Background(), b.URL(db, "postgres"), "idemd-enqueuer", config.PoolerTransaction, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, b, db, dbURL
+}
+
+// TestDeafListenerIsDetected: LISTEN through a transaction-mode pooler
+// succeeds and then hears nothing. The self-check finds it: listener_up
+// stays 0, the failures are counted, and staged rows still move by polling.
+func TestDeafListenerIsDetected(t *testing.T) {
+	pool, b, db, _ := pooledPool(t)
+	ctx := context.Background()
+	listen, err := pgx.ParseConfig(b.URL(db, "postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newService(t, pool, Config{PollInterval: 200 * time.Millisecond, ListenConfig: listen,
+		ListenerCheckInterval: 100 * time.Millisecond, ListenerCheckTimeout: 300 * time.Millisecond})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx) //nolint:errcheck
+	testwait.Until(t, 2*time.Minute, "two failed self-checks", func() bool {
+		return testutil.ToFloat64(s.m.ListenerCheckFailures) >= 2
+	})
+	if up := testutil.ToFloat64(s.m.ListenerUp); up != 0 {
+		t.Fatalf("listener_up %v for a listener that hears nothing", up)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 2*time.Minute, "the row to move by polling", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 1 })
+	if n := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify")); n != 0 {
+		t.Fatalf("%v notify wake-ups through a deaf listener", n)
+	}
+}
+
+// TestListenOnDirectURLBehindPooler: the pool goes through PgBouncer in
+// transaction mode and the listener uses a direct connection, as the docs
+// recommend: notifications wake the service (no polling with an hour-long
+// interval), and the pool's server connections keep no LISTEN, prepared
+// statement or setting afterwards.
+func TestListenOnDirectURLBehindPooler(t *testing.T) {
+	pool, b, db, dbURL := pooledPool(t)
+	ctx := context.Background()
+	listen, err := pgx.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newService(t, pool, Config{PollInterval: time.Hour, ListenConfig: listen})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 2*time.Minute, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+	for i := range 3 {
+		if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
+			t.Fatal(err)
+		}
+		testwait.Until(t, 2*time.Minute, "the row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == int64(i+1) })
+	}
+	if n := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("poll")); n != 0 {
+		t.Fatalf("%v poll wake-ups with an hour-long interval", n)
+	}
+	if n := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify")); n < 1 {
+		t.Fatal("no notify wake-up")
+	}
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leaks, err := b.Leaks(ctx, db, "postgres", "application_name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leaks) > 0 {
+		t.Fatalf("server connections were left with session state: %q", leaks)
+	}
+}
+
+// TestPollOnlyGauge: a service told not to listen says so in its metrics.
+func TestPollOnlyGauge(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	s := newService(t, pool, Config{PollOnly: true, PollInterval: 100 * time.Millisecond})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx) //nolint:errcheck
+	testwait.Until(t, time.Minute, "poll_only 1", func() bool { return testutil.ToFloat64(s.m.PollOnly) == 1 })
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, time.Minute, "the row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 1 })
+	if up := testutil.ToFloat64(s.m.ListenerUp); up != 0 {
+		t.Fatalf("listener_up %v without a listener", up)
+	}
+}
