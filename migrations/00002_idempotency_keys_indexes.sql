@@ -10,11 +10,10 @@ CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_user_id_idempote
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_created_at
     ON idempotency_keys (created_at);
 
--- Completer: the few unfinished keys it may still work on. Partial, so it
--- stays tiny however large the table grows.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS idempotency_keys_unfinished
-    ON idempotency_keys (created_at)
-    WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL;
+-- The completer's partial index idempotency_keys_unfinished that stood
+-- here named recovery_point, which the API updates in every phase, so none
+-- of its updates could be a HOT update. 00012 replaces it with a side table
+-- (and drops it where it was created); a new installation never builds it.
 
 -- +goose Down
 DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_unfinished;

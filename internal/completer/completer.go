@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -113,6 +114,7 @@ type Service struct {
 	mu         sync.Mutex
 	runner     lifecycle.Runner
 	lastGauges time.Time
+	lastPrune  time.Time
 }
 
 // New validates cfg and returns a Service.
@@ -201,6 +203,7 @@ func (s *Service) loop(parent, ctx context.Context, stopClaims <-chan struct{}) 
 			return
 		case <-timer.C:
 		}
+		s.maybePrune(ctx)
 		s.maybeRefreshGauges(ctx, false)
 		wait := s.cfg.PollInterval
 		for !stopping() {
@@ -244,6 +247,7 @@ func (s *Service) loop(parent, ctx context.Context, stopClaims <-chan struct{}) 
 func (s *Service) Sweep(ctx context.Context) (Result, error) {
 	var total Result
 	defer s.maybeRefreshGauges(ctx, true)
+	s.maybePrune(ctx)
 	for {
 		res, err := s.runOnce(ctx)
 		total.Add(res)
@@ -256,33 +260,83 @@ func (s *Service) Sweep(ctx context.Context) (Result, error) {
 	}
 }
 
-// CandidateSQL selects up to $1 due candidates and locks them, skipping
-// rows another replica or the API holds. It walks the partial index
-// idempotency_keys_unfinished (created_at, only keys not finished and not
-// given up), so its cost follows the backlog, not the table. $2 grace, $3
-// idle, $4 lock timeout. Exported for completerbench.
+// CandidateSQL selects up to $1 due candidates (their id and the
+// created_at they are tracked under) and locks them, skipping rows another
+// replica or the API holds. $2 grace, $3 idle, $4 lock timeout. Exported
+// for completerbench.
+//
+// It indexes nothing the API updates (migrations.APIUpdatedColumns): it
+// walks idemd_unfinished_keys, which a trigger fills when a key is inserted
+// unfinished and the completer empties of keys that finished, were given
+// up or deleted (untrack, Prune), in its primary key's (created_at, key_id)
+// order, up to the grace period, and checks each key's row through the
+// primary key of idempotency_keys. Its cost follows the backlog, not the
+// table. The row's own columns decide: the tracked created_at only orders
+// the walk and bounds it.
 const CandidateSQL = `
-    SELECT c.id FROM idempotency_keys c
-    WHERE c.recovery_point <> 'finished'
+    SELECT c.id, u.created_at AS tracked_at
+    FROM idemd_unfinished_keys u
+    JOIN idempotency_keys c ON c.id = u.key_id
+    WHERE u.created_at < now() - $2::interval
+      AND c.recovery_point <> 'finished'
       AND c.completer_gave_up_at IS NULL
       AND c.created_at < now() - $2::interval
       AND c.last_run_at < now() - $3::interval
       AND (c.locked_at IS NULL OR c.locked_at < now() - $4::interval)
       AND (c.completer_next_attempt_at IS NULL OR c.completer_next_attempt_at <= now())
       AND (c.completer_leased_until IS NULL OR c.completer_leased_until < now())
-    ORDER BY c.created_at
+    ORDER BY u.created_at, u.key_id
     LIMIT $1
-    FOR UPDATE SKIP LOCKED`
+    FOR UPDATE OF c SKIP LOCKED`
+
+// CandidateLocking is the row-locking clause of CandidateSQL (completerbench
+// times the selection without it).
+const CandidateLocking = "FOR UPDATE OF c SKIP LOCKED"
 
 // claimSQL leases the candidates in the same statement that selects them,
 // so two replicas can never both lease a key. $5 lease, $6 give-up horizon.
 const claimSQL = `
 UPDATE idempotency_keys k
 SET completer_leased_until = now() + $5::interval
-WHERE k.id IN (` + CandidateSQL + `)
+FROM (` + CandidateSQL + `) cand
+WHERE k.id = cand.id
 RETURNING k.id, k.user_id, k.idempotency_key, k.request_method, k.request_path,
           k.request_params, k.completer_attempts, k.completer_leased_until,
-          k.created_at + $6::interval <= now() AS past_horizon`
+          k.created_at + $6::interval <= now() AS past_horizon, cand.tracked_at`
+
+// untrackSQL deletes a key's row from idemd_unfinished_keys once the key is
+// finished, given up or gone: none of those ever becomes a candidate again.
+// $1 key id, $2 the created_at it is tracked under.
+const untrackSQL = `DELETE FROM idemd_unfinished_keys WHERE created_at = $2 AND key_id = $1`
+
+// pruneSQL walks up to $3 rows of idemd_unfinished_keys after the cursor
+// ($1, $2) and deletes those whose key is finished, given up or gone
+// (finished by the API itself, or reaped). It returns how many it walked
+// and deleted, and the cursor to continue from.
+const pruneSQL = `
+WITH walked AS (
+    SELECT u.created_at, u.key_id,
+           k.id IS NULL OR k.recovery_point = 'finished' OR k.completer_gave_up_at IS NOT NULL AS done
+    FROM idemd_unfinished_keys u
+    LEFT JOIN idempotency_keys k ON k.id = u.key_id
+    WHERE (u.created_at, u.key_id) > ($1::timestamptz, $2::bigint)
+    ORDER BY u.created_at, u.key_id
+    LIMIT $3
+),
+pruned AS (
+    DELETE FROM idemd_unfinished_keys u
+    USING walked w
+    WHERE w.done AND u.created_at = w.created_at AND u.key_id = w.key_id
+    RETURNING 1
+),
+last AS (
+    SELECT created_at, key_id FROM walked ORDER BY created_at DESC, key_id DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM walked), (SELECT count(*) FROM pruned),
+       COALESCE((SELECT created_at FROM last), $1), COALESCE((SELECT key_id FROM last), $2)`
+
+// pruneBatch is the rows one pruneSQL statement walks.
+const pruneBatch = 1000
 
 type claimedKey struct {
 	ID          int64
@@ -294,6 +348,7 @@ type claimedKey struct {
 	Attempts    int
 	Lease       time.Time
 	PastHorizon bool
+	TrackedAt   time.Time // its idemd_unfinished_keys.created_at
 }
 
 // runOnce claims one batch and processes it with bounded concurrency.
@@ -352,7 +407,7 @@ func (s *Service) claim(ctx context.Context, limit int) ([]claimedKey, error) {
 	}
 	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimedKey, error) {
 		var k claimedKey
-		err := r.Scan(&k.ID, &k.UserID, &k.Key, &k.Method, &k.Path, &k.Params, &k.Attempts, &k.Lease, &k.PastHorizon)
+		err := r.Scan(&k.ID, &k.UserID, &k.Key, &k.Method, &k.Path, &k.Params, &k.Attempts, &k.Lease, &k.PastHorizon, &k.TrackedAt)
 		return k, err
 	})
 	if err != nil {
@@ -404,6 +459,9 @@ func (s *Service) process(ctx context.Context, k claimedKey, leaseDeadline time.
 	switch {
 	case !st.exists:
 		s.breaker.Done(false)
+		if _, err := s.pool.Exec(wctx, untrackSQL, k.ID, k.TrackedAt); err != nil {
+			log.Warn("untracking a deleted key failed (harmless: the next prune removes it)", zap.Error(err))
+		}
 		return OutcomeGone
 	case st.finished:
 		// The database is the truth: finished whatever status came back
@@ -541,11 +599,13 @@ FROM idempotency_keys WHERE id = $1`, k.ID, k.Lease, s.cfg.GiveUpAfter).
 	return st, err
 }
 
-// markFinished clears our bookkeeping on a finished key.
+// markFinished clears our bookkeeping on a finished key and stops tracking
+// it.
 func (s *Service) markFinished(ctx context.Context, log *zap.Logger, k claimedKey) Outcome {
 	_, err := s.pool.Exec(ctx, `
+WITH untracked AS (`+untrackSQL+`)
 UPDATE idempotency_keys SET completer_leased_until = NULL, completer_next_attempt_at = NULL
-WHERE id = $1 AND completer_leased_until = $2`, k.ID, k.Lease)
+WHERE id = $1 AND completer_leased_until = $3`, k.ID, k.TrackedAt, k.Lease)
 	if err != nil {
 		log.Warn("clearing the lease of a finished key failed (harmless: finished keys are never claimed)", zap.Error(err))
 	}
@@ -644,6 +704,9 @@ WHERE id = $1 AND completer_leased_until = $2 AND recovery_point <> 'finished' A
 			outcome = OutcomeLeaseLost
 			return nil
 		}
+		if _, err := tx.Exec(wctx, untrackSQL, k.ID, k.TrackedAt); err != nil {
+			return err
+		}
 		if _, err := review.Flag(wctx, tx, k.ID, review.ReasonCompleterGaveUp, detail, FlaggedBy); err != nil {
 			return err
 		}
@@ -658,6 +721,45 @@ WHERE id = $1 AND completer_leased_until = $2 AND recovery_point <> 'finished' A
 		log.Warn("gave up on key, flagged for review", zap.String("reason", review.ReasonCompleterGaveUp), zap.String("detail", detail))
 	}
 	return outcome
+}
+
+// maybePrune runs Prune at most once per poll interval.
+func (s *Service) maybePrune(ctx context.Context) {
+	s.mu.Lock()
+	if time.Since(s.lastPrune) < s.cfg.PollInterval {
+		s.mu.Unlock()
+		return
+	}
+	s.lastPrune = time.Now()
+	s.mu.Unlock()
+	if n, err := s.Prune(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("pruning idemd_unfinished_keys failed", zap.Error(err))
+	} else if n > 0 {
+		s.log.Debug("pruned idemd_unfinished_keys", zap.Int("deleted", n))
+	}
+}
+
+// Prune deletes the idemd_unfinished_keys rows of keys that are finished,
+// given up or gone, and returns how many it deleted. The trigger records
+// every key inserted unfinished, and the API finishes most of them itself
+// without the completer seeing them; Prune (once per poll interval) keeps
+// the table about the size of the backlog plus the keys inserted since the
+// last prune, so the candidate walk, which stops at the grace period, sees
+// the backlog alone. It walks the table in bounded statements
+// (pruneBatch rows each).
+func (s *Service) Prune(ctx context.Context) (int, error) {
+	cursorAt, cursorID := time.Time{}, int64(math.MinInt64)
+	deleted := 0
+	for {
+		var walked, pruned int
+		if err := s.pool.QueryRow(ctx, pruneSQL, cursorAt, cursorID, pruneBatch).Scan(&walked, &pruned, &cursorAt, &cursorID); err != nil {
+			return deleted, fmt.Errorf("completer: prune: %w", err)
+		}
+		deleted += pruned
+		if walked < pruneBatch {
+			return deleted, nil
+		}
+	}
 }
 
 // Backoff is the delay before retry number attempt (1 = after the first
@@ -696,7 +798,7 @@ func (s *Service) maybeRefreshGauges(ctx context.Context, force bool) {
 }
 
 // RefreshGauges recomputes keys pending by recovery point and the oldest
-// unfinished key's age (both walk only the partial unfinished index), and
+// unfinished key's age (both walk only idemd_unfinished_keys), and
 // the open reviews by reason and the oldest one's age (the partial index of
 // open reviews). Both review reasons are always exported, at 0 when none is
 // open, so an alert on them never sees an absent series.
@@ -715,10 +817,11 @@ func (s *Service) RefreshGauges(ctx context.Context) error {
 // seconds of its oldest row, by the database clock.
 const (
 	pendingKeysSQL = `
-SELECT recovery_point, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8
-FROM idempotency_keys
-WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL
-GROUP BY recovery_point`
+SELECT k.recovery_point, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(k.created_at)), 0)::float8
+FROM idemd_unfinished_keys u
+JOIN idempotency_keys k ON k.id = u.key_id
+WHERE k.recovery_point <> 'finished' AND k.completer_gave_up_at IS NULL
+GROUP BY k.recovery_point`
 	openReviewsSQL = `
 SELECT reason, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(flagged_at)), 0)::float8
 FROM idempotency_key_reviews
