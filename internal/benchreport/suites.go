@@ -3,6 +3,7 @@ package benchreport
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"idemd/internal/enqueuer/enqueuerbench"
@@ -14,22 +15,33 @@ type Scale float64
 
 func (s Scale) n(full int) int { return max(1, int(float64(full)*float64(s))) }
 
-// Enqueuer runs the enqueuer suite and appends its rows.
+// Enqueuer runs the enqueuer suite and appends its rows. It includes the
+// rows through a PgBouncer in transaction mode (issue 14), so it needs the
+// pgbouncer binary (scripts/ensure-pgbouncer.sh).
 func Enqueuer(ctx context.Context, adminURL string, scale Scale, logf func(string, ...any), rep *Report) error {
 	res, err := enqueuerbench.Run(ctx, adminURL, enqueuerbench.Options{
 		Jobs:            scale.n(200_000),
 		LatencyDuration: time.Duration(float64(10*time.Second) * float64(max(scale, 0.2))),
+		Pooler:          true,
 		Logf:            logf,
 	})
 	if err != nil {
 		return fmt.Errorf("enqueuer suite: %w", err)
 	}
+	const (
+		defaults   = "enqueuer, defaults (batch 5000, 2 workers)"
+		twoReplica = "enqueuer, 2 replicas, defaults"
+		article    = "article: one-by-one inserts (anchor)"
+		articlePol = "article: poll every 5s"
+		directLat  = "enqueuer, NOTIFY (defaults)"
+	)
+	isPooled := func(name string) bool { return strings.Contains(name, "PgBouncer") }
 	var one, two float64
 	for _, t := range res.Throughput {
 		switch t.Name {
-		case "enqueuer, defaults (batch 5000, 2 workers)":
+		case defaults:
 			one = t.JobsPerSec
-		case "enqueuer, 2 replicas, defaults":
+		case twoReplica:
 			two = t.JobsPerSec
 		}
 	}
@@ -37,34 +49,46 @@ func Enqueuer(ctx context.Context, adminURL string, scale Scale, logf func(strin
 		row := Row{Suite: "enqueuer", Name: fmt.Sprintf("drain %d staged jobs: %s", t.Jobs, t.Name), Value: fmt.Sprintf("%.0f jobs/s", t.JobsPerSec)}
 		switch t.Name {
 		case "single SQL statement (anchor)":
-		case "article: one-by-one inserts (anchor)":
+		case article:
 			row.Ratio = Ratio(t.VsSingle, "single statement")
 		default:
 			row.Ratio = Join(Ratio(t.VsSingle, "single statement"), ratioIf(t.VsArticle, "article"))
 		}
-		switch t.Name {
-		case "enqueuer, defaults (batch 5000, 2 workers)":
+		switch {
+		case t.Name == defaults:
 			row.Target = Goal("≥0.8× single, ≥10× article", t.VsSingle >= 0.8 && t.VsArticle >= 10)
-		case "enqueuer, 2 replicas, defaults":
+		case t.Name == twoReplica:
 			row.Ratio = Join(row.Ratio, Ratio(two/one, "one replica"))
 			row.Target = Goal("≥1.3× one replica", two/one >= 1.3)
+		case isPooled(t.Name):
+			row.Ratio = Join(Ratio(t.JobsPerSec/one, "direct (defaults)"), row.Ratio)
+			row.Target = Goal("≥0.8× direct", t.JobsPerSec/one >= 0.8)
 		}
 		rep.Rows = append(rep.Rows, row)
 	}
-	var notifyP99, pollP99 time.Duration
+	var directP99 time.Duration
+	for _, l := range res.Latency {
+		if l.Name == directLat {
+			directP99 = l.P99
+		}
+	}
 	for _, l := range res.Latency {
 		row := Row{Suite: "enqueuer", Name: fmt.Sprintf("commit-to-River latency, %s (%d jobs)", l.Name, l.Jobs),
 			Value: fmt.Sprintf("p50 %s, p99 %s, max %s", Dur(l.P50), Dur(l.P99), Dur(l.Max))}
-		if l.Name == "article: poll every 5s" {
-			pollP99 = l.P99
-		} else {
-			notifyP99 = l.P99
+		vsDirect := float64(l.P99) / float64(directP99)
+		switch {
+		case l.Name == directLat:
 			row.Target = Goal("p99 ≤ 10 ms", l.P99 <= 10*time.Millisecond)
+		case l.Name == articlePol:
+			row.Ratio = Ratio(vsDirect, "NOTIFY p99")
+		case isPooled(l.Name) && strings.Contains(l.Name, "poll-only"):
+			// For information: the cost of having no direct URL.
+			row.Ratio = Ratio(vsDirect, "direct NOTIFY p99")
+		case isPooled(l.Name):
+			row.Ratio = Ratio(vsDirect, "direct NOTIFY p99")
+			row.Target = Goal("p99 ≤ 1.5× direct", float64(l.P99) <= 1.5*float64(directP99))
 		}
 		rep.Rows = append(rep.Rows, row)
-	}
-	if pollP99 > 0 && notifyP99 > 0 {
-		rep.Rows[len(rep.Rows)-1].Ratio = Ratio(float64(pollP99)/float64(notifyP99), "NOTIFY p99")
 	}
 	return nil
 }

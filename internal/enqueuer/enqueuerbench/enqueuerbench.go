@@ -7,7 +7,13 @@
 //     delete up to the last id;
 //   - the enqueuer with its defaults, other batch sizes, and two replicas;
 //   - commit-to-River latency at a steady staging rate, woken by NOTIFY,
-//     against the article's 5 s polling.
+//     against the article's 5 s polling;
+//   - with Options.Pooler, the enqueuer behind a real PgBouncer in
+//     transaction mode (its pool through pgbouncer with
+//     QueryExecModeCacheDescribe, as --pooler transaction sets it): the drain
+//     right after the direct one, and latency with the listener on a direct
+//     connection (Config.ListenConfig, the recommended setup) and poll-only
+//     (no direct URL), right after the direct latency run.
 package enqueuerbench
 
 import (
@@ -26,6 +32,7 @@ import (
 
 	"idemd/internal/enqueuer"
 	"idemd/internal/migrate"
+	"idemd/internal/pgbouncer"
 	"idemd/internal/scratchdb"
 )
 
@@ -36,7 +43,14 @@ type Options struct {
 	LatencyDuration time.Duration // length of each latency run (default 10s)
 	SkipArticle     bool          // the article's algorithm is slow; skip it for quick runs
 	SkipPolling     bool          // skip the 5 s polling latency run
-	Logf            func(format string, args ...any)
+	// Pooler adds the variants through a PgBouncer in transaction mode
+	// (internal/pgbouncer starts it; Run fails without the binary).
+	Pooler bool
+	// PoolerPoolSize is pgbouncer's default_pool_size (default 10: the
+	// enqueuer's 2 workers, its first batch and stats queries, plus
+	// headroom).
+	PoolerPoolSize int
+	Logf           func(format string, args ...any)
 }
 
 // Throughput is one drain of the backlog.
@@ -67,6 +81,7 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 	opts.Jobs = cmp.Or(opts.Jobs, 200_000)
 	opts.LatencyRate = cmp.Or(opts.LatencyRate, 1000)
 	opts.LatencyDuration = cmp.Or(opts.LatencyDuration, 10*time.Second)
+	opts.PoolerPoolSize = cmp.Or(opts.PoolerPoolSize, 10)
 	logf := opts.Logf
 	if logf == nil {
 		logf = func(string, ...any) {}
@@ -82,6 +97,32 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 	b := &bench{pool: pool, jobs: opts.Jobs, logf: logf}
 	rep := &Report{}
 
+	// Only the enqueuer's pool goes through pgbouncer; staging, TRUNCATE,
+	// VACUUM and the checks stay on the direct pool.
+	var pooled *pgxpool.Config
+	if opts.Pooler {
+		proc, stop, err := pgbouncer.Run(ctx, pgbouncer.Options{Mode: "transaction", PoolSize: opts.PoolerPoolSize, BackendURL: adminURL, Logf: logf})
+		if err != nil {
+			return nil, fmt.Errorf("enqueuerbench: %w", err)
+		}
+		defer func() {
+			if err := stop(); err != nil {
+				logf("enqueuerbench: %v", err)
+			}
+		}()
+		direct := pool.Config()
+		pooled, err = pgxpool.ParseConfig(proc.URL(direct.ConnConfig.Database, direct.ConnConfig.User))
+		if err != nil {
+			return nil, err
+		}
+		pooled.MaxConns = direct.MaxConns
+		// What daemon.NewPool does for --pooler transaction: unnamed
+		// statements with cached descriptions, nothing prepared on a
+		// server connection.
+		pooled.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	poolerName := fmt.Sprintf("through PgBouncer (transaction mode, pool %d)", opts.PoolerPoolSize)
+
 	type variant struct {
 		name string
 		run  func(context.Context) error
@@ -94,6 +135,11 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 	}
 	variants = append(variants,
 		variant{"enqueuer, defaults (batch 5000, 2 workers)", b.enqueuer(1, enqueuer.Config{})},
+	)
+	if pooled != nil {
+		variants = append(variants, variant{"enqueuer, defaults, " + poolerName, b.enqueuerOn(pooled, enqueuer.Config{})})
+	}
+	variants = append(variants,
 		variant{"enqueuer, 1 worker", b.enqueuer(1, enqueuer.Config{Workers: 1})},
 		variant{"enqueuer, batch 2000", b.enqueuer(1, enqueuer.Config{BatchSize: 2000})},
 		variant{"enqueuer, 2 replicas, defaults", b.enqueuer(2, enqueuer.Config{})},
@@ -126,14 +172,27 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 		}
 	}
 
-	lat, err := b.latency(ctx, "enqueuer, NOTIFY (defaults)", enqueuer.Config{}, opts.LatencyRate, opts.LatencyDuration)
-	if err != nil {
-		return nil, err
+	type latVariant struct {
+		name    string
+		cfg     enqueuer.Config
+		svcPool *pgxpool.Config
 	}
-	rep.Latency = append(rep.Latency, *lat)
-	logf("latency %-32s p50 %s p99 %s", lat.Name, lat.P50, lat.P99)
+	lvs := []latVariant{{"enqueuer, NOTIFY (defaults)", enqueuer.Config{}, pool.Config()}}
+	if pooled != nil {
+		lvs = append(lvs,
+			// The recommended setup: the pool through the pooler, LISTEN on
+			// a direct connection (--listen-database-url).
+			latVariant{"enqueuer, NOTIFY on a direct listen connection, pool " + poolerName,
+				enqueuer.Config{ListenConfig: pool.Config().ConnConfig.Copy()}, pooled},
+			// No direct URL: what --pooler transaction falls back to.
+			latVariant{fmt.Sprintf("enqueuer, poll-only every %s (no listen URL), %s", enqueuer.DefaultPollInterval, poolerName),
+				enqueuer.Config{PollOnly: true}, pooled})
+	}
 	if !opts.SkipPolling {
-		lat, err := b.latency(ctx, "article: poll every 5s", enqueuer.Config{PollOnly: true, PollInterval: 5 * time.Second}, opts.LatencyRate, opts.LatencyDuration)
+		lvs = append(lvs, latVariant{"article: poll every 5s", enqueuer.Config{PollOnly: true, PollInterval: 5 * time.Second}, pool.Config()})
+	}
+	for _, v := range lvs {
+		lat, err := b.latency(ctx, v.name, v.cfg, v.svcPool, opts.LatencyRate, opts.LatencyDuration)
 		if err != nil {
 			return nil, err
 		}
@@ -252,10 +311,20 @@ func (b *bench) article(ctx context.Context) error {
 // enqueuer drains with n replicas, each on its own pool as separate
 // processes would be.
 func (b *bench) enqueuer(n int, cfg enqueuer.Config) func(context.Context) error {
+	return b.replicas(n, b.pool.Config(), cfg)
+}
+
+// enqueuerOn drains with one replica whose pool has poolCfg (through the
+// pooler).
+func (b *bench) enqueuerOn(poolCfg *pgxpool.Config, cfg enqueuer.Config) func(context.Context) error {
+	return b.replicas(1, poolCfg, cfg)
+}
+
+func (b *bench) replicas(n int, poolCfg *pgxpool.Config, cfg enqueuer.Config) func(context.Context) error {
 	return func(ctx context.Context) error {
 		var svcs []*enqueuer.Service
 		for range n {
-			p, err := pgxpool.NewWithConfig(ctx, b.pool.Config().Copy())
+			p, err := pgxpool.NewWithConfig(ctx, poolCfg.Copy())
 			if err != nil {
 				return err
 			}
@@ -283,15 +352,16 @@ func (b *bench) enqueuer(n int, cfg enqueuer.Config) func(context.Context) error
 }
 
 // latency stages rate jobs/s one row per transaction from several writers
-// for a warm-up and then d, with a started service draining, and measures for each row the time
+// (on the direct pool) for a warm-up and then d, with a started service
+// draining on a pool of svcPool, and measures for each row the time
 // from its commit (the writer's INSERT returned) to the River job's
 // created_at, which River's COPY sets when the enqueuer inserts it, just
 // before the enqueuer's commit. Both clocks are this process's.
-func (b *bench) latency(ctx context.Context, name string, cfg enqueuer.Config, rate int, d time.Duration) (*Latency, error) {
+func (b *bench) latency(ctx context.Context, name string, cfg enqueuer.Config, svcPoolCfg *pgxpool.Config, rate int, d time.Duration) (*Latency, error) {
 	if _, err := b.pool.Exec(ctx, `TRUNCATE staged_jobs, river_job`); err != nil {
 		return nil, err
 	}
-	svcPool, err := pgxpool.NewWithConfig(ctx, b.pool.Config().Copy())
+	svcPool, err := pgxpool.NewWithConfig(ctx, svcPoolCfg.Copy())
 	if err != nil {
 		return nil, err
 	}

@@ -2,11 +2,13 @@ package enqueuerbench
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"idemd/internal/dbtest"
+	"idemd/internal/pgbouncer"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -35,5 +37,37 @@ func TestRunSmall(t *testing.T) {
 	}
 	if len(rep.Throughput) != 6 || len(rep.Latency) != 1 || rep.Latency[0].Jobs == 0 {
 		t.Fatalf("incomplete report: %+v", rep)
+	}
+}
+
+// TestRunSmallThroughPgBouncer runs the pooler variants at a small size: the
+// drain through a real pgbouncer in transaction mode moves every row exactly
+// once, and both pooled latency runs (listener on a direct connection, and
+// poll-only) see every job.
+func TestRunSmallThroughPgBouncer(t *testing.T) {
+	if pgbouncer.Binary() == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no pgbouncer binary (CI=true); scripts/ensure-pgbouncer.sh installs it")
+		}
+		t.Skip("no pgbouncer binary; run scripts/ensure-pgbouncer.sh")
+	}
+	rep, err := Run(context.Background(), dbtest.ServerURL(t), Options{Jobs: 3000, LatencyRate: 200, LatencyDuration: 500 * time.Millisecond,
+		SkipArticle: true, SkipPolling: true, Pooler: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pooled := 0
+	for _, x := range rep.Throughput {
+		if strings.Contains(x.Name, "PgBouncer") {
+			pooled++
+		}
+	}
+	for _, l := range rep.Latency {
+		if strings.Contains(l.Name, "PgBouncer") && l.Jobs > 0 {
+			pooled++
+		}
+	}
+	if pooled != 3 {
+		t.Fatalf("want 1 pooled drain and 2 pooled latency runs, got %d: %+v", pooled, rep)
 	}
 }
