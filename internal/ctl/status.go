@@ -55,7 +55,8 @@ type GroupCount struct {
 }
 
 // Each query is answered from an index: staged_jobs is a short queue, the
-// unfinished keys from the completer's partial index, keys past retention
+// unfinished keys from idemd_unfinished_keys (every unfinished key is in
+// it; see migrations/00012), keys past retention
 // from idempotency_keys_created_at, open reviews from their partial index.
 const (
 	statusStagedSQL = `
@@ -66,9 +67,11 @@ SELECT state::text, count(*) FROM river_job
 WHERE state IN ('available', 'running', 'retryable', 'scheduled', 'pending')
 GROUP BY state ORDER BY state`
 	statusUnfinishedSQL = `
-SELECT recovery_point, count(*), min(created_at) FROM idempotency_keys
-WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL
-GROUP BY recovery_point ORDER BY recovery_point`
+SELECT k.recovery_point, count(*), min(k.created_at)
+FROM idemd_unfinished_keys u
+JOIN idempotency_keys k ON k.id = u.key_id
+WHERE k.recovery_point <> 'finished' AND k.completer_gave_up_at IS NULL
+GROUP BY k.recovery_point ORDER BY k.recovery_point`
 	statusRetentionSQL = `
 SELECT count(*), min(created_at) FROM idempotency_keys
 WHERE created_at < now() - $1::bigint * interval '1 microsecond'`
