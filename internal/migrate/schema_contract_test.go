@@ -250,3 +250,37 @@ SELECT (SELECT count(*) FROM idempotency_keys k
 	}
 	t.Logf("%d keys inserted during the migration", live)
 }
+
+func keysFillfactor(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var ff string
+	if err := pool.QueryRow(context.Background(), `
+SELECT COALESCE((SELECT o FROM pg_class c, unnest(c.reloptions) o WHERE c.oid = 'idempotency_keys'::regclass AND o LIKE 'fillfactor=%'), '')`).Scan(&ff); err != nil {
+		t.Fatal(err)
+	}
+	return ff
+}
+
+// idempotency_keys gets fillfactor 90 (free space on each new page for the
+// API's HOT updates), unless the operator already chose one.
+func TestKeysFillfactor(t *testing.T) {
+	pool := emptyDatabase(t)
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, pool, migrate.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if ff := keysFillfactor(t, pool); ff != "fillfactor=90" {
+		t.Fatalf("fresh installation: %q", ff)
+	}
+
+	pool = emptyDatabase(t)
+	if _, err := pool.Exec(ctx, articleSchema+`ALTER TABLE idempotency_keys SET (fillfactor = 70);`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate.Up(ctx, pool, migrate.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if ff := keysFillfactor(t, pool); ff != "fillfactor=70" {
+		t.Fatalf("the operator's fillfactor was changed: %q", ff)
+	}
+}
