@@ -20,15 +20,26 @@ import (
 // session-lock reaper left its lock, wal_compression and
 // client_connection_check_interval there).
 func TestProcessThroughTransactionPooler(t *testing.T) {
+	testProcessThroughPooler(t, "transaction")
+}
+
+// TestProcessThroughSessionPooler: the same through PgBouncer in session
+// mode, which keeps a server connection per client and resets it with
+// DISCARD ALL when the client leaves.
+func TestProcessThroughSessionPooler(t *testing.T) {
+	testProcessThroughPooler(t, "session")
+}
+
+func testProcessThroughPooler(t *testing.T, mode string) {
 	bin, dbURL, pool := newProcessTest(t)
 	ctx := context.Background()
 	db := pgbouncertest.DatabaseName(t, dbURL)
-	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 4})
+	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 4, Mode: mode})
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	waitLoad, loadTx := b.Load(loadCtx, db, "postgres", 2)
 	pooled := b.URL(db, "postgres")
 	args := func(extra ...string) []string {
-		return append([]string{"--pooler", "transaction", "--batch-size", "10", "--lease-ttl", "6s", "--statement-timeout", "5s"}, extra...)
+		return append([]string{"--pooler", mode, "--batch-size", "10", "--lease-ttl", "6s", "--statement-timeout", "5s"}, extra...)
 	}
 
 	for run := range 4 {

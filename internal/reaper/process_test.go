@@ -124,9 +124,6 @@ func blockOnRide(t *testing.T, pool *pgxpool.Pool, key int64) func() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "SELECT * FROM rides WHERE idempotency_key_id = $1 FOR UPDATE", key); err != nil {
-		t.Fatal(err)
-	}
 	released := false
 	release := func() {
 		if !released {
@@ -134,7 +131,12 @@ func blockOnRide(t *testing.T, pool *pgxpool.Pool, key int64) func() {
 			_ = tx.Rollback(ctx)
 		}
 	}
+	// Registered before anything can fail: an open transaction would keep
+	// its connection, and the pool's Close would wait for it forever.
 	t.Cleanup(release)
+	if _, err := tx.Exec(ctx, "SELECT * FROM rides WHERE idempotency_key_id = $1 FOR UPDATE", key); err != nil {
+		t.Fatal(err)
+	}
 	return release
 }
 
