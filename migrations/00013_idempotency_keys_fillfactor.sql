@@ -1,10 +1,10 @@
 -- HOT updates need free space on the key's own page: an UPDATE whose new
 -- version does not fit there is never a HOT update, whatever the indexes.
 -- The key workload benchmark (completerbench, hot.go; numbers in
--- docs/completer.md) measured, 4 clients, 4 × 8 s per schema in one run:
+-- docs/completer.md) measured, 4 clients, 4 × 8 s per schema, two runs:
 -- HOT share 99.6 % at the default fillfactor (100) and 100.0 % at 90, and
--- serialization failures 0.84× (idemd) and 0.77× (the article's indexes)
--- of the article's schema with fillfactor 90, against 0.97-1.18× without.
+-- serialization failures 0.70-0.84× the article's schema with fillfactor
+-- 90 (idemd's schema or the article's indexes), against 0.96-1.18× without.
 -- The few non-HOT updates each write every index, and those index pages
 -- are what the API's SERIALIZABLE phases conflict on.
 --

@@ -61,7 +61,8 @@ func Completer(ctx context.Context, adminURL string, scale Scale, logf func(stri
 	rep.Rows = append(rep.Rows,
 		Row{Suite: "completer", Name: wl + ": article's schema", Value: hotValue(article)},
 		Row{Suite: "completer", Name: wl + ": after idemd's migrations", Value: hotValue(idemd),
-			Ratio:  Join(Ratio(hotRatio, "article HOT share"), Ratio(failRatio, "article failure rate")),
+			Ratio: Join(Ratio(hotRatio, "article HOT share"), Ratio(failRatio, "article failure rate"),
+				Ratio(ratioOf(idemd.RequestsPerSecond(), article.RequestsPerSecond()), "article req/s")),
 			Target: Goal("HOT ≥ 0.95×, failures ≤ 1.1×", hotRatio >= 0.95 && failRatio <= 1.1)},
 	)
 	return nil
