@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"idemd/internal/dbtest"
 )
 
@@ -124,5 +126,46 @@ DELETE FROM idempotency_keys WHERE split_part(idempotency_key, '-', 2)::int % 7 
 	}
 	if n := tracked(t, svc, "true"); n != 0 {
 		t.Fatalf("%d keys still tracked after every key finished", n)
+	}
+}
+
+// The trigger records a key the API's role inserts, although that role has
+// no privilege on idemd_unfinished_keys (the trigger runs as its owner).
+func TestTrackedUnderAPIRole(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dbtest.AdminURL(t, pool.Config().ConnString()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	// What deploy/sql/roles.sql grants the API's role, and nothing more.
+	if _, err := tx.Exec(ctx, `GRANT SELECT, INSERT, UPDATE ON idempotency_keys TO `+dbtest.APIRole+`;
+GRANT USAGE, SELECT ON SEQUENCE idempotency_keys_id_seq TO `+dbtest.APIRole); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+dbtest.APIRole); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `
+INSERT INTO idempotency_keys (idempotency_key, user_id, request_method, request_path, request_params, recovery_point)
+VALUES ('api-role-1', 1, 'POST', '/rides', '{}', 'started')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SAVEPOINT s; SELECT count(*) FROM idemd_unfinished_keys`); err == nil {
+		t.Fatal("the API's role can read idemd_unfinished_keys; the test no longer shows the trigger needs no privilege")
+	}
+	if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT s; RESET ROLE`); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM idemd_unfinished_keys u JOIN idempotency_keys k ON k.id = u.key_id AND k.created_at = u.created_at
+WHERE k.idempotency_key = 'api-role-1'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("tracked %d, %v", n, err)
 	}
 }
