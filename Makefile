@@ -40,7 +40,7 @@ lint:
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags e2e ./internal/e2e/...
 
-bench: ensure-postgres
+bench: ensure-postgres ensure-pgbouncer
 	$(GO) run ./internal/benchreport/cmd -out bench-report.txt
 
 demo: ensure-postgres build
