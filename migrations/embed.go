@@ -1,5 +1,5 @@
 // Package migrations holds idemd's SQL migrations (the schema contract of
-// DESIGN.md), embedded so every binary carries the schema it expects.
+// docs/design.md), embedded so every binary carries the schema it expects.
 package migrations
 
 import "embed"

@@ -26,7 +26,7 @@ import (
 	"idemd/internal/opshttp"
 )
 
-// Exit codes of DESIGN.md's operator contract.
+// Exit codes of docs/design.md's operator contract.
 const (
 	ExitOK      = 0
 	ExitRuntime = 1 // runtime failure, retryable

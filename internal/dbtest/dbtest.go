@@ -1,6 +1,6 @@
 // Package dbtest gives each test a fresh, fully migrated PostgreSQL database.
 //
-// The server is found in this order (DESIGN.md, "Tests and the database"):
+// The server is found in this order (docs/design.md, "Tests and the database"):
 //  1. TEST_DATABASE_URL, when set;
 //  2. a local server on 127.0.0.1:5432 (user postgres, trust auth);
 //  3. a throwaway cluster started with the local initdb/pg_ctl;

@@ -1,7 +1,7 @@
 // Package reaper deletes idempotency keys past the retention window in
 // bounded batches, and copies the ones nobody finished into
 // idempotency_key_reviews in the same statement that deletes them, so no
-// unprocessable key disappears silently (DESIGN.md, invariant 4).
+// unprocessable key disappears silently (docs/design.md, invariant 4).
 //
 // A run holds the reaper's lease (internal/lease), renewed inside every
 // batch, so runs never overlap whether they come from a CronJob, a manual

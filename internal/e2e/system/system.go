@@ -478,7 +478,7 @@ func (d *DaemonSet) All() []*Proc {
 }
 
 // DaemonOptions are the flags the suite varies; the rest are the defaults
-// of DESIGN.md's operator contract, shortened so a run takes minutes.
+// of docs/design.md's operator contract, shortened so a run takes minutes.
 type DaemonOptions struct {
 	DatabaseURL string // the daemons' URL (through the TCP proxy in the fault suite)
 	APIURL      string // where completers replay
