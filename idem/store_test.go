@@ -332,7 +332,9 @@ func TestSerializationFailureRetriedThenConflict(t *testing.T) {
 func TestRealSerializationConflict(t *testing.T) {
 	s, pool := newStore(t, idem.Options{})
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE counters (name TEXT PRIMARY KEY, n INT NOT NULL)`); err != nil {
+	// The application's own table, created as the migrator so the default
+	// privileges grant it to the runtime role the store runs as.
+	if _, err := dbtest.MigratorPool(t, pool).Exec(ctx, `CREATE TABLE counters (name TEXT PRIMARY KEY, n INT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	var (

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	rolesql "idemd/deploy/sql"
 )
@@ -103,4 +104,30 @@ func hasPassword(rawURL string) bool {
 	}
 	_, ok := u.User.Password()
 	return ok
+}
+
+// MigratorPool opens a pool as MigratorRole on pool's database, closed when
+// the test ends: for the setup `idemctl migrate` or an application's own
+// migration does in production (Rocket Rides' tables, a test's table), so
+// what it creates is granted to RuntimeRole like a migration's objects.
+func MigratorPool(tb testing.TB, pool *pgxpool.Pool) *pgxpool.Pool {
+	tb.Helper()
+	return rolePool(tb, MigratorURL(pool.Config().ConnString()))
+}
+
+// AdminPool opens a pool as the server's admin on pool's database, closed
+// when the test ends (see AdminURL for what it is for).
+func AdminPool(tb testing.TB, pool *pgxpool.Pool) *pgxpool.Pool {
+	tb.Helper()
+	return rolePool(tb, AdminURL(tb, pool.Config().ConnString()))
+}
+
+func rolePool(tb testing.TB, dbURL string) *pgxpool.Pool {
+	tb.Helper()
+	p, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		tb.Fatalf("dbtest: pool: %v", err)
+	}
+	tb.Cleanup(p.Close)
+	return p
 }

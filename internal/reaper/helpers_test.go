@@ -164,10 +164,15 @@ SELECT (SELECT coalesce(md5(string_agg(to_jsonb(k)::text, ',' ORDER BY id)), '')
 }
 
 // createRides creates the article's rides table, referencing keys with the
-// given ON DELETE action, with one ride per key id in refs.
+// given ON DELETE action, with one ride per key id in refs. It is the API's
+// table, owned by another role than the reaper's, as in production (a
+// foreign key's ON DELETE action runs as the referencing table's owner).
+// The tests' runtime pool also plays the API that writes and locks rides,
+// hence the grant, without DELETE.
 func createRides(t *testing.T, pool *pgxpool.Pool, onDelete string, refs ...int64) {
 	t.Helper()
 	ctx := context.Background()
+	pool = dbtest.AdminPool(t, pool)
 	_, err := pool.Exec(ctx, `
 CREATE TABLE rides (
     id                 BIGSERIAL PRIMARY KEY,
@@ -179,7 +184,9 @@ CREATE TABLE rides (
     stripe_charge_id TEXT,
     user_id BIGINT NOT NULL DEFAULT 42
 );
-CREATE UNIQUE INDEX rides_idempotency_key_id ON rides (idempotency_key_id) WHERE idempotency_key_id IS NOT NULL;`)
+CREATE UNIQUE INDEX rides_idempotency_key_id ON rides (idempotency_key_id) WHERE idempotency_key_id IS NOT NULL;
+GRANT SELECT, INSERT, UPDATE ON rides TO `+dbtest.RuntimeRole+`;
+GRANT USAGE ON SEQUENCE rides_id_seq TO `+dbtest.RuntimeRole+`;`)
 	if err != nil {
 		t.Fatal(err)
 	}

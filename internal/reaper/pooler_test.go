@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"idemd/internal/dbtest"
 	"idemd/internal/pgbouncertest"
 	"idemd/internal/testwait"
 )
@@ -34,10 +35,12 @@ func testProcessThroughPooler(t *testing.T, mode string) {
 	bin, dbURL, pool := newProcessTest(t)
 	ctx := context.Background()
 	db := pgbouncertest.DatabaseName(t, dbURL)
-	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 4, Mode: mode})
+	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 4, Mode: mode, Users: []string{dbtest.RuntimeRole}})
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	waitLoad, loadTx := b.Load(loadCtx, db, "postgres", 2)
-	pooled := b.URL(db, "postgres")
+	// The reaper as the runtime role of deploy/sql/roles.sql, as deployed
+	// (and so the test's runtime pool sees its waits in pg_stat_activity).
+	pooled := b.URL(db, dbtest.RuntimeRole)
 	args := func(extra ...string) []string {
 		return append([]string{"--pooler", mode, "--batch-size", "10", "--lease-ttl", "6s", "--statement-timeout", "5s"}, extra...)
 	}
@@ -85,7 +88,7 @@ func testProcessThroughPooler(t *testing.T, mode string) {
 		t.Fatal("no other client used the pool")
 	}
 	noAdvisoryLocks(t, pool)
-	leaks, err := b.Leaks(ctx, db, "postgres", "application_name")
+	leaks, err := b.Leaks(ctx, db, dbtest.RuntimeRole, "application_name")
 	if err != nil {
 		t.Fatal(err)
 	}

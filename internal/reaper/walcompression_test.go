@@ -20,7 +20,10 @@ import (
 // is local to each batch's transaction). The oracle is PostgreSQL's own
 // setting on the connection the batches run on.
 func TestWALCompression(t *testing.T) {
-	dbURL := dbtest.NewDatabase(t)
+	runtimeURL := dbtest.NewDatabase(t)
+	// The test creates a role and compares with a superuser's session:
+	// the admin's URL. The last subtest runs as the runtime role.
+	dbURL := dbtest.AdminURL(t, runtimeURL)
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
@@ -145,6 +148,22 @@ func TestWALCompression(t *testing.T) {
 	t.Run("role without the privilege", func(t *testing.T) {
 		during, after, logs := run(t, rolePool, "lz4")
 		if during != server || after != server || refused(logs) != 1 {
+			t.Fatalf("during %q, after %q (server %q), refusals logged %d", during, after, server, refused(logs))
+		}
+	})
+	t.Run("idemd_runtime, granted by deploy/sql/roles.sql", func(t *testing.T) {
+		rcfg, err := pgxpool.ParseConfig(runtimeURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rcfg.MaxConns = 1
+		runtimePool, err := pgxpool.NewWithConfig(ctx, rcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer runtimePool.Close()
+		during, after, logs := run(t, runtimePool, "lz4")
+		if during != "lz4" || after != server || refused(logs) != 0 {
 			t.Fatalf("during %q, after %q (server %q), refusals logged %d", during, after, server, refused(logs))
 		}
 	})

@@ -45,7 +45,10 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
-	if err := api.Migrate(ctx, pool); err != nil {
+	// Rocket Rides' tables as the migrator (the application's migration
+	// in production), so roles.sql's default privileges grant them to the
+	// runtime role the test's pool uses.
+	if err := api.Migrate(ctx, dbtest.MigratorPool(t, pool)); err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{t: t, pool: pool, stripe: fakestripe.New(), faults: api.NewFaults()}

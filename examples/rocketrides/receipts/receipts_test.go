@@ -17,7 +17,10 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 func TestWorkRecordsOneReceiptPerJob(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	if err := api.Migrate(ctx, pool); err != nil {
+	// Rocket Rides' tables as the migrator (the application's migration
+	// in production), so roles.sql's default privileges grant them to the
+	// runtime role the test's pool uses.
+	if err := api.Migrate(ctx, dbtest.MigratorPool(t, pool)); err != nil {
 		t.Fatal(err)
 	}
 	uid, err := api.CreateUser(ctx, pool, "rider@example.com", "cus_r", "sk_rider_0123456789")
