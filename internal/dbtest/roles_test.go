@@ -3,6 +3,7 @@ package dbtest_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -113,6 +114,105 @@ func TestLaterMigrationIsGrantedToRuntime(t *testing.T) {
 	} {
 		if _, err := rt.Exec(ctx, q); err != nil {
 			t.Errorf("%s as %s: %v", q, dbtest.RuntimeRole, err)
+		}
+	}
+}
+
+// The API group of roles.sql is enough for what package idem does (lock,
+// create and update keys, stage jobs, reference keys from the API's own
+// table) and no more: it may not delete keys (the reaper does) or touch
+// River. A login role of the test's own stands for the operator's API role.
+func TestAPIGroupIsEnoughForTheAPI(t *testing.T) {
+	ctx := context.Background()
+	dbURL := dbtest.NewDatabase(t)
+	admin, err := pgx.Connect(ctx, dbtest.AdminURL(t, dbURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	// Roles belong to the server; the database's name is unique to this
+	// test, so a role named after it is too.
+	var role string
+	if err := admin.QueryRow(ctx, "SELECT current_database() || '_api'").Scan(&role); err != nil {
+		t.Fatal(err)
+	}
+	r := pgx.Identifier{role}.Sanitize()
+	// CREATE on public: the API's own tables are the operator's business,
+	// granted to the API's role, not by roles.sql.
+	for _, q := range []string{
+		"CREATE ROLE " + r + " LOGIN IN ROLE " + dbtest.APIRole,
+		"GRANT CREATE ON SCHEMA public TO " + r,
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		// Before the database is dropped (cleanups run last first), on a
+		// connection of its own: the test's is closed by then. A role
+		// owning objects or holding privileges cannot be dropped: drop
+		// those first.
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, dbtest.AdminURL(t, dbURL))
+		if err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+			return
+		}
+		defer conn.Close(ctx)
+		for _, q := range []string{"DROP OWNED BY " + r, "DROP ROLE " + r} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Errorf("%s: %v", q, err)
+			}
+		}
+	})
+
+	api, err := pgx.Connect(ctx, dbtest.AsRole(dbURL, role))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer api.Close(ctx)
+	tx, err := api.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keyID, jobID int64
+	steps := []struct {
+		sql  string
+		scan []any
+	}{
+		{`INSERT INTO idempotency_keys (idempotency_key, user_id, request_method, request_params, request_path, recovery_point, upstream_idempotency_key)
+		  VALUES ('k1', 1, 'POST', '{}', '/rides', 'started', gen_random_uuid()) RETURNING id`, []any{&keyID}},
+		{`SELECT id FROM idempotency_keys WHERE user_id = 1 AND idempotency_key = 'k1' FOR UPDATE`, []any{&keyID}},
+		{`UPDATE idempotency_keys SET recovery_point = 'finished', locked_at = NULL, response_code = 201, response_body = '{}' WHERE id = ` + "$1 RETURNING id", []any{&keyID}},
+		{`INSERT INTO staged_jobs (job_name, job_args) VALUES ('send_receipt', '{}') RETURNING id`, []any{&jobID}},
+		{`CREATE TABLE api_rides (id BIGSERIAL PRIMARY KEY, idempotency_key_id BIGINT REFERENCES idempotency_keys ON DELETE SET NULL) `, nil},
+	}
+	for _, s := range steps {
+		var err error
+		if s.scan == nil {
+			_, err = tx.Exec(ctx, s.sql)
+		} else if strings.Contains(s.sql, "$1") {
+			err = tx.QueryRow(ctx, s.sql, keyID).Scan(s.scan...)
+		} else {
+			err = tx.QueryRow(ctx, s.sql).Scan(s.scan...)
+		}
+		if err != nil {
+			t.Fatalf("as a member of %s: %s: %v", dbtest.APIRole, s.sql, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, q := range []string{
+		`DELETE FROM idempotency_keys`,
+		`SELECT count(*) FROM river_job`,
+		`DELETE FROM staged_jobs`,
+	} {
+		_, err := api.Exec(ctx, q)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("as a member of %s: %s: %v, want insufficient_privilege (42501)", dbtest.APIRole, q, err)
 		}
 	}
 }
