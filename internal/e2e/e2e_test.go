@@ -93,7 +93,7 @@ func (e *env) checkSessions(ctx context.Context) {
 	} else {
 		e.logf("other clients ran %d transactions through the pool", n)
 	}
-	leaks, err := e.bouncer.Leaks(ctx, e.dbName, "postgres", "application_name")
+	leaks, err := e.bouncer.Leaks(ctx, e.dbName, dbtest.RuntimeRole, "application_name")
 	if err != nil {
 		t.Errorf("inspect the pool's server connections: %v", err)
 	}
@@ -213,7 +213,14 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 		t.Fatal(err)
 	}
 	_ = drop // the cluster is removed with the test
-	if err := system.Migrate(ctx, e.bins, e.dbURL); err != nil {
+	// The roles of deploy/sql/roles.sql, applied as the operator would
+	// (e.dbURL is the cluster's superuser: the API's role here, and the
+	// suite's own inspection). `idemctl migrate` runs as idemd_migrator
+	// and every daemon as idemd_runtime, as docs/operations.md deploys them.
+	if err := dbtest.ApplyRoles(ctx, e.dbURL); err != nil {
+		t.Fatal(err)
+	}
+	if err := system.Migrate(ctx, e.bins, dbtest.MigratorURL(e.dbURL)); err != nil {
 		t.Fatal(err)
 	}
 	// The daemons' path: the proxy (for cuts), then PostgreSQL or, pooled,
@@ -221,12 +228,12 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	target := fmt.Sprintf("127.0.0.1:%d", e.cluster.Port())
 	var extraArgs, enqueuerArgs []string
 	if pooled {
-		e.bouncer = pgbouncertest.Start(t, pgbouncertest.Options{BackendURL: e.cluster.URL(), PoolSize: 12})
+		e.bouncer = pgbouncertest.Start(t, pgbouncertest.Options{BackendURL: e.cluster.URL(), PoolSize: 12, Users: []string{dbtest.RuntimeRole}})
 		target = e.bouncer.Addr
 		extraArgs = []string{"--pooler", "transaction"}
 		// LISTEN is session state: the enqueuers listen on a direct
 		// connection, as docs/operations.md tells operators to.
-		enqueuerArgs = []string{"--listen-database-url", e.dbURL}
+		enqueuerArgs = []string{"--listen-database-url", dbtest.RuntimeURL(e.dbURL)}
 		e.dbName = pgbouncertest.DatabaseName(t, e.dbURL)
 		loadCtx, stopLoad := context.WithCancel(ctx)
 		wait, n := e.bouncer.Load(loadCtx, e.dbName, "postgres", 2)
@@ -248,7 +255,7 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	daemonURL, err := scratchdb.WithDatabase(e.dbURL, strings.TrimPrefix(u.Path, "/"), e.proxy.Addr())
+	daemonURL, err := scratchdb.WithDatabase(dbtest.RuntimeURL(e.dbURL), strings.TrimPrefix(u.Path, "/"), e.proxy.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -616,7 +623,8 @@ func (e *env) scanLogs() {
 }
 
 func (e *env) status(ctx context.Context) {
-	out, err := execOut(ctx, e.bins.Idemctl, "status", "--database-url", e.dbURL, "--log-format", "console")
+	// idemctl status runs with the daemons' role (docs/operations.md).
+	out, err := execOut(ctx, e.bins.Idemctl, "status", "--database-url", dbtest.RuntimeURL(e.dbURL), "--log-format", "console")
 	if err != nil {
 		e.t.Errorf("idemctl status: %v\n%s", err, out)
 		return

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"idemd/examples/rocketrides/simulator"
+	"idemd/internal/dbtest"
 	"idemd/internal/e2e/system"
 	"idemd/internal/scratchdb"
 )
@@ -136,7 +137,14 @@ func phase(ctx context.Context, adminURL string, bins *system.Binaries, parent, 
 			err = fmt.Errorf("load: %w", derr)
 		}
 	}()
-	if err := system.Migrate(ctx, bins, dbURL); err != nil {
+	// deploy/sql/roles.sql as the operator applies it; the migration as
+	// idemd_migrator and the daemons as idemd_runtime, as deployed. The API
+	// and the measurement keep the admin URL (the API's role is the
+	// operator's).
+	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
+		return ph, fmt.Errorf("load: %w", err)
+	}
+	if err := system.Migrate(ctx, bins, dbtest.MigratorURL(dbURL)); err != nil {
 		return ph, fmt.Errorf("load: %w", err)
 	}
 	secretPath, _, err := system.WriteSecret(dir, "replay-secret")
@@ -159,7 +167,7 @@ func phase(ctx context.Context, adminURL string, bins *system.Binaries, parent, 
 	}
 	if daemons {
 		ds, err := system.NewDaemons(bins, system.DaemonOptions{
-			DatabaseURL: dbURL, APIURL: rr.APIURL, SecretFile: secretPath, Enqueuers: 2, Completers: 2, Reaper: true, Dir: dir,
+			DatabaseURL: dbtest.RuntimeURL(dbURL), APIURL: rr.APIURL, SecretFile: secretPath, Enqueuers: 2, Completers: 2, Reaper: true, Dir: dir,
 		})
 		if err != nil {
 			return ph, fmt.Errorf("load: %w", err)
