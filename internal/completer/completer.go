@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -52,6 +53,8 @@ type Result struct {
 	Gone         int
 	// BreakerOpen: nothing was claimed because the breaker is open.
 	BreakerOpen bool
+	// Probe: the breaker was half-open and the pass claimed one probe.
+	Probe bool
 }
 
 func (r *Result) add(o Outcome) {
@@ -90,6 +93,7 @@ func (r *Result) Add(o Result) {
 	r.LeaseLost += o.LeaseLost
 	r.Gone += o.Gone
 	r.BreakerOpen = r.BreakerOpen || o.BreakerOpen
+	r.Probe = r.Probe || o.Probe
 }
 
 // Service is the completer.
@@ -233,6 +237,12 @@ func (s *Service) loop(parent, ctx context.Context, stopClaims <-chan struct{}) 
 				break
 			}
 			s.maybeRefreshGauges(ctx, false)
+			if res.Probe && res.Claimed > 0 && s.breaker.State() != BreakerOpen {
+				// The probe closed the breaker (or failed on its own
+				// account): carry on at --rate rather than wait a poll
+				// interval with the API back.
+				continue
+			}
 			if res.Claimed < s.cfg.BatchSize || res.Deferred == res.Claimed {
 				break // drained what is due right now
 			}
@@ -360,12 +370,19 @@ func (s *Service) runOnce(ctx context.Context) (Result, error) {
 		res.BreakerOpen = true
 		return res, nil
 	case BreakerHalfOpen:
-		limit = 1 // one probe
+		limit = 1 // one probe (claimProbe chooses which)
 	}
 	// The lease is measured from before the claim on the local monotonic
 	// clock: the database's now()+lease is at least this late.
 	leaseDeadline := time.Now().Add(s.cfg.Lease)
-	keys, err := s.claim(ctx, limit)
+	var keys []claimedKey
+	var err error
+	if limit == 1 {
+		res.Probe = true
+		keys, err = s.claimProbe(ctx)
+	} else {
+		keys, err = s.claim(ctx, limit)
+	}
 	if err != nil {
 		return res, err
 	}
@@ -392,7 +409,7 @@ func (s *Service) runOnce(ctx context.Context) (Result, error) {
 			}
 		}()
 	}
-	for _, k := range keys {
+	for _, k := range dispatchOrder(keys, s.breaker.Suspect) {
 		work <- k
 	}
 	close(work)
@@ -401,7 +418,13 @@ func (s *Service) runOnce(ctx context.Context) (Result, error) {
 }
 
 func (s *Service) claim(ctx context.Context, limit int) ([]claimedKey, error) {
-	rows, err := s.pool.Query(ctx, claimSQL, limit, s.cfg.Grace, s.cfg.Idle, s.cfg.LockTimeout, s.cfg.Lease, s.cfg.GiveUpAfter)
+	return s.claimWith(ctx, claimSQL, limit)
+}
+
+// claimWith runs claimSQL or claimOneSQL (extra holds the latter's $7).
+func (s *Service) claimWith(ctx context.Context, sql string, limit int, extra ...any) ([]claimedKey, error) {
+	args := append([]any{limit, s.cfg.Grace, s.cfg.Idle, s.cfg.LockTimeout, s.cfg.Lease, s.cfg.GiveUpAfter}, extra...)
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("completer: claim: %w", err)
 	}
@@ -414,6 +437,121 @@ func (s *Service) claim(ctx context.Context, limit int) ([]claimedKey, error) {
 		return nil, fmt.Errorf("completer: claim: %w", err)
 	}
 	return keys, nil
+}
+
+// dispatchOrder is the order a claimed batch (in claim order, oldest first)
+// is sent in. Keys that keep failing pile up at the front of the claim
+// order (they are old and their short first backoffs keep them due), so
+// sending the batch oldest-first lines them up into the streak of
+// consecutive failures that opens the breaker. Alternating the oldest and
+// the newest of the batch puts a key that can succeed between any two of
+// them; a real outage fails every key in any order and still opens the
+// breaker after --breaker-failures. Suspect keys (failing on their own,
+// breaker.Suspect) go last: their failures count neither way, and the keys
+// that can finish should not wait behind them for the rate limiter.
+func dispatchOrder(keys []claimedKey, suspect func(id int64, attempts int) bool) []claimedKey {
+	var ok, bad []claimedKey
+	for _, k := range keys {
+		if suspect(k.ID, k.Attempts) {
+			bad = append(bad, k)
+		} else {
+			ok = append(ok, k)
+		}
+	}
+	out := make([]claimedKey, 0, len(keys))
+	for i, j := 0, len(ok)-1; i <= j; i, j = i+1, j-1 {
+		out = append(out, ok[i])
+		if i != j {
+			out = append(out, ok[j])
+		}
+	}
+	return append(out, bad...)
+}
+
+// probeCandidatesSQL lists up to $1 due candidates (CandidateSQL without
+// locking: nothing is leased yet) with their attempts, in claim order. It
+// walks the same rows a batch claim would, once per half-open.
+var probeCandidatesSQL = `
+SELECT cand.id, k.completer_attempts, cand.tracked_at
+FROM (` + strings.Replace(CandidateSQL, CandidateLocking, "", 1) + `) cand
+JOIN idempotency_keys k ON k.id = cand.id
+ORDER BY cand.tracked_at, cand.id`
+
+// claimOneSQL is claimSQL restricted to one key ($7, tracked under $8), so
+// the probe is the key chooseProbes picked, leased under exactly the
+// conditions of a batch claim (it is skipped if it stopped being due or
+// another replica took it). The tracked created_at makes it one primary-key
+// lookup in idemd_unfinished_keys, not a walk of the backlog.
+var claimOneSQL = strings.Replace(claimSQL, "ORDER BY u.created_at, u.key_id",
+	"AND u.key_id = $7 AND u.created_at = $8::timestamptz AND c.id = $7\n    ORDER BY u.created_at, u.key_id", 1)
+
+// probeCandidate is a due key that could be the half-open probe.
+type probeCandidate struct {
+	ID        int64
+	Attempts  int
+	TrackedAt time.Time
+}
+
+// chooseProbes orders candidates (given in claim order) by how much a
+// probe on them says about the API: first keys that are not suspect (a
+// suspect key already failed while the API answered others, so its failure
+// says nothing), then fewest attempts, then the newest first (the front of
+// the claim order is where keys that keep failing accumulate, see
+// dispatchOrder). Without this the probe was always the oldest due key, and
+// a key the API can never finish kept the breaker open for everyone.
+func chooseProbes(cands []probeCandidate, suspect func(id int64, attempts int) bool) []int64 {
+	type ranked struct {
+		probeCandidate
+		suspect bool
+		pos     int
+	}
+	rs := make([]ranked, len(cands))
+	for i, c := range cands {
+		rs[i] = ranked{c, suspect(c.ID, c.Attempts), i}
+	}
+	slices.SortStableFunc(rs, func(a, b ranked) int {
+		if a.suspect != b.suspect {
+			if a.suspect {
+				return 1
+			}
+			return -1
+		}
+		if a.Attempts != b.Attempts {
+			return a.Attempts - b.Attempts
+		}
+		return b.pos - a.pos
+	})
+	ids := make([]int64, len(rs))
+	for i, r := range rs {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+// claimProbe leases the one key the half-open breaker probes with: the best
+// of the first BatchSize due candidates by chooseProbes. If that key was
+// taken meanwhile it tries the next; it claims nothing only when no
+// candidate is left.
+func (s *Service) claimProbe(ctx context.Context) ([]claimedKey, error) {
+	rows, err := s.pool.Query(ctx, probeCandidatesSQL, s.cfg.BatchSize, s.cfg.Grace, s.cfg.Idle, s.cfg.LockTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("completer: probe candidates: %w", err)
+	}
+	cands, err := pgx.CollectRows(rows, pgx.RowToStructByPos[probeCandidate])
+	if err != nil {
+		return nil, fmt.Errorf("completer: probe candidates: %w", err)
+	}
+	tracked := make(map[int64]time.Time, len(cands))
+	for _, c := range cands {
+		tracked[c.ID] = c.TrackedAt
+	}
+	for _, id := range chooseProbes(cands, s.breaker.Suspect) {
+		keys, err := s.claimWith(ctx, claimOneSQL, 1, id, tracked[id])
+		if err != nil || len(keys) > 0 {
+			return keys, err
+		}
+	}
+	return nil, nil
 }
 
 // reply is what the API answered.
@@ -458,7 +596,8 @@ func (s *Service) process(ctx context.Context, k claimedKey, leaseDeadline time.
 	}
 	switch {
 	case !st.exists:
-		s.breaker.Done(false)
+		s.breaker.Succeeded(k.ID)
+		s.breaker.Forget(k.ID)
 		if _, err := s.pool.Exec(wctx, untrackSQL, k.ID, k.TrackedAt); err != nil {
 			log.Warn("untracking a deleted key failed (harmless: the next prune removes it)", zap.Error(err))
 		}
@@ -466,7 +605,7 @@ func (s *Service) process(ctx context.Context, k claimedKey, leaseDeadline time.
 	case st.finished:
 		// The database is the truth: finished whatever status came back
 		// (a stored 402 or even a stored 500 is a final answer).
-		s.breaker.Done(false)
+		s.breaker.Succeeded(k.ID)
 		return s.markFinished(wctx, log, k)
 	case !st.leaseOurs:
 		s.breaker.Cancel()
@@ -481,25 +620,37 @@ func (s *Service) process(ctx context.Context, k claimedKey, leaseDeadline time.
 	}
 	switch {
 	case rep.err != nil:
-		s.breaker.Done(true)
+		s.breakerFailed(log, k)
 		return s.fail(wctx, log, k, st, OutcomeRetry, "request failed: "+describeErr(rep.err))
 	case rep.status == http.StatusConflict:
-		s.breaker.Done(false)
+		s.breaker.Succeeded(k.ID)
 		return s.inProgress(wctx, log, k)
 	case rep.status >= 500 || rep.status == http.StatusTooManyRequests:
-		s.breaker.Done(true)
+		s.breakerFailed(log, k)
 		return s.fail(wctx, log, k, st, OutcomeRetry, fmt.Sprintf("API answered %d %s", rep.status, http.StatusText(rep.status)))
 	case rep.status == http.StatusUnauthorized || rep.status == http.StatusForbidden:
 		// A misconfigured secret looks like this on every key: count it
 		// against the breaker so attempts burn slowly while an operator
-		// fixes it.
-		s.breaker.Done(true)
+		// fixes it. (With a wrong secret no key ever succeeds, so none of
+		// these is taken for a key's own failure.)
+		s.breakerFailed(log, k)
 		return s.fail(wctx, log, k, st, OutcomeUnauthorized, fmt.Sprintf(
 			"API answered %d %s to the signed replay of an unfinished key: the completer's --auth-secret-file does not match the API's replay secret, or the API does not accept replays on %s",
 			rep.status, http.StatusText(rep.status), k.Path))
 	default:
-		s.breaker.Done(false)
+		// The API answered deliberately: it is up, whatever this key's
+		// problem is.
+		s.breaker.Succeeded(k.ID)
 		return s.fail(wctx, log, k, st, OutcomeRejected, fmt.Sprintf("API answered %d %s but the key is still at recovery point %q", rep.status, http.StatusText(rep.status), st.recoveryPoint))
+	}
+}
+
+// breakerFailed tells the breaker that k's request failed and logs when the
+// failure was taken for the key's own (it then leaves the breaker alone).
+func (s *Service) breakerFailed(log *zap.Logger, k claimedKey) {
+	if s.breaker.Failed(k.ID, k.Attempts) == keyFailure {
+		log.Debug("key fails while the API answers other keys: its failure does not count against the API",
+			zap.Int("attempts", k.Attempts+1))
 	}
 }
 
@@ -718,6 +869,7 @@ WHERE id = $1 AND completer_leased_until = $2 AND recovery_point <> 'finished' A
 		return OutcomeLeaseLost
 	}
 	if outcome == OutcomeGaveUp {
+		s.breaker.Forget(k.ID)
 		log.Warn("gave up on key, flagged for review", zap.String("reason", review.ReasonCompleterGaveUp), zap.String("detail", detail))
 	}
 	return outcome
