@@ -39,7 +39,7 @@ type CLI struct {
 	PollInterval           time.Duration `name:"poll-interval" default:"10s" help:"Pause between sweeps once nothing is due."`
 	RequestTimeout         time.Duration `name:"request-timeout" default:"30s" help:"Timeout of one replay request."`
 	RequestEncoding        string        `name:"request-encoding" default:"json" enum:"json,form" help:"Body encoding of replays: json (stored params as is) or form (Stripe-style a[b]=c)."`
-	BreakerFailures        int           `name:"breaker-failures" default:"5" help:"Consecutive failures (5xx, 429, 401, network) that open the circuit breaker."`
+	BreakerFailures        int           `name:"breaker-failures" default:"5" help:"Consecutive failures (5xx, 429, 401, network) that open the circuit breaker. A key that fails again after the API answered other keys in between is failing on its own and does not count."`
 	BreakerCooldown        time.Duration `name:"breaker-cooldown" default:"5s" help:"First open period of the breaker; doubles on every failed probe."`
 	BreakerMaxCooldown     time.Duration `name:"breaker-max-cooldown" default:"2m" help:"Longest open period of the breaker."`
 	Once                   bool          `name:"once" help:"Do one sweep (claim and process until no key is due right now) and exit 0."`
