@@ -649,6 +649,9 @@ func (s *Service) process(ctx context.Context, k claimedKey, leaseDeadline time.
 // failure was taken for the key's own (it then leaves the breaker alone).
 func (s *Service) breakerFailed(log *zap.Logger, k claimedKey) {
 	if s.breaker.Failed(k.ID, k.Attempts) == keyFailure {
+		// Counted, so a key failing on its own is visible before its
+		// give-up flags it (IdemdCompleterFlagging then fires).
+		s.metrics.keyFailures.Inc()
 		log.Debug("key fails while the API answers other keys: its failure does not count against the API",
 			zap.Int("attempts", k.Attempts+1))
 	}

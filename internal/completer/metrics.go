@@ -41,6 +41,7 @@ type metrics struct {
 	openReviews  *prometheus.GaugeVec
 	oldestReview prometheus.Gauge
 	breakerOpens prometheus.Counter
+	keyFailures  prometheus.Counter
 	duration     prometheus.Histogram
 	claimed      prometheus.Counter
 }
@@ -78,6 +79,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "idemd_completer_breaker_opens_total",
 			Help: "Times the circuit breaker opened.",
 		}),
+		keyFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_completer_key_failures_total",
+			Help: "Failed replays taken for the key's own fault (the key failed again after the API answered other keys), which leave the circuit breaker alone.",
+		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "idemd_completer_replay_duration_seconds",
 			Help:    "Duration of replay HTTP requests.",
@@ -92,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.replays.WithLabelValues(string(o))
 	}
 	if reg != nil {
-		reg.MustRegister(m.replays, m.pending, m.oldestAge, m.breakerState, m.openReviews, m.oldestReview, m.breakerOpens, m.duration, m.claimed)
+		reg.MustRegister(m.replays, m.pending, m.oldestAge, m.breakerState, m.openReviews, m.oldestReview, m.breakerOpens, m.keyFailures, m.duration, m.claimed)
 	}
 	return m
 }

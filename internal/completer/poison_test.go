@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"idemd/internal/dbtest"
 	"idemd/internal/review"
 )
@@ -217,6 +219,11 @@ func poisonScenario(t *testing.T, n int) []int {
 	}
 	if api.overlaps != 0 {
 		t.Fatal("overlapping replays")
+	}
+	// Failures taken for the poison keys' own are counted, and only theirs:
+	// without poison keys every failure was the API's.
+	if kf := testutil.ToFloat64(svc.metrics.keyFailures); (n == 0) != (kf == 0) {
+		t.Fatalf("%d poison keys: idemd_completer_key_failures_total %v", n, kf)
 	}
 	return finished
 }
