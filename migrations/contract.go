@@ -23,3 +23,27 @@ const APIUpdatedColumns = "recovery_point locked_at last_run_at response_code re
 
 // APIUpdatedColumnList is APIUpdatedColumns as a list.
 func APIUpdatedColumnList() []string { return strings.Fields(APIUpdatedColumns) }
+
+// ArticleSchema is the article's idempotency_keys (with its users table and
+// its unique (user_id, idempotency_key) index) as an API written against
+// the article has it before `idemctl migrate`: the schema idemd's
+// migrations must stay additive on, and the anchor the HOT benchmark and
+// the schema-contract tests compare idemd's schema with.
+const ArticleSchema = `
+CREATE TABLE users (id BIGSERIAL PRIMARY KEY, email TEXT NOT NULL);
+CREATE TABLE idempotency_keys (
+    id              BIGSERIAL   PRIMARY KEY,
+    created_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    idempotency_key TEXT        NOT NULL CHECK (char_length(idempotency_key) <= 100),
+    last_run_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    locked_at       TIMESTAMPTZ DEFAULT now(),
+    request_method  TEXT        NOT NULL CHECK (char_length(request_method) <= 10),
+    request_params  JSONB       NOT NULL,
+    request_path    TEXT        NOT NULL CHECK (char_length(request_path) <= 100),
+    response_code   INT         NULL,
+    response_body   JSONB       NULL,
+    recovery_point  TEXT        NOT NULL CHECK (char_length(recovery_point) <= 50),
+    user_id         BIGINT      NOT NULL REFERENCES users ON DELETE RESTRICT
+);
+CREATE UNIQUE INDEX idempotency_keys_user_id_idempotency_key ON idempotency_keys (user_id, idempotency_key);
+`

@@ -12,6 +12,7 @@ import (
 
 	"idemd/internal/dbtest"
 	"idemd/internal/migrate"
+	"idemd/migrations"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -128,23 +129,7 @@ func TestUpTwiceAndConcurrently(t *testing.T) {
 func TestAdditiveOnArticleSchema(t *testing.T) {
 	pool := emptyDatabase(t)
 	ctx := context.Background()
-	article := `
-CREATE TABLE users (id BIGSERIAL PRIMARY KEY, email TEXT NOT NULL);
-CREATE TABLE idempotency_keys (
-    id              BIGSERIAL   PRIMARY KEY,
-    created_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
-    idempotency_key TEXT        NOT NULL CHECK (char_length(idempotency_key) <= 100),
-    last_run_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
-    locked_at       TIMESTAMPTZ DEFAULT now(),
-    request_method  TEXT        NOT NULL CHECK (char_length(request_method) <= 10),
-    request_params  JSONB       NOT NULL,
-    request_path    TEXT        NOT NULL CHECK (char_length(request_path) <= 100),
-    response_code   INT         NULL,
-    response_body   JSONB       NULL,
-    recovery_point  TEXT        NOT NULL CHECK (char_length(recovery_point) <= 50),
-    user_id         BIGINT      NOT NULL REFERENCES users ON DELETE RESTRICT
-);
-CREATE UNIQUE INDEX idempotency_keys_user_id_idempotency_key ON idempotency_keys (user_id, idempotency_key);
+	article := migrations.ArticleSchema + `
 CREATE TABLE staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL);
 INSERT INTO users (email) VALUES ('a@example.com');
 INSERT INTO idempotency_keys (idempotency_key, request_method, request_params, request_path, recovery_point, user_id, response_code, response_body)

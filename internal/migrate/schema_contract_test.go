@@ -138,24 +138,8 @@ func TestNoIndexOnAPIUpdatedColumns(t *testing.T) {
 	})
 }
 
-const articleSchema = `
-CREATE TABLE users (id BIGSERIAL PRIMARY KEY, email TEXT NOT NULL);
-CREATE TABLE idempotency_keys (
-    id              BIGSERIAL   PRIMARY KEY,
-    created_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
-    idempotency_key TEXT        NOT NULL CHECK (char_length(idempotency_key) <= 100),
-    last_run_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
-    locked_at       TIMESTAMPTZ DEFAULT now(),
-    request_method  TEXT        NOT NULL CHECK (char_length(request_method) <= 10),
-    request_params  JSONB       NOT NULL,
-    request_path    TEXT        NOT NULL CHECK (char_length(request_path) <= 100),
-    response_code   INT         NULL,
-    response_body   JSONB       NULL,
-    recovery_point  TEXT        NOT NULL CHECK (char_length(recovery_point) <= 50),
-    user_id         BIGINT      NOT NULL REFERENCES users ON DELETE RESTRICT
-);
-CREATE UNIQUE INDEX idempotency_keys_user_id_idempotency_key ON idempotency_keys (user_id, idempotency_key);
-INSERT INTO users (email) VALUES ('a@example.com');`
+// articleSchema is the article's schema with one user to own keys.
+const articleSchema = migrations.ArticleSchema + `INSERT INTO users (email) VALUES ('a@example.com');`
 
 // An installation at 00011 (the partial index in place) moves to the side
 // table while its API keeps inserting keys: every key unfinished at the end

@@ -16,6 +16,7 @@ import (
 
 	"idemd/internal/migrate"
 	"idemd/internal/scratchdb"
+	"idemd/migrations"
 )
 
 // The key workload: what idemd's schema costs the API's own key updates.
@@ -32,26 +33,6 @@ import (
 // same workload runs on one database per schema variant, in interleaved
 // rounds, and the report compares the share of idempotency_keys updates
 // PostgreSQL did as HOT updates (pg_stat_user_tables) and the failure rate.
-
-// ArticleSchemaSQL is the article's schema, the anchor: idempotency_keys
-// with its unique index and a users table it references.
-const ArticleSchemaSQL = `
-CREATE TABLE users (id BIGSERIAL PRIMARY KEY, email TEXT NOT NULL);
-CREATE TABLE idempotency_keys (
-    id              BIGSERIAL   PRIMARY KEY,
-    created_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
-    idempotency_key TEXT        NOT NULL CHECK (char_length(idempotency_key) <= 100),
-    last_run_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
-    locked_at       TIMESTAMPTZ DEFAULT now(),
-    request_method  TEXT        NOT NULL CHECK (char_length(request_method) <= 10),
-    request_params  JSONB       NOT NULL,
-    request_path    TEXT        NOT NULL CHECK (char_length(request_path) <= 100),
-    response_code   INT         NULL,
-    response_body   JSONB       NULL,
-    recovery_point  TEXT        NOT NULL CHECK (char_length(recovery_point) <= 50),
-    user_id         BIGINT      NOT NULL REFERENCES users ON DELETE RESTRICT
-);
-CREATE UNIQUE INDEX idempotency_keys_user_id_idempotency_key ON idempotency_keys (user_id, idempotency_key);`
 
 // HotVariant is one schema the key workload runs on: the article's schema,
 // then Setup.
@@ -244,7 +225,7 @@ func RunHot(ctx context.Context, adminURL string, opts HotOptions) (*HotReport, 
 }
 
 func prepareHot(ctx context.Context, pool *pgxpool.Pool, v HotVariant, opts HotOptions) error {
-	if _, err := pool.Exec(ctx, ArticleSchemaSQL); err != nil {
+	if _, err := pool.Exec(ctx, migrations.ArticleSchema); err != nil {
 		return err
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO users (email) SELECT 'u' || g || '@example.com' FROM generate_series(1, $1) g`, opts.Users); err != nil {
