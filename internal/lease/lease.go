@@ -27,11 +27,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// DB is what the lease statements run on: a pool, a connection or a
+// DB is what Renew and Release run on: a pool, a connection or a
 // transaction.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // ErrLost: the lease is no longer this holder's (it expired and another
@@ -64,9 +63,6 @@ type Attempt struct {
 	PrevHolder  string
 	PrevRenewed time.Time
 	PrevExpires time.Time
-	// PrevRenewedAgo is how long before this attempt, by the database
-	// clock, the previous holder last renewed.
-	PrevRenewedAgo time.Duration
 }
 
 // TookOver reports whether the attempt took a lease another holder had
@@ -81,7 +77,7 @@ func (a Attempt) TookOver(holder string) bool {
 // can never both succeed.
 const acquireSQL = `
 WITH prev AS (
-    SELECT holder, renewed_at, expires_at, clock_timestamp() - renewed_at AS renewed_ago
+    SELECT holder, renewed_at, expires_at
     FROM idemd_leases WHERE name = @name
 ), took AS (
     INSERT INTO idemd_leases AS l (name, holder, acquired_at, renewed_at, expires_at)
@@ -92,7 +88,7 @@ WITH prev AS (
         WHERE l.expires_at < clock_timestamp() OR l.holder = excluded.holder
     RETURNING 1
 )
-SELECT EXISTS (SELECT FROM took), prev.holder, prev.renewed_at, prev.expires_at, prev.renewed_ago
+SELECT EXISTS (SELECT FROM took), prev.holder, prev.renewed_at, prev.expires_at
 FROM (SELECT) AS one LEFT JOIN prev ON true`
 
 // Beginner starts transactions: a pool or a connection.
@@ -111,13 +107,12 @@ func Acquire(ctx context.Context, db Beginner, name, holder string, ttl time.Dur
 	var a Attempt
 	var prevHolder *string
 	var prevRenewed, prevExpires *time.Time
-	var renewedAgo *time.Duration
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprint(busyLockTimeout.Milliseconds())); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, acquireSQL, pgx.NamedArgs{"name": name, "holder": holder, "ttl": ttl}).
-			Scan(&a.Acquired, &prevHolder, &prevRenewed, &prevExpires, &renewedAgo)
+			Scan(&a.Acquired, &prevHolder, &prevRenewed, &prevExpires)
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
@@ -128,7 +123,6 @@ func Acquire(ctx context.Context, db Beginner, name, holder string, ttl time.Dur
 	}
 	if prevHolder != nil {
 		a.PrevHolder, a.PrevRenewed, a.PrevExpires = *prevHolder, *prevRenewed, *prevExpires
-		a.PrevRenewedAgo = *renewedAgo
 	}
 	return a, nil
 }
