@@ -290,3 +290,16 @@ func randomHex(n int) string {
 	}
 	return hex.EncodeToString(b)
 }
+
+// AdvisoryLocks counts the advisory locks any session of pool's database
+// holds. idemd takes none that could outlive a transaction, so a test
+// checks it is 0 once the work under test is done.
+func AdvisoryLocks(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var n int
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+WHERE l.locktype = 'advisory' AND d.datname = current_database()`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("dbtest: count advisory locks: %w", err)
+	}
+	return n, nil
+}

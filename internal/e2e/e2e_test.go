@@ -80,9 +80,7 @@ func (e *env) checkSessions(ctx context.Context) {
 	} else {
 		e.logf("reaper: %d runs took over a killed run's lease", strings.Count(string(log), "took over the lease"))
 	}
-	var locks int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-		WHERE l.locktype = 'advisory' AND d.datname = current_database()`).Scan(&locks); err != nil || locks != 0 {
+	if locks, err := dbtest.AdvisoryLocks(ctx, e.pool); err != nil || locks != 0 {
 		t.Errorf("advisory locks held after the run: %d (%v)", locks, err)
 	}
 	if e.bouncer == nil {

@@ -59,8 +59,8 @@ func TestConcurrentMigrateThroughTransactionPooler(t *testing.T) {
 	if loadTx.Load() == 0 {
 		t.Fatal("no other client used the pool")
 	}
-	var locks int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database WHERE l.locktype = 'advisory' AND d.datname = current_database()`).Scan(&locks); err != nil {
+	locks, err := dbtest.AdvisoryLocks(ctx, pool)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if locks != 0 {

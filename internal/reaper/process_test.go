@@ -108,8 +108,11 @@ func leaseHeld(t *testing.T, pool *pgxpool.Pool) bool {
 // advisory lock: idemd takes none that could outlive a transaction.
 func noAdvisoryLocks(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
-	if n := queryInt(t, pool, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-WHERE l.locktype = 'advisory' AND d.datname = current_database()`); n != 0 {
+	n, err := dbtest.AdvisoryLocks(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
 		t.Fatalf("%d advisory locks held", n)
 	}
 }
