@@ -50,20 +50,19 @@ type Options struct {
 	BackendURL string
 }
 
-// Bouncer is one running pgbouncer.
+// Bouncer is one running pgbouncer: its Process (Mode, PoolSize, Addr, Dir,
+// URL, DirectURL, LogTail) and what the test adds around it.
+//
+// URL leaves pgx's default query exec mode, so a test sees what the code
+// under test really does: behind transaction pooling (pgbouncer 1.18 has no
+// prepared statement support) pgx's default statement cache prepares one
+// statement per query on whichever server connection it happens to use,
+// and code must choose its own default_query_exec_mode.
 type Bouncer struct {
-	// Mode and PoolSize are the effective pool_mode and default_pool_size.
-	Mode     string
-	PoolSize int
-	// Addr is host:port pgbouncer listens on.
-	Addr string
-	// Dir holds pgbouncer.ini, userlist.txt and pgbouncer.log.
-	Dir string
+	*pgbouncer.Process
 
-	backendURL string // the server's admin URL, from dbtest.ServerURL
-	tb         testing.TB
+	tb testing.TB
 
-	proc     *pgbouncer.Process
 	stopProc func() error
 
 	// stopLoad ends every Load when the test ends, before pgbouncer is
@@ -97,9 +96,6 @@ func Start(tb testing.TB, opts Options) *Bouncer {
 	if backend == "" {
 		backend = dbtest.ServerURL(tb)
 	}
-	if _, err := url.Parse(backend); err != nil {
-		tb.Fatalf("pgbouncertest: parse dbtest's server URL: %v", err)
-	}
 	proc, stop, err := pgbouncer.Run(context.Background(), pgbouncer.Options{
 		Mode:       opts.Mode,
 		PoolSize:   opts.PoolSize,
@@ -114,8 +110,7 @@ func Start(tb testing.TB, opts Options) *Bouncer {
 		tb.Fatalf("pgbouncertest: %v", err)
 	}
 	stopCtx, stopLoad := context.WithCancel(context.Background())
-	b := &Bouncer{Mode: proc.Mode, PoolSize: proc.PoolSize, Addr: proc.Addr, Dir: proc.Dir, backendURL: backend,
-		tb: tb, proc: proc, stopProc: stop, stopCtx: stopCtx, stopLoad: stopLoad}
+	b := &Bouncer{Process: proc, tb: tb, stopProc: stop, stopCtx: stopCtx, stopLoad: stopLoad}
 	tb.Cleanup(b.stop)
 	return b
 }
@@ -155,44 +150,6 @@ func (b *Bouncer) stop() {
 	if err := b.stopProc(); err != nil {
 		b.tb.Errorf("pgbouncertest: %v", err)
 	}
-}
-
-// LogTail returns the last n lines of pgbouncer's log (and whatever it
-// printed before opening the log), for failure messages.
-func (b *Bouncer) LogTail(n int) string { return b.proc.LogTail(n) }
-
-// URL is a connection URL through pgbouncer to database as user.
-//
-// Behind transaction pooling (pgbouncer 1.18 has no prepared statement
-// support) a client must not rely on named prepared statements: pgx's
-// default statement cache prepares one per query on whichever server
-// connection it happens to use. Code under test chooses its own
-// default_query_exec_mode; the URL leaves pgx's default so that a test sees
-// what the code really does.
-func (b *Bouncer) URL(database, user string) string {
-	u := url.URL{
-		Scheme:   "postgres",
-		User:     url.User(user),
-		Host:     b.Addr,
-		Path:     "/" + database,
-		RawQuery: "sslmode=disable",
-	}
-	return u.String()
-}
-
-// DirectURL is a connection URL straight to the server (not through
-// pgbouncer) for database as user.
-func (b *Bouncer) DirectURL(database, user string) string {
-	u, err := url.Parse(b.backendURL)
-	if err != nil {
-		panic(fmt.Sprintf("pgbouncertest: parse server URL: %v", err)) // parsed once in Start already
-	}
-	u.Path = "/" + database
-	if u.User.Username() != user {
-		// A different role: trust auth is assumed, as for pgbouncer.
-		u.User = url.User(user)
-	}
-	return u.String()
 }
 
 // DatabaseName is the database name of a URL such as dbtest.NewDatabase's.
