@@ -3,13 +3,10 @@ package reaper
 import (
 	"context"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"idemd/internal/dbtest"
 	"idemd/internal/pgbouncertest"
-	"idemd/internal/testwait"
 )
 
 // TestProcessThroughTransactionPooler runs reaper processes through a real
@@ -53,19 +50,7 @@ func testProcessThroughPooler(t *testing.T, mode string) {
 		}
 	}
 
-	ids := insertOldKeys(t, pool, 30)
-	createRides(t, pool, "SET NULL", ids[15])
-	release := blockOnRide(t, pool, ids[15])
-	p := startReaper(t, bin, pooled, args()...)
-	testwait.Until(t, time.Minute, "the reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-p.done
-	// pgbouncer closes the server connection of a client that vanished
-	// mid-transaction, which rolls the batch back.
-	testwait.Until(t, time.Minute, "the killed reaper's batch to be rolled back", func() bool { return !reaperWaitingOnLock(t, pool) })
-	release()
+	killInSecondBatch(t, bin, pooled, pool, args()...)
 	next := runReaper(t, bin, pooled, 0, args()...)
 	if !strings.Contains(next.stderr.String(), "took over the lease") || !strings.Contains(next.stderr.String(), `"result":"complete"`) {
 		t.Fatalf("the run after the killed one did not take over and finish:\n%s", next.stderr)

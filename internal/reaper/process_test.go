@@ -117,6 +117,30 @@ func noAdvisoryLocks(t *testing.T, pool *pgxpool.Pool) {
 	}
 }
 
+// killInSecondBatch inserts 30 keys past retention (every third
+// unfinished) with a ride on the 16th, starts a reaper with args (batch size
+// 10) and SIGKILLs it while its second batch waits on that ride's row lock.
+// It returns once the batch was rolled back: the server notices the dead
+// client (client_connection_check_interval, set in the batch; behind
+// pgbouncer, which closes the server connection of a client that vanished
+// mid-transaction) and ends the session even while the test holds the row
+// lock, which is then released. The killed run's lease stays behind.
+func killInSecondBatch(t *testing.T, bin, dbURL string, pool *pgxpool.Pool, args ...string) []int64 {
+	t.Helper()
+	ids := insertOldKeys(t, pool, 30)
+	createRides(t, pool, "SET NULL", ids[15])
+	release := blockOnRide(t, pool, ids[15])
+	p := startReaper(t, bin, dbURL, args...)
+	testwait.Until(t, time.Minute, "the reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	testwait.Until(t, time.Minute, "the killed reaper's batch to be rolled back", func() bool { return !reaperWaitingOnLock(t, pool) })
+	release()
+	return ids
+}
+
 // blockOnRide opens a transaction holding the row lock of the ride that
 // references key, so a reaper deleting that key (ON DELETE SET NULL) waits
 // inside its batch. The returned func releases it.
@@ -222,22 +246,8 @@ func TestProcessLockHeldExternally(t *testing.T) {
 // is released, and the next run finishes the job.
 func TestProcessSIGKILLMidRun(t *testing.T) {
 	bin, dbURL, pool := newProcessTest(t)
-	ids := insertOldKeys(t, pool, 30) // every third unfinished
-	createRides(t, pool, "SET NULL", ids[15])
-	release := blockOnRide(t, pool, ids[15])
-
 	leaseArgs := []string{"--lease-ttl", "6s", "--statement-timeout", "5s"}
-	p := startReaper(t, bin, dbURL, append([]string{"--batch-size", "10"}, leaseArgs...)...)
-	testwait.Until(t, time.Minute, "the reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-p.done
-	// The server notices the dead client (client_connection_check_interval,
-	// set in the batch) and ends the session, rolling back the batch, even
-	// while the test still holds the row lock. The lease stays behind.
-	testwait.Until(t, time.Minute, "the killed reaper's batch to be rolled back", func() bool { return !reaperWaitingOnLock(t, pool) })
-	release()
+	ids := killInSecondBatch(t, bin, dbURL, pool, append([]string{"--batch-size", "10"}, leaseArgs...)...)
 	if !leaseHeld(t, pool) {
 		t.Fatal("the killed run's lease is gone: the next run would not have to take it over")
 	}
