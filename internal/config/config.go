@@ -116,6 +116,13 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 	} {
 		opts = append(opts, kong.TypeMapper(typ, collecting{typ: typ, problems: &problems}))
 	}
+	if d, ok := cli.(Defaulter); ok {
+		vars, err := Vars(d.FlagDefaults())
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, vars)
+	}
 	opts = append(opts, extra...)
 	parser, err := kong.New(cli, opts...)
 	if err != nil {

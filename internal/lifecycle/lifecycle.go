@@ -1,9 +1,13 @@
-// Package lifecycle is the Start/Stop shape the long-running daemons share.
-// Their work runs in the background on a context of its own. Stop first
-// asks the work to finish its current unit (it closes the stop channel),
-// waits for that until the caller's deadline, and only then cancels the
-// work's context, so a batch in progress commits or rolls back whole
-// instead of being cut off by the shutdown signal itself.
+// Package lifecycle is the Start/Stop shape every idemd service shares
+// (docs/architecture.md). A service's work runs in the background on a
+// context of its own. Stopping first asks the work to finish its current
+// unit (it closes the stop channel), waits for that until the caller's
+// deadline, and only then cancels the work's context, so a batch in progress
+// commits or rolls back whole instead of being cut off by the shutdown
+// signal itself.
+//
+// Two things ask the work to stop, with the same meaning: Stop, and the end
+// of the context given to Start. Only Stop's deadline cancels the work.
 package lifecycle
 
 import (
@@ -24,9 +28,10 @@ type Runner struct {
 	done    chan struct{}
 }
 
-// Start runs work in a goroutine and returns at once. work's context keeps
-// ctx's values but not its cancellation: it ends only when a Stop's
-// deadline passes. work must return soon after stop is closed.
+// Start runs work in a goroutine and returns at once. When ctx ends, work is
+// asked to stop (stop is closed) as by Stop; work's context keeps ctx's
+// values but is cancelled only when a Stop's deadline passes. work must
+// return soon after stop is closed.
 func (r *Runner) Start(ctx context.Context, work func(ctx context.Context, stop <-chan struct{})) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -36,11 +41,24 @@ func (r *Runner) Start(ctx context.Context, work func(ctx context.Context, stop 
 	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop, done := make(chan struct{}), make(chan struct{})
 	r.started, r.stop, r.cancel, r.done = true, stop, cancel, done
+	unwatch := context.AfterFunc(ctx, func() { r.requestStop(stop) })
 	go func() {
 		defer close(done)
+		defer unwatch()
 		work(workCtx, stop)
 	}()
 	return nil
+}
+
+// requestStop closes stop once, whoever asks first.
+func (r *Runner) requestStop(stop chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-stop:
+	default:
+		close(stop)
+	}
 }
 
 // Stop asks the work to finish and waits for it until ctx ends, then
@@ -53,13 +71,9 @@ func (r *Runner) Stop(ctx context.Context) error {
 		r.mu.Unlock()
 		return nil
 	}
-	select {
-	case <-r.stop:
-	default:
-		close(r.stop)
-	}
-	done, cancel := r.done, r.cancel
+	stop, done, cancel := r.stop, r.done, r.cancel
 	r.mu.Unlock()
+	r.requestStop(stop)
 
 	var err error
 	select {

@@ -45,8 +45,9 @@ func TestStopDeadlineCancelsTheWork(t *testing.T) {
 	}
 }
 
-// Start's context ending does not cancel the work: only Stop does.
-func TestStartContextDoesNotCancelTheWork(t *testing.T) {
+// Start's context ending asks the work to stop, as Stop does, but does not
+// cancel the work's context: the current unit still finishes.
+func TestStartContextEndingStopsWithoutCancelling(t *testing.T) {
 	var r Runner
 	ctx, cancel := context.WithCancel(context.Background())
 	seen := make(chan error, 1)
@@ -57,11 +58,11 @@ func TestStartContextDoesNotCancelTheWork(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
-	if err := r.Stop(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 	if err := <-seen; err != nil {
 		t.Fatalf("work context ended with Start's: %v", err)
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
 
