@@ -121,6 +121,13 @@ BEGIN
         GRANT SELECT, INSERT ON public.staged_jobs TO idemd_api;
         GRANT USAGE, SELECT ON SEQUENCE public.staged_jobs_id_seq TO idemd_api;
     END IF;
+    -- The API's replay verifier (idem.ReplayNonces) records each accepted
+    -- nonce with INSERT ... ON CONFLICT (nonce) DO NOTHING (which needs
+    -- SELECT on the conflict column) and deletes batches of expired rows
+    -- (SELECT for their WHERE); it never updates a row.
+    IF to_regclass('public.idemd_replay_nonces') IS NOT NULL THEN
+        GRANT SELECT, INSERT, DELETE ON public.idemd_replay_nonces TO idemd_api;
+    END IF;
 END
 $existing$;
 
