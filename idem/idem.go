@@ -20,7 +20,8 @@
 //
 // ReplayAuth is the middleware that lets idemd's completer replay an
 // abandoned request on behalf of the key's user, through the HMAC signature
-// of package replayauth.
+// of package replayauth, with the signatures' nonces recorded in
+// PostgreSQL (ReplayNonces) so every API replica refuses a replayed one.
 package idem
 
 import (
@@ -101,6 +102,10 @@ type Store struct {
 	minKeyLen   int
 	retries     int
 	logger      *slog.Logger
+	// replayNonces is where ReplayAuth records nonces when its verifier
+	// has no store of its own; nonceDown tracks its outages for logging.
+	replayNonces *ReplayNonces
+	nonceDown    outage
 }
 
 // New returns a Store on pool.
@@ -124,11 +129,16 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
+	s.replayNonces = NewReplayNonces(pool, ReplayNoncesOptions{Logger: s.logger})
 	return s
 }
 
 // Pool returns the store's pool.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// ReplayNonces returns the store ReplayAuth records nonces in when its
+// verifier has none of its own (for its Stats).
+func (s *Store) ReplayNonces() *ReplayNonces { return s.replayNonces }
 
 // MinKeyLength returns the minimum length enforced for new keys.
 func (s *Store) MinKeyLength() int { return s.minKeyLen }

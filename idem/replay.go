@@ -44,7 +44,17 @@ func WithReplayUserID(ctx context.Context, userID int64) context.Context {
 // otherwise it gets 401. An accepted request carries the signed user id (see
 // ReplayUserID). With a nil verifier the replay path is disabled: every
 // signed request gets 401.
+//
+// Nonces are recorded in the store's database (ReplayNonces, table
+// idemd_replay_nonces), shared by every replica of the API, unless v was
+// given a store of its own with WithNonceStore. When the nonce cannot be
+// recorded (the database is unreachable) the request is refused with 503,
+// which the completer retries, and the outage is logged once, not once per
+// request, with a line when it is over.
 func (s *Store) ReplayAuth(v *replayauth.Verifier) func(http.Handler) http.Handler {
+	if v != nil && v.NonceStore() == nil {
+		v = v.WithNonceStore(s.replayNonces)
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			header := r.Header.Get(replayauth.Header)
@@ -53,6 +63,14 @@ func (s *Store) ReplayAuth(v *replayauth.Verifier) func(http.Handler) http.Handl
 				return
 			}
 			userID, err := s.verifyReplay(r, v, header)
+			if errors.Is(err, replayauth.ErrNonceStore) {
+				// Fail closed, with a status the completer retries.
+				if !isCanceled(r.Context(), err) {
+					s.nonceDown.fail(s.logger, "idem: cannot record replay nonces; signed replays are refused with 503 until it answers again", err)
+				}
+				WriteJSONError(w, http.StatusServiceUnavailable, MsgInternal)
+				return
+			}
 			var dbErr *replayLookupError
 			if errors.As(err, &dbErr) {
 				// Our failure, not the caller's: 5xx, which the completer
@@ -93,12 +111,16 @@ func (s *Store) verifyReplay(r *http.Request, v *replayauth.Verifier, header str
 	_ = r.Body.Close()
 	// The handler reads the same bytes the signature covered.
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	userID, err := v.Verify(header, replayauth.Request{
+	userID, err := v.Verify(r.Context(), header, replayauth.Request{
 		Method:         r.Method,
 		Path:           r.URL.Path,
 		IdempotencyKey: key,
 		Body:           body,
 	})
+	if err == nil || errors.Is(err, replayauth.ErrReplayed) {
+		// The nonce store answered.
+		s.nonceDown.ok(s.logger, "idem: recording replay nonces works again")
+	}
 	if err != nil {
 		return 0, err
 	}

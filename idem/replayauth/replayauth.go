@@ -11,7 +11,9 @@
 // rotation signs with both, and a verifier accepts the request when any v1
 // matches any secret it holds, so the completer and the API can be rolled in
 // either order. Comparison is constant-time; a nonce is accepted once within
-// the skew window; secrets are never formatted into errors or logs.
+// the skew window, recorded in a NonceStore (shared by every API replica
+// when it is PostgreSQL's, see idem.ReplayNonces); secrets are never
+// formatted into errors or logs.
 //
 // The canonical string (see Canonical) is documented in docs/api-authors.md
 // with test vectors in testdata/vectors.json, so an API in another language
@@ -19,6 +21,7 @@
 package replayauth
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -28,7 +31,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -44,7 +46,8 @@ const DefaultSkew = 5 * time.Minute
 // MinSecretLen is the shortest secret accepted (bytes): 256 bits.
 const MinSecretLen = 32
 
-// Errors a verifier returns. All of them map to HTTP 401.
+// Errors a verifier returns for a request it refuses. All of them map to
+// HTTP 401 (ErrNonceStore, below, is a 503).
 var (
 	ErrMissing   = errors.New("replayauth: signature header missing")
 	ErrMalformed = errors.New("replayauth: signature header malformed")
@@ -52,6 +55,12 @@ var (
 	ErrMismatch  = errors.New("replayauth: no signature matches")
 	ErrReplayed  = errors.New("replayauth: nonce already used")
 )
+
+// ErrNonceStore wraps a failure to record a nonce (its store, the database,
+// was unreachable). It is the verifier's failure, not the caller's: the
+// request is refused (fail closed), but with a retryable status (503), not
+// 401.
+var ErrNonceStore = errors.New("replayauth: nonce store unavailable")
 
 // Request is what a signature covers.
 type Request struct {
@@ -239,11 +248,17 @@ type Verifier struct {
 	secrets []Secret
 	skew    time.Duration
 	now     func() time.Time
-	nonces  *nonceCache
+	// nonces is the store given with WithNonceStore; nil means mem, the
+	// verifier's own process memory.
+	nonces NonceStore
+	mem    *MemoryNonces
 }
 
 // NewVerifier accepts a request signed with any of secrets within skew
-// (DefaultSkew when zero).
+// (DefaultSkew when zero). It remembers nonces in its own process memory
+// (a MemoryNonces) until WithNonceStore gives it a shared store: an API
+// with more than one replica needs one (idem.ReplayNonces, in PostgreSQL),
+// or a nonce used on one replica is accepted again by another.
 func NewVerifier(skew time.Duration, secrets ...Secret) (*Verifier, error) {
 	if len(secrets) == 0 {
 		return nil, errors.New("replayauth: verifier needs a secret")
@@ -251,20 +266,36 @@ func NewVerifier(skew time.Duration, secrets ...Secret) (*Verifier, error) {
 	if skew <= 0 {
 		skew = DefaultSkew
 	}
-	return &Verifier{secrets: secrets, skew: skew, now: time.Now, nonces: newNonceCache(100_000)}, nil
+	return &Verifier{secrets: secrets, skew: skew, now: time.Now, mem: NewMemoryNonces(nil)}, nil
 }
 
-// WithClock returns a verifier sharing the nonce cache but using now.
+// WithClock returns a verifier sharing the nonce store but using now for
+// the skew window.
 func (v *Verifier) WithClock(now func() time.Time) *Verifier {
 	c := *v
 	c.now = now
 	return &c
 }
 
+// WithNonceStore returns a verifier that records nonces in ns instead.
+func (v *Verifier) WithNonceStore(ns NonceStore) *Verifier {
+	c := *v
+	c.nonces = ns
+	return &c
+}
+
+// NonceStore returns the store given with WithNonceStore, or nil when the
+// verifier remembers nonces in its own process memory (NewVerifier's
+// default).
+func (v *Verifier) NonceStore() NonceStore { return v.nonces }
+
 // Verify checks header against r, whose UserID is taken from the header.
-// On success it returns the signed user id. The nonce is remembered only
-// after the MAC checks out, so forged headers cannot fill the cache.
-func (v *Verifier) Verify(header string, r Request) (int64, error) {
+// On success it returns the signed user id. The nonce is recorded (see
+// NonceStore) only after the MAC checks out, so forged headers cannot fill
+// the store, with the time its signature stops passing the skew window as
+// its expiry. An error of the nonce store fails closed: Verify returns an
+// error wrapping ErrNonceStore and the store's error, never an acceptance.
+func (v *Verifier) Verify(ctx context.Context, header string, r Request) (int64, error) {
 	p, err := Parse(header)
 	if err != nil {
 		return 0, err
@@ -291,7 +322,15 @@ func (v *Verifier) Verify(header string, r Request) (int64, error) {
 	if ok == 0 {
 		return 0, ErrMismatch
 	}
-	if !v.nonces.add(p.Nonce, ts.Add(v.skew), now) {
+	var store NonceStore = v.mem
+	if v.nonces != nil {
+		store = v.nonces
+	}
+	fresh, err := store.Use(ctx, p.Nonce, ts.Add(v.skew))
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrNonceStore, err)
+	}
+	if !fresh {
 		return 0, ErrReplayed
 	}
 	return p.UserID, nil
@@ -305,39 +344,3 @@ func boolToInt(b bool) int {
 }
 
 func eq(a, b []byte) int { return boolToInt(hmac.Equal(a, b)) }
-
-// nonceCache remembers nonces until their signature could no longer pass the
-// skew check. It is per process: across API replicas a replayed request can
-// at worst re-drive the same unfinished key, which the API's own idempotency
-// makes harmless.
-type nonceCache struct {
-	mu   sync.Mutex
-	max  int
-	seen map[string]time.Time
-}
-
-func newNonceCache(max int) *nonceCache {
-	return &nonceCache{max: max, seen: make(map[string]time.Time)}
-}
-
-func (c *nonceCache) add(nonce string, expires, now time.Time) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if exp, ok := c.seen[nonce]; ok && now.Before(exp) {
-		return false
-	}
-	if len(c.seen) >= c.max {
-		for k, exp := range c.seen {
-			if !now.Before(exp) {
-				delete(c.seen, k)
-			}
-		}
-		if len(c.seen) >= c.max {
-			// Full of live nonces: refuse rather than forget one, so a
-			// replay can never slip through an evicted entry.
-			return false
-		}
-	}
-	c.seen[nonce] = expires
-	return true
-}

@@ -1,6 +1,7 @@
 package replayauth
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -73,7 +74,7 @@ func TestVectors(t *testing.T) {
 				t.Fatal(err)
 			}
 			ver = ver.WithClock(func() time.Time { return time.Unix(v.Timestamp, 0) })
-			uid, err := ver.Verify(v.Header, req)
+			uid, err := ver.Verify(context.Background(), v.Header, req)
 			if err != nil || uid != v.UserID {
 				t.Fatalf("verify: uid=%d err=%v", uid, err)
 			}
@@ -125,7 +126,7 @@ func TestRejections(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := c.v.Verify(c.header, c.req)
+			_, err := c.v.Verify(context.Background(), c.header, c.req)
 			if !errors.Is(err, c.want) {
 				t.Fatalf("got %v, want %v", err, c.want)
 			}
@@ -140,10 +141,10 @@ func TestReplayedNonceRejected(t *testing.T) {
 	v = v.WithClock(func() time.Time { return now })
 	req := Request{Method: "POST", Path: "/rides", UserID: 1, IdempotencyKey: "k"}
 	h := mustSigner(t, s).SignAt(now.Unix(), "once", req)
-	if _, err := v.Verify(h, req); err != nil {
+	if _, err := v.Verify(context.Background(), h, req); err != nil {
 		t.Fatalf("first use: %v", err)
 	}
-	if _, err := v.Verify(h, req); !errors.Is(err, ErrReplayed) {
+	if _, err := v.Verify(context.Background(), h, req); !errors.Is(err, ErrReplayed) {
 		t.Fatalf("second use: got %v, want ErrReplayed", err)
 	}
 }

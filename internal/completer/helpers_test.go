@@ -142,7 +142,7 @@ func (a *testAPI) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad content type", http.StatusBadRequest)
 		return
 	}
-	uid, err := a.verifier.Verify(sig, replayauth.Request{Method: r.Method, Path: r.URL.Path, IdempotencyKey: key, Body: body})
+	uid, err := a.verifier.Verify(r.Context(), sig, replayauth.Request{Method: r.Method, Path: r.URL.Path, IdempotencyKey: key, Body: body})
 	if err != nil {
 		a.mu.Lock()
 		a.badSig++

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"idemd/idem"
 	"idemd/internal/dbtest"
 )
 
@@ -79,7 +82,7 @@ SELECT c.relname, pg_get_userbyid(c.relowner),
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"idempotency_keys", "staged_jobs", "staged_jobs_dead", "idempotency_key_reviews", "idemd_leases", "river_job"} {
+	for _, want := range []string{"idempotency_keys", "staged_jobs", "staged_jobs_dead", "idempotency_key_reviews", "idemd_leases", "idemd_replay_nonces", "river_job"} {
 		if !seen[want] {
 			t.Errorf("table %s missing from the migrated database", want)
 		}
@@ -120,8 +123,8 @@ func TestLaterMigrationIsGrantedToRuntime(t *testing.T) {
 
 // The API group of roles.sql is enough for what package idem does (lock,
 // create and update keys, stage jobs, reference keys from the API's own
-// table) and no more: it may not delete keys (the reaper does) or touch
-// River. A login role of the test's own stands for the operator's API role.
+// table, record and clean replay nonces) and no more: it may not delete
+// keys (the reaper does), touch River, or extend a nonce's expiry. A login role of the test's own stands for the operator's API role.
 func TestAPIGroupIsEnoughForTheAPI(t *testing.T) {
 	ctx := context.Background()
 	dbURL := dbtest.NewDatabase(t)
@@ -204,10 +207,37 @@ func TestAPIGroupIsEnoughForTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Replay nonces (idem.ReplayNonces, which ReplayAuth uses): record,
+	// refuse a replay, delete expired rows.
+	apiPool, err := pgxpool.New(ctx, dbtest.AsRole(dbURL, role))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer apiPool.Close()
+	nonces := idem.NewReplayNonces(apiPool, idem.ReplayNoncesOptions{})
+	for _, u := range []struct {
+		nonce   string
+		expires time.Time
+		fresh   bool
+	}{
+		{"expired", time.Now().Add(-time.Hour), true},
+		{"n1", time.Now().Add(5 * time.Minute), true},
+		{"n1", time.Now().Add(5 * time.Minute), false},
+	} {
+		fresh, err := nonces.Use(ctx, u.nonce, u.expires)
+		if err != nil || fresh != u.fresh {
+			t.Fatalf("as a member of %s: record replay nonce %s: fresh %v, err %v; want fresh %v", dbtest.APIRole, u.nonce, fresh, err, u.fresh)
+		}
+	}
+	if st := nonces.Stats(); st.Deleted != 1 || st.CleanupErrors != 0 {
+		t.Fatalf("as a member of %s: cleanup of the expired nonce: %+v, want 1 deleted", dbtest.APIRole, st)
+	}
+
 	for _, q := range []string{
 		`DELETE FROM idempotency_keys`,
 		`SELECT count(*) FROM river_job`,
 		`DELETE FROM staged_jobs`,
+		`UPDATE idemd_replay_nonces SET expires_at = now() + interval '1 day'`,
 	} {
 		_, err := api.Exec(ctx, q)
 		var pgErr *pgconn.PgError
