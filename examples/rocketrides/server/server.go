@@ -24,6 +24,7 @@ import (
 	"idemd/examples/rocketrides/api"
 	"idemd/examples/rocketrides/fakestripe"
 	"idemd/examples/rocketrides/receipts"
+	"idemd/idem"
 	"idemd/idem/replayauth"
 	"idemd/internal/config"
 	"idemd/internal/daemon"
@@ -123,6 +124,12 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 		if verifier, err = replayauth.NewVerifier(0, secrets...); err != nil {
 			return err
 		}
+		// Nonces in PostgreSQL, shared with every other replica of this
+		// API (idem.ReplayAuth's default, made explicit here for the
+		// metrics).
+		nonces := idem.NewReplayNonces(env.Pool, idem.ReplayNoncesOptions{Logger: logging.Slog(log)})
+		verifier = verifier.WithNonceStore(nonces)
+		registerNonceMetrics(env.Registry, nonces)
 	} else {
 		log.Warn("no --replay-secret-file: the completer's replay path is disabled")
 	}
@@ -207,6 +214,29 @@ func serve(addr string, h http.Handler) (string, func(context.Context) error, er
 		}
 		return err
 	}, nil
+}
+
+// registerNonceMetrics exports the replay nonce store's counters: a
+// refused replay because its nonce could not be recorded (the API answered
+// 503) and a failed cleanup are never silent.
+func registerNonceMetrics(reg prometheus.Registerer, nonces *idem.ReplayNonces) {
+	for _, op := range []struct {
+		name string
+		read func(idem.ReplayNonceStats) uint64
+	}{
+		{"record", func(s idem.ReplayNonceStats) uint64 { return s.UseErrors }},
+		{"cleanup", func(s idem.ReplayNonceStats) uint64 { return s.CleanupErrors }},
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "rocketrides_replay_nonce_errors_total",
+			Help:        "Replay nonce store (idemd_replay_nonces) failures: record (the signed replay was refused with 503) or cleanup (retried at the next interval).",
+			ConstLabels: prometheus.Labels{"op": op.name},
+		}, func() float64 { return float64(op.read(nonces.Stats())) }))
+	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "rocketrides_replay_nonces_deleted_total",
+		Help: "Expired replay nonces deleted from idemd_replay_nonces by this process.",
+	}, func() float64 { return float64(nonces.Stats().Deleted) }))
 }
 
 type statusRecorder struct {
