@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"idemd/internal/completer/completerbench"
+	completerbench "idemd/internal/bench/completer"
 )
 
 // Completer runs the completer suite: the candidate query against the
