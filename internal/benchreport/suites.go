@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
+	reaperbench "idemd/internal/bench/reaper"
 	"idemd/internal/enqueuer/enqueuerbench"
-	"idemd/internal/reaper/reaperbench"
 )
 
 // Scale shrinks every suite for a quick run (1 = the issues' sizes).

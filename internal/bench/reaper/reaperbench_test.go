@@ -50,7 +50,7 @@ func TestRunSmall(t *testing.T) {
 // TestFullRun runs the benchmark at the size REAPERBENCH_KEYS (skipped when
 // unset), optionally with REAPERBENCH_BATCH and REAPERBENCH_PAUSE:
 //
-//	REAPERBENCH_KEYS=2000000 go test -run TestFullRun -v -timeout 1h ./internal/reaper/reaperbench
+//	REAPERBENCH_KEYS=2000000 go test -run TestFullRun -v -timeout 1h ./internal/bench/reaper
 func TestFullRun(t *testing.T) {
 	keys, _ := strconv.Atoi(os.Getenv("REAPERBENCH_KEYS"))
 	if keys == 0 {
