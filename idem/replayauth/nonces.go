@@ -51,7 +51,10 @@ func NewMemoryNonces(now func() time.Time) *MemoryNonces {
 
 // Use implements NonceStore. It never fails.
 func (m *MemoryNonces) Use(_ context.Context, nonce string, expires time.Time) (bool, error) {
-	now := m.now()
+	return m.useAt(nonce, expires, m.now()), nil
+}
+
+func (m *MemoryNonces) useAt(nonce string, expires, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !now.Before(m.nextSweep) {
@@ -63,10 +66,10 @@ func (m *MemoryNonces) Use(_ context.Context, nonce string, expires time.Time) (
 		m.nextSweep = now.Add(MemorySweepInterval)
 	}
 	if exp, ok := m.seen[nonce]; ok && now.Before(exp) {
-		return false, nil
+		return false
 	}
 	m.seen[nonce] = expires
-	return true, nil
+	return true
 }
 
 // Len returns how many nonces the store holds, expired ones not yet swept

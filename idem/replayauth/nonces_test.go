@@ -184,3 +184,26 @@ func TestVerifiersShareNonceStore(t *testing.T) {
 		t.Fatalf("expiry recorded %v, want %v (timestamp + skew)", got, want)
 	}
 }
+
+// A verifier's own memory expires nonces by the verifier's clock (the one
+// WithClock sets), not the wall clock: a verifier living in the past still
+// refuses a replay within its window.
+func TestDefaultMemoryFollowsVerifierClock(t *testing.T) {
+	s := secrets(t, []string{strings.Repeat("k", 32)})[0]
+	past := time.Unix(1_500_000_000, 0) // 2017: long expired by the wall clock
+	c := newClock(past)
+	v, _ := NewVerifier(0, s)
+	v = v.WithClock(c.now)
+	req := Request{Method: "POST", Path: "/rides", UserID: 6, IdempotencyKey: "k"}
+	h := mustSigner(t, s).SignAt(past.Unix(), "old", req)
+	if _, err := v.Verify(ctxb(), h, req); err != nil {
+		t.Fatalf("first use: %v", err)
+	}
+	if _, err := v.Verify(ctxb(), h, req); !errors.Is(err, ErrReplayed) {
+		t.Fatalf("replay within the verifier's window: %v, want ErrReplayed", err)
+	}
+	c.set(past.Add(DefaultSkew + time.Second))
+	if _, err := v.Verify(ctxb(), h, req); !errors.Is(err, ErrExpired) {
+		t.Fatalf("after the window: %v, want ErrExpired", err)
+	}
+}

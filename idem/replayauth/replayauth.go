@@ -249,7 +249,7 @@ type Verifier struct {
 	skew    time.Duration
 	now     func() time.Time
 	// nonces is the store given with WithNonceStore; nil means mem, the
-	// verifier's own process memory.
+	// verifier's own process memory, on the verifier's clock.
 	nonces NonceStore
 	mem    *MemoryNonces
 }
@@ -322,13 +322,15 @@ func (v *Verifier) Verify(ctx context.Context, header string, r Request) (int64,
 	if ok == 0 {
 		return 0, ErrMismatch
 	}
-	var store NonceStore = v.mem
+	var fresh bool
 	if v.nonces != nil {
-		store = v.nonces
-	}
-	fresh, err := store.Use(ctx, p.Nonce, ts.Add(v.skew))
-	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrNonceStore, err)
+		if fresh, err = v.nonces.Use(ctx, p.Nonce, ts.Add(v.skew)); err != nil {
+			return 0, fmt.Errorf("%w: %w", ErrNonceStore, err)
+		}
+	} else {
+		// Its own memory expires nonces by the verifier's clock, the one
+		// that checked the window.
+		fresh = v.mem.useAt(p.Nonce, ts.Add(v.skew), now)
 	}
 	if !fresh {
 		return 0, ErrReplayed
