@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"reflect"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -93,11 +96,21 @@ func (e *Error) Error() string {
 // ErrHelp is returned when --help was printed; the command exits 0.
 var ErrHelp = errors.New("help printed")
 
-// Parse parses args (without the program name) into cli. Values that fail to
-// decode (a bad duration, a non-number) are collected instead of stopping the
-// parse, then cli's own Check runs, and all problems come back in one *Error.
+// Parse parses args (without the program name) into cli and reports every
+// configuration problem at once, each bad value once:
+//
+//   - a value that does not decode (a non-number, a bad duration, a word
+//     outside an enum) is one problem naming where it came from, the flag
+//     or its environment variable (IDEMD_BATCH_SIZE=abc names
+//     IDEMD_BATCH_SIZE), and the parse goes on to find the others;
+//   - cli's Check then runs (and a subcommand's Validate, inside kong),
+//     but their problems that name a flag whose value did not decode are
+//     dropped: that flag holds no value to judge (--batch-size=abc would
+//     otherwise also be "got 0");
+//   - a negative number is a value where a number or duration is expected:
+//     --rate -1 and --rate=-1 both set -1 (which Check may then refuse).
 func Parse(name, description string, cli any, args []string, stdout io.Writer, extra ...kong.Option) (*kong.Context, error) {
-	var problems []string
+	st := &parseState{}
 	helpPrinted := false
 	opts := []kong.Option{
 		kong.Name(name),
@@ -107,14 +120,12 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 		kong.Exit(func(int) { helpPrinted = true }),
 		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		// The command line has been read; what decodes from here on comes
+		// from the environment (or a default).
+		kong.WithBeforeReset(func() error { st.fromEnv = true; return nil }),
 	}
-	for _, typ := range []reflect.Type{
-		reflect.TypeOf(time.Duration(0)),
-		reflect.TypeOf(int(0)),
-		reflect.TypeOf(int64(0)),
-		reflect.TypeOf(float64(0)),
-	} {
-		opts = append(opts, kong.TypeMapper(typ, collecting{typ: typ, problems: &problems}))
+	for typ, decode := range decoders {
+		opts = append(opts, kong.TypeMapper(typ, collecting{decode: decode, st: st}))
 	}
 	if d, ok := cli.(Defaulter); ok {
 		vars, err := Vars(d.FlagDefaults())
@@ -132,11 +143,26 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 	if helpPrinted {
 		return nil, ErrHelp
 	}
-	if err != nil {
+	if kctx == nil {
+		var perr *kong.ParseError
+		if errors.As(err, &perr) {
+			kctx = perr.Context
+		}
+	}
+	problems, failed := st.report(kctx)
+	// A command's own Validate runs inside kong's parse; its complaint
+	// about a flag that did not decode is dropped like Check's.
+	if err != nil && !namesAny(err.Error(), failed) {
 		problems = append(problems, err.Error())
 	}
+	// After a kong error (an unknown flag, say) nothing was applied: Check
+	// would judge zero values.
 	if c, ok := cli.(Checker); ok && err == nil {
-		problems = append(problems, c.Check()...)
+		for _, p := range c.Check() {
+			if !namesAny(p, failed) {
+				problems = append(problems, p)
+			}
+		}
 	}
 	if len(problems) > 0 {
 		return kctx, &Error{Problems: problems}
@@ -144,23 +170,179 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 	return kctx, nil
 }
 
-// collecting wraps kong's default mapper for a type and records decode
-// failures instead of aborting on the first.
-type collecting struct {
-	typ      reflect.Type
-	problems *[]string
+// parseState is what the decoders of one Parse share.
+type parseState struct {
+	fromEnv  bool                 // past the command line: env and defaults
+	given    map[*kong.Value]bool // values given on the command line
+	problems []problem
 }
 
-var defaults = kong.NewRegistry().RegisterDefaults()
+// problem is a value that did not decode.
+type problem struct {
+	value *kong.Value
+	text  string
+}
+
+// report returns the problems of the values kctx selected (an environment
+// variable meant for another idemctl subcommand is not this one's problem)
+// and the names of their flags.
+func (st *parseState) report(kctx *kong.Context) ([]string, []string) {
+	selected := map[*kong.Value]bool{}
+	if kctx != nil {
+		for _, p := range kctx.Path {
+			if n := p.Node(); n != nil {
+				for _, v := range n.Values() {
+					selected[v] = true
+				}
+			}
+		}
+	}
+	var texts, failed []string
+	for _, p := range st.problems {
+		if kctx != nil && !selected[p.value] {
+			continue
+		}
+		texts = append(texts, p.text)
+		failed = append(failed, p.value.Name)
+	}
+	return texts, failed
+}
+
+// namesAny reports whether the problem text mentions --name for any of
+// names, as a whole flag name.
+func namesAny(text string, names []string) bool {
+	for _, n := range names {
+		flag := "--" + n
+		for i := strings.Index(text, flag); i >= 0; {
+			end := i + len(flag)
+			if end == len(text) || !isFlagChar(text[end]) {
+				return true
+			}
+			next := strings.Index(text[end:], flag)
+			if next < 0 {
+				break
+			}
+			i = end + next
+		}
+	}
+	return false
+}
+
+func isFlagChar(c byte) bool {
+	return c == '-' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+}
+
+// decoders turn one value's text into a field, saying in words what was
+// expected. Every flag of these types (and every string flag with an
+// enum) goes through collecting.
+var decoders = map[reflect.Type]func(s string, v *kong.Value, target reflect.Value) error{
+	reflect.TypeOf(time.Duration(0)): func(s string, _ *kong.Value, target reflect.Value) error {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("%q is not a duration (a number with a unit: 500ms, 90s, 15m, 72h)", s)
+		}
+		target.SetInt(int64(d))
+		return nil
+	},
+	reflect.TypeOf(int(0)):   decodeInt,
+	reflect.TypeOf(int64(0)): decodeInt,
+	reflect.TypeOf(float64(0)): func(s string, _ *kong.Value, target reflect.Value) error {
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a number", s)
+		}
+		target.SetFloat(f)
+		return nil
+	},
+	reflect.TypeOf(""): func(s string, v *kong.Value, target reflect.Value) error {
+		if v != nil && v.Enum != "" {
+			if enum := v.EnumSlice(); !slices.Contains(enum, s) {
+				// kong checks enums after the parse and stops at the
+				// first; this reports every one. A value kong's check
+				// accepts stands in: Parse fails on this problem anyway.
+				target.SetString(enum[0])
+				if v.HasDefault {
+					target.SetString(v.Default)
+				}
+				return fmt.Errorf("%q is not one of %s", s, strings.Join(enum, ", "))
+			}
+		}
+		target.SetString(s)
+		return nil
+	},
+}
+
+func decodeInt(s string, _ *kong.Value, target reflect.Value) error {
+	n, err := strconv.ParseInt(s, 0, target.Type().Bits())
+	if err != nil {
+		if errors.Is(err, strconv.ErrRange) {
+			return fmt.Errorf("%q is out of range", s)
+		}
+		return fmt.Errorf("%q is not a whole number", s)
+	}
+	target.SetInt(n)
+	return nil
+}
+
+// negativeNumber is a command-line word that reads as a value although it
+// starts with a hyphen: -1, -0.5, -.5, -1s.
+var negativeNumber = regexp.MustCompile(`^-\.?[0-9]`)
+
+// collecting decodes a value with decode, records a failure as a problem
+// instead of aborting the parse, and takes a negative number after a flag
+// as the flag's value (kong would read -1 as the short flag -1).
+type collecting struct {
+	decode func(s string, v *kong.Value, target reflect.Value) error
+	st     *parseState
+}
 
 func (c collecting) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
-	err := defaults.ForType(c.typ).Decode(ctx, target)
-	if err != nil {
-		name := "value"
-		if ctx.Value != nil && ctx.Value.Flag != nil {
-			name = "--" + ctx.Value.Flag.Name
+	if tok := ctx.Scan.Peek(); tok.Type == kong.UntypedToken {
+		if s, ok := tok.Value.(string); ok && negativeNumber.MatchString(s) {
+			ctx.Scan.Pop()
+			ctx.Scan.PushTyped(s, kong.FlagValueToken)
 		}
-		*c.problems = append(*c.problems, fmt.Sprintf("%s: %v", name, err))
+	}
+	tok, err := ctx.Scan.PopValue("value")
+	if err != nil {
+		return err // kong's own message: a flag where its value should be
+	}
+	s, ok := tok.Value.(string)
+	if !ok {
+		s = fmt.Sprint(tok.Value)
+	}
+	v := ctx.Value
+	if v == nil {
+		return c.decode(s, nil, target)
+	}
+	if !c.st.fromEnv {
+		if c.st.given == nil {
+			c.st.given = map[*kong.Value]bool{}
+		}
+		c.st.given[v] = true
+	}
+	if err := c.decode(s, v, target); err != nil {
+		c.st.record(v, s, err)
 	}
 	return nil
+}
+
+// record words a decode failure by its source: the flag, or the
+// environment variable kong read it from, or the default.
+func (st *parseState) record(v *kong.Value, s string, err error) {
+	flag := "--" + v.Name
+	if !st.fromEnv {
+		st.problems = append(st.problems, problem{v, fmt.Sprintf("%s: %v", flag, err)})
+		return
+	}
+	if st.given[v] {
+		return // the command line overrides it
+	}
+	for _, env := range v.Tag.Envs {
+		if val, ok := os.LookupEnv(env); ok && val == s {
+			st.problems = append(st.problems, problem{v, fmt.Sprintf("%s (%s): %v", env, flag, err)})
+			return
+		}
+	}
+	st.problems = append(st.problems, problem{v, fmt.Sprintf("%s: default: %v", flag, err)})
 }
