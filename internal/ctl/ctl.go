@@ -25,6 +25,8 @@ type CLI struct {
 	Migrate MigrateCmd `cmd:"" help:"Apply idemd's and River's migrations (safe to run twice or concurrently)."`
 	Status  StatusCmd  `cmd:"" help:"Show staged-job backlog, unfinished keys by recovery point, keys past retention and open reviews."`
 	Review  ReviewCmd  `cmd:"" help:"List and resolve idempotency keys flagged for review."`
+	Keys    KeysCmd    `cmd:"" help:"Show one key, or hand a given-up key back to the completer."`
+	Dead    DeadCmd    `cmd:"" help:"List, show and requeue dead-lettered staged jobs."`
 }
 
 // Check reports configuration problems.

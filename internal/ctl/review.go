@@ -28,7 +28,7 @@ type ReviewListCmd struct {
 	NewerThan time.Duration `name:"newer-than" help:"Only reviews flagged more recently than this."`
 	State     string        `name:"state" default:"open" enum:"open,resolved,all" help:"Which reviews: open, resolved or all."`
 	Limit     int           `name:"limit" default:"100" help:"At most this many, oldest first."`
-	Format    string        `name:"format" default:"table" enum:"table,json" help:"Output: table or json."`
+	Format    string        `name:"format" short:"o" aliases:"output" default:"table" enum:"table,text,json" help:"Output: table (text) or json; -o json as on every read command."`
 }
 
 // Validate reports every problem with the list flags (exit 2).

@@ -1,0 +1,82 @@
+// Package console is the operator's console (issue 20): what an on-call
+// engineer needs to see one key, hand a given-up key back to the completer,
+// and inspect and requeue dead-lettered staged jobs, every action recorded
+// with who, when and why in idemd_operator_actions (migrations/00017).
+//
+// Two faces share it: idemctl's `keys` and `dead` commands (internal/ctl)
+// print what these functions return, as text or with -o json; the web
+// console (Server, `idemctl console`) renders the same values as HTML pages
+// and performs the same actions from POST forms. Nothing here is a second
+// definition of a service's rule: the status overview and the review list
+// come from internal/ctl through the Backend interface, and a retry resets
+// exactly the columns the completer reads to decide it gave up
+// (internal/completer, CandidateSQL and giveUp).
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Via values recorded in idemd_operator_actions.via.
+const (
+	ViaIdemctl = "idemctl"
+	ViaConsole = "console"
+)
+
+// Actions recorded in idemd_operator_actions.action.
+const (
+	ActionKeyRetry    = "key_retry"
+	ActionDeadRequeue = "dead_requeue"
+)
+
+// ErrNotFound: the key, dead letter or review does not exist (any more).
+var ErrNotFound = errors.New("not found")
+
+// ErrRefused: the action does not apply to the row as it is now (a
+// finished key, a key the completer is replaying right now). The error's
+// text says why.
+var ErrRefused = errors.New("refused")
+
+// DB is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// TxDB is a DB that can begin a transaction (a pool or a connection).
+type TxDB interface {
+	DB
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Actor is who performs an action and through which face.
+type Actor struct {
+	By  string // the operator's identity, never empty
+	Via string // ViaIdemctl or ViaConsole
+}
+
+// check reports what is wrong with an actor and a note, every problem at
+// once (the command turns them into exit 2, the page into a 400).
+func checkActor(a Actor, note string) error {
+	var p []string
+	if strings.TrimSpace(a.By) == "" {
+		p = append(p, "an operator identity is required (--by or IDEMD_OPERATOR; in the console --operator or the proxy's header)")
+	}
+	if strings.TrimSpace(note) == "" {
+		p = append(p, "a note is required: say why this is safe now")
+	}
+	if a.Via == "" {
+		p = append(p, "internal: Via is empty")
+	}
+	if len(p) > 0 {
+		return fmt.Errorf("%w: %s", ErrRefused, strings.Join(p, "; "))
+	}
+	return nil
+}

@@ -1,0 +1,80 @@
+package ctl
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"idemd/internal/console"
+)
+
+// Output is the -o/--output flag of the read commands: text for people,
+// json for scripts (the field names are the json tags of the printed type).
+type Output struct {
+	Output string `name:"output" short:"o" default:"text" enum:"text,json" help:"Output: text or json."`
+}
+
+// JSON reports whether -o json was given.
+func (o Output) JSON() bool { return o.Output == "json" }
+
+// Operator are the flags of every state-changing command: who does it and
+// why, both recorded. The identity is never taken from the OS user: an
+// action recorded as "root" or "ubuntu" from a shared bastion tells no one
+// who acted.
+type Operator struct {
+	By   string `name:"by" env:"IDEMD_OPERATOR" help:"Who does this, recorded with the action (env IDEMD_OPERATOR). Required; the OS user is never assumed."`
+	Note string `name:"note" help:"Why this is safe now, recorded with the action. Required."`
+}
+
+// problems lists what is missing from the operator flags.
+func (o Operator) problems() []string {
+	var p []string
+	if strings.TrimSpace(o.By) == "" {
+		p = append(p, "--by (or IDEMD_OPERATOR) is required: who does this is recorded, and the OS user is never assumed")
+	}
+	if strings.TrimSpace(o.Note) == "" {
+		p = append(p, "--note is required: say why this is safe now")
+	}
+	return p
+}
+
+// actor is the console.Actor of an idemctl command.
+func (o Operator) actor() console.Actor {
+	return console.Actor{By: strings.TrimSpace(o.By), Via: console.ViaIdemctl}
+}
+
+// ts renders a time the way every idemctl table does, "-" for none.
+func ts(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// since renders the age of t at now, "-" for none.
+func since(now time.Time, t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return age(now.Sub(*t).Seconds())
+}
+
+// orDash is s, or "-" when empty or nil.
+func orDash(s *string) string {
+	if s == nil || *s == "" {
+		return "-"
+	}
+	return *s
+}
+
+// writeLines writes label/value pairs aligned, for the text reports.
+func writeLines(w io.Writer, pairs [][2]string) {
+	width := 0
+	for _, p := range pairs {
+		width = max(width, len(p[0]))
+	}
+	for _, p := range pairs {
+		fmt.Fprintf(w, "%-*s  %s\n", width, p[0], p[1])
+	}
+}
