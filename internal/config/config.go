@@ -61,7 +61,7 @@ type Logging struct {
 type Common struct {
 	Database        `embed:""`
 	Logging         `embed:""`
-	HTTPAddr        string        `name:"http-addr" default:":9090" help:"Address for /healthz, /readyz and /metrics; empty disables the server."`
+	HTTPAddr        string        `name:"http-addr" default:":9090" help:"Address for /healthz, /readyz and /metrics; empty disables the server. A one-shot run (--once, --dry-run, a reaper without --schedule) serves them only when this is given explicitly."`
 	ShutdownTimeout time.Duration `name:"shutdown-timeout" default:"20s" help:"On SIGTERM, how long to let the current pass finish before exiting."`
 }
 
@@ -77,6 +77,31 @@ func (c *Common) Check() []string {
 		p = append(p, "--shutdown-timeout must be positive")
 	}
 	return p
+}
+
+// Given reports whether the flag name (without --) was set explicitly for
+// the run kctx parsed: on the command line or by its environment variable,
+// rather than left at its default.
+func Given(kctx *kong.Context, name string) bool {
+	if kctx == nil {
+		return false
+	}
+	for _, p := range kctx.Path {
+		if p.Flag != nil && p.Flag.Name == name {
+			return true
+		}
+	}
+	for _, f := range kctx.Flags() {
+		if f.Name != name {
+			continue
+		}
+		for _, env := range f.Tag.Envs {
+			if _, ok := os.LookupEnv(env); ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Checker is implemented by a command's CLI struct to report its problems.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"reflect"
 	"syscall"
 	"time"
 
@@ -42,6 +43,21 @@ type Command interface {
 	Run(ctx context.Context, env *Env) error
 }
 
+// LongRunner is implemented by a command that can say, once its flags are
+// parsed, whether this run keeps going until SIGTERM (a Deployment) or does
+// one piece of work and exits (a CronJob, an operator at a terminal). A
+// command that does not implement it is judged by idemd's flags: --once or
+// --dry-run asks for one run, and a command with a --schedule flag runs once
+// when it is empty (the reaper); anything else is long-running.
+//
+// Only a long-running run serves /healthz, /readyz and /metrics on the
+// default --http-addr (:9090); a one-shot run serves them only on an
+// address given explicitly (the flag or IDEMD_HTTP_ADDR), so it can run
+// next to a daemon that holds :9090.
+type LongRunner interface {
+	LongRunning() bool
+}
+
 // Env is what Main builds for a command.
 type Env struct {
 	Name     string
@@ -50,7 +66,8 @@ type Env struct {
 	Registry *prometheus.Registry
 	Ready    *opshttp.Readiness
 	Stdout   io.Writer
-	// OpsAddr is the address the ops server bound ("" when disabled).
+	// OpsAddr is the address the ops server bound ("" when none: disabled,
+	// or a one-shot run without an explicit --http-addr).
 	OpsAddr string
 }
 
@@ -93,6 +110,8 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return nil, nil, ExitConfig
 	}
+	// Every error logged about a missing idemd table says to migrate.
+	logger = logger.WithOptions(zap.WrapCore(wrapSchemaHint))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	pool, err := NewPool(ctx, db.DatabaseURL, "idemd-"+name, db.Pooler, logger)
 	if err != nil {
@@ -110,7 +129,7 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 // MainWith is Main with explicit output streams (for tests).
 func MainWith(name, description string, cmd Command, args []string, stdout, stderr io.Writer) int {
 	common := cmd.CommonConfig()
-	_, base, code := Setup(name, description, cmd, &common.Database, &common.Logging, args, stdout, stderr)
+	kctx, base, code := Setup(name, description, cmd, &common.Database, &common.Logging, args, stdout, stderr)
 	if base == nil {
 		return code
 	}
@@ -125,8 +144,8 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 	ready := &opshttp.Readiness{Ping: pool.Ping, Schema: func(ctx context.Context) error { return migrate.Check(ctx, pool) }}
 	env := &Env{Name: name, Logger: logger, Pool: pool, Registry: reg, Ready: ready, Stdout: stdout}
 
-	if common.HTTPAddr != "" {
-		srv, err := opshttp.Start(common.HTTPAddr, opshttp.Handler(reg, ready))
+	if addr := opsAddr(cmd, kctx, common.HTTPAddr); addr != "" {
+		srv, err := opshttp.Start(addr, opshttp.Handler(reg, ready))
 		if err != nil {
 			logger.Error("ops server failed to start", zap.Error(err))
 			return ExitRuntime
@@ -153,6 +172,32 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 		return ExitRuntime
 	}
 	return ExitOK
+}
+
+// opsAddr is the address the ops server listens on: --http-addr for a
+// long-running run; for a one-shot run only an address given explicitly,
+// else none.
+func opsAddr(cmd Command, kctx *kong.Context, addr string) string {
+	if longRunning(cmd, kctx) || config.Given(kctx, "http-addr") {
+		return addr
+	}
+	return ""
+}
+
+// longRunning applies LongRunner's rule.
+func longRunning(cmd Command, kctx *kong.Context) bool {
+	if lr, ok := cmd.(LongRunner); ok {
+		return lr.LongRunning()
+	}
+	for _, f := range kctx.Flags() {
+		switch {
+		case (f.Name == "once" || f.Name == "dry-run") && f.Target.Kind() == reflect.Bool && f.Target.Bool():
+			return false
+		case f.Name == "schedule" && f.Target.Kind() == reflect.String && f.Target.String() == "":
+			return false
+		}
+	}
+	return true
 }
 
 // NewPool builds a pgx pool whose connections carry application_name (unless
