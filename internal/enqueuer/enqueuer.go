@@ -2,19 +2,21 @@
 // River, exactly once.
 //
 // Each batch is one transaction: take up to BatchSize committed rows in id
-// order with FOR UPDATE SKIP LOCKED (deleting them and returning them in the
-// same statement), insert the valid ones into River with COPY through an
-// insert-only River client on the same transaction, move the invalid ones to
-// staged_jobs_dead with a reason, commit. A row is therefore either still
-// staged or (a River job xor a dead row) — never both, never neither, whatever
-// process dies or connection drops. There is no high-water mark: a row whose
-// transaction commits late, with an id lower than rows already moved, is
-// simply found by the next batch.
+// order from a starting id with FOR UPDATE SKIP LOCKED (deleting them and
+// returning them in the same statement), insert the valid ones into River
+// with COPY through an insert-only River client on the same transaction,
+// move the invalid ones to staged_jobs_dead with a reason, commit. A row is
+// therefore either still staged or (a River job xor a dead row) — never
+// both, never neither, whatever process dies or connection drops. There is
+// no high-water mark: a row whose transaction commits late, with an id lower
+// than rows already moved, is found by a later drain that starts at or
+// below it (see floor.go for where drains start and why that finds every
+// row).
 //
 // The service sleeps on LISTEN idemd_staged_jobs (a statement-level trigger
-// on staged_jobs sends it at commit) and falls back to polling when
-// notifications are lost or the listener reconnects. After a wake it drains
-// until a batch comes back short.
+// on staged_jobs sends it at commit, with the lowest id the statement
+// inserted) and sweeps every PollInterval for rows no notification told it
+// about. After a wake it drains until a batch comes back short.
 package enqueuer
 
 import (
@@ -23,8 +25,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -157,11 +161,25 @@ type Service struct {
 	logger *zap.Logger
 	m      *Metrics
 
-	wake chan string // cause of the pending wake-up; buffered 1
+	wake chan struct{} // a pending wake-up; buffered 1
+	// floor is where the next drain starts (floor.go).
+	floor *floor
+	// passed is the highest id this replica has taken.
+	passed atomic.Int64
+	// listening is true while notifications are known to arrive (the
+	// listener_up gauge).
+	listening atomic.Bool
+	// gapLogged logs each notification gap reason once.
+	gapLogged [2]sync.Once
 
 	runner lifecycle.Runner
 	// instance tells this replica's listener self-checks from others'.
 	instance string
+
+	// Test hooks: onDrain sees every drain's spec before it starts;
+	// dropNotification, when it returns true, loses a notification.
+	onDrain          func(drainSpec)
+	dropNotification func(payload string) bool
 }
 
 // New builds a Service on pool.
@@ -182,7 +200,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 		valid:    validator{maxArgsBytes: cfg.MaxArgsBytes},
 		logger:   cfg.Logger,
 		m:        cfg.Metrics,
-		wake:     make(chan string, 1),
+		wake:     make(chan struct{}, 1),
+		floor:    newFloor(),
 		runner:   lifecycle.Runner{Name: "enqueuer"},
 		instance: lease.Holder("enqueuer"),
 	}
@@ -200,6 +219,8 @@ type BatchResult struct {
 	Moved        int // rows that became River jobs
 	DeadLettered int // rows moved to staged_jobs_dead
 	Taken        int // rows taken from staged_jobs (Moved + DeadLettered)
+
+	last int64 // the highest id taken
 }
 
 // DrainResult sums the batches of one drain.
@@ -209,18 +230,35 @@ type DrainResult struct {
 	DeadLettered int
 }
 
+// takeSQL takes up to $1 committed, unlocked rows with id >= $2 in id
+// order, deleting them and returning them in one statement. The rows are
+// picked through staged_jobs_pkey from $2 (the drain's floor, floor.go)
+// and deleted by the ctid the lock returned: a TID scan, so the delete
+// neither walks the index again nor, whatever the planner believes about
+// the table's size, scans the heap to join on id.
 const takeSQL = `
-WITH picked AS (
-    SELECT id FROM staged_jobs ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
-)
-DELETE FROM staged_jobs s USING picked WHERE s.id = picked.id
-RETURNING s.id, s.created_at, s.job_name, s.job_args, s.queue, s.priority,
-          s.max_attempts, s.scheduled_at, s.tags, s.metadata`
+DELETE FROM staged_jobs
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM staged_jobs WHERE id >= $2 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+))
+RETURNING id, created_at, job_name, job_args, queue, priority,
+          max_attempts, scheduled_at, tags, metadata`
 
-// runOnce moves one batch in one transaction.
-func (s *Service) runOnce(ctx context.Context) (*BatchResult, error) {
+// beginSQL begins every move transaction. While an old snapshot keeps dead
+// rows, staged_jobs is a few live rows at the end of a long heap and index,
+// and the planner, whose statistics say "a few rows" and "the whole range"
+// for id >= $2, prefers reading every heap page (a sequential or bitmap
+// scan and a sort) to walking the index from $2, which touches only the
+// entries from the floor on. With those two scans switched off the take can
+// only walk the index. SET LOCAL ends with the transaction: nothing stays
+// on a server connection a pooler hands to someone else.
+const beginSQL = `BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`
+
+// runOnce moves one batch in one transaction: rows with id >= from. Rows
+// taken with ids below gapBelow are counted as a notification gap.
+func (s *Service) runOnce(ctx context.Context, from, gapBelow int64) (*BatchResult, error) {
 	start := time.Now()
-	res, err := s.moveBatch(ctx, false)
+	res, err := s.moveBatch(ctx, from, gapBelow, false)
 	if errors.Is(err, errRiverRejected) {
 		// The batch was rolled back whole: its rows are back in staged_jobs.
 		// Take a batch again and insert it one savepoint per row, so only the
@@ -228,7 +266,7 @@ func (s *Service) runOnce(ctx context.Context) (*BatchResult, error) {
 		// another replica took these meanwhile; any bad row among them is
 		// found the same way.)
 		s.logger.Warn("river rejected a batch; redoing it row by row", zap.Error(err))
-		res, err = s.moveBatch(ctx, true)
+		res, err = s.moveBatch(ctx, from, gapBelow, true)
 	}
 	s.m.BatchDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -248,14 +286,14 @@ var errRiverRejected = errors.New("river rejected the batch")
 // is dead-lettered alone; the normal path inserts the batch in one COPY
 // with no savepoint (two round trips fewer per batch, which is most of a
 // small batch's time).
-func (s *Service) moveBatch(ctx context.Context, rowByRow bool) (*BatchResult, error) {
-	tx, err := s.pool.Begin(ctx)
+func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow bool) (*BatchResult, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginSQL})
 	if err != nil {
 		return nil, fmt.Errorf("enqueuer batch: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	rows, err := tx.Query(ctx, takeSQL, s.cfg.BatchSize)
+	rows, err := tx.Query(ctx, takeSQL, s.cfg.BatchSize, from)
 	if err != nil {
 		return nil, fmt.Errorf("enqueuer batch: take: %w", err)
 	}
@@ -274,6 +312,17 @@ func (s *Service) moveBatch(ctx context.Context, rowByRow bool) (*BatchResult, e
 	res := &BatchResult{Taken: len(staged)}
 	if len(staged) == 0 {
 		return res, nil
+	}
+	gaps, lowestGap := 0, int64(0)
+	for i := range staged {
+		id := staged[i].ID
+		res.last = max(res.last, id)
+		if id < gapBelow {
+			if gaps == 0 || id < lowestGap {
+				lowestGap = id
+			}
+			gaps++
+		}
 	}
 
 	params := make([]river.InsertManyParams, 0, len(staged))
@@ -307,6 +356,7 @@ func (s *Service) moveBatch(ctx context.Context, rowByRow bool) (*BatchResult, e
 	}
 	res.Moved = moved
 	res.DeadLettered = len(dead)
+	s.gap(GapSwept, gaps, zap.Int64("lowest_staged_id", lowestGap), zap.Int("rows", gaps))
 	for _, d := range dead {
 		s.m.DeadLettered.WithLabelValues(d.why.code).Inc()
 		s.logger.Warn("staged job dead-lettered",
@@ -441,20 +491,25 @@ func nullJSON(b []byte) any {
 	return json.RawMessage(b)
 }
 
-// Drain runs batches until one comes back short (the table is empty of
-// committed, unlocked rows). It is `enqueuer --once` and the body of every
+// Drain runs batches from the start of staged_jobs until one comes back
+// short (the table is empty of committed, unlocked rows). It is `enqueuer
+// --once`; a started service drains the same way from its floor on every
 // wake-up.
 func (s *Service) Drain(ctx context.Context) (*DrainResult, error) {
-	return s.drain(ctx, nil)
+	return s.drain(ctx, nil, drainSpec{})
 }
 
-func (s *Service) drain(ctx context.Context, stop <-chan struct{}) (*DrainResult, error) {
+func (s *Service) drain(ctx context.Context, stop <-chan struct{}, spec drainSpec) (*DrainResult, error) {
+	if s.onDrain != nil {
+		s.onDrain(spec)
+	}
 	// The first batch runs alone. In the steady state (a few rows per
 	// wake-up) it is the only one, and a second worker would only add an
 	// empty transaction competing for the same WAL flush. Only when it comes
 	// back full is there a backlog worth draining with every worker.
 	total := &DrainResult{}
-	full, err := s.batch(ctx, total)
+	cur := &cursor{next: spec.from}
+	full, err := s.batch(ctx, total, cur, spec)
 	if err != nil || !full || stopped(stop) {
 		return total, err
 	}
@@ -467,7 +522,7 @@ func (s *Service) drain(ctx context.Context, stop <-chan struct{}) (*DrainResult
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := s.drainWorker(ctx, stop)
+			res, err := s.drainWorker(ctx, stop, cur, spec)
 			mu.Lock()
 			defer mu.Unlock()
 			total.Batches += res.Batches
@@ -483,22 +538,30 @@ func (s *Service) drain(ctx context.Context, stop <-chan struct{}) (*DrainResult
 }
 
 // drainWorker moves batches until one comes back short.
-func (s *Service) drainWorker(ctx context.Context, stop <-chan struct{}) (*DrainResult, error) {
+func (s *Service) drainWorker(ctx context.Context, stop <-chan struct{}, cur *cursor, spec drainSpec) (*DrainResult, error) {
 	total := &DrainResult{}
 	for {
-		full, err := s.batch(ctx, total)
+		full, err := s.batch(ctx, total, cur, spec)
 		if err != nil || !full || stopped(stop) {
 			return total, err
 		}
 	}
 }
 
-// batch moves one batch, adds it to total and reports whether it came back
-// full (so more rows may be waiting).
-func (s *Service) batch(ctx context.Context, total *DrainResult) (bool, error) {
-	res, err := s.runOnce(ctx)
+// batch moves one batch from the drain's cursor, adds it to total and
+// reports whether it came back full (so more rows may be waiting).
+func (s *Service) batch(ctx context.Context, total *DrainResult, cur *cursor, spec drainSpec) (bool, error) {
+	res, err := s.runOnce(ctx, cur.claim(s.cfg.BatchSize), spec.gapBelow)
 	if err != nil {
 		return false, err
+	}
+	if res.Taken > 0 {
+		for p := s.passed.Load(); res.last > p && !s.passed.CompareAndSwap(p, res.last); p = s.passed.Load() {
+		}
+	}
+	full := res.Taken >= s.cfg.BatchSize
+	if full {
+		cur.passed(res.last)
 	}
 	total.Batches++
 	total.Moved += res.Moved
@@ -508,7 +571,7 @@ func (s *Service) batch(ctx context.Context, total *DrainResult) (bool, error) {
 	if s.cfg.Ready != nil {
 		s.cfg.Ready.MarkPass(time.Now())
 	}
-	return res.Taken >= s.cfg.BatchSize, nil
+	return full, nil
 }
 
 // stopped reports whether Stop has asked the drain to end after this batch.
@@ -541,13 +604,14 @@ func (s *Service) Stop(ctx context.Context) error {
 	return s.runner.Stop(ctx)
 }
 
-// run is the service's background work: the drain loop, with the listener
-// and the stats loop beside it. Those two have nothing to finish, so they
-// are cancelled as soon as the drain loop has let its batch commit.
+// run is the service's background work: the drain loop, with the
+// listener, the sweep and the stats loop beside it. Those have nothing to
+// finish, so they are cancelled as soon as the drain loop has let its batch
+// commit.
 func (s *Service) run(ctx context.Context, stop <-chan struct{}) {
 	auxCtx, cancelAux := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		if s.cfg.PollOnly {
@@ -557,25 +621,32 @@ func (s *Service) run(ctx context.Context, stop <-chan struct{}) {
 		s.listen(auxCtx)
 	}()
 	go func() { defer wg.Done(); s.statsLoop(auxCtx) }()
+	go func() { defer wg.Done(); s.sweepLoop(auxCtx) }()
 	s.loop(ctx, stop)
 	cancelAux()
 	wg.Wait()
 }
 
-// trigger asks the loop to drain. Every signal is counted by its cause,
-// including those coalesced into a wake-up that is already pending (which
-// will see their rows too).
+// trigger asks the loop for a full pass: a drain from the start of
+// staged_jobs (start, reconnect, retry).
 func (s *Service) trigger(cause string) {
+	s.floor.lower(0)
+	s.signal(cause)
+}
+
+// signal wakes the loop after the floor was lowered. Every signal is
+// counted by its cause, including those coalesced into a wake-up that is
+// already pending (which will see their rows too: the floor is taken when
+// the wake-up is handled).
+func (s *Service) signal(cause string) {
 	s.m.Wakeups.WithLabelValues(cause).Inc()
 	select {
-	case s.wake <- cause:
+	case s.wake <- struct{}{}:
 	default:
 	}
 }
 
 func (s *Service) loop(ctx context.Context, stop <-chan struct{}) {
-	poll := time.NewTimer(s.cfg.PollInterval)
-	defer poll.Stop()
 	failures := 0
 	for {
 		select {
@@ -584,10 +655,14 @@ func (s *Service) loop(ctx context.Context, stop <-chan struct{}) {
 		case <-ctx.Done():
 			return
 		case <-s.wake:
-		case <-poll.C:
-			s.m.Wakeups.WithLabelValues("poll").Inc()
 		}
-		res, err := s.drain(ctx, stop)
+		spec, ok := s.floor.take(s.passed.Load())
+		if !ok {
+			// A drain that began after this wake-up's floor was set
+			// covered it.
+			continue
+		}
+		res, err := s.drain(ctx, stop, spec)
 		if err != nil {
 			failures++
 			backoff := retryDelay(failures)
@@ -603,16 +678,10 @@ func (s *Service) loop(ctx context.Context, stop <-chan struct{}) {
 		} else {
 			failures = 0
 			if res.Moved+res.DeadLettered > 0 {
-				s.logger.Debug("drained", zap.Int("moved", res.Moved), zap.Int("dead_lettered", res.DeadLettered), zap.Int("batches", res.Batches))
+				s.logger.Debug("drained", zap.Int("moved", res.Moved), zap.Int("dead_lettered", res.DeadLettered),
+					zap.Int("batches", res.Batches), zap.Int64("from_id", spec.from))
 			}
 		}
-		if !poll.Stop() {
-			select {
-			case <-poll.C:
-			default:
-			}
-		}
-		poll.Reset(s.cfg.PollInterval)
 	}
 }
 
@@ -642,6 +711,7 @@ func (s *Service) listen(ctx context.Context) {
 			return
 		}
 		failures++
+		s.listening.Store(false)
 		s.m.ListenerUp.Set(0)
 		delay := retryDelay(failures)
 		log := s.logger.Debug
@@ -700,8 +770,32 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 			}
 			continue
 		}
-		s.trigger("notify")
+		if s.dropNotification != nil && s.dropNotification(n.Payload) {
+			continue
+		}
+		s.notified(n.Payload)
 	}
+}
+
+// notified handles a staged_jobs notification: its payload is the lowest
+// id its statement inserted (migration 00015), where the next drain must
+// start at the latest. One without a number makes the next drain a full
+// pass.
+func (s *Service) notified(payload string) {
+	low, err := strconv.ParseInt(payload, 10, 64)
+	if err != nil || low < 0 {
+		s.gap(GapNoFloor, 1, zap.String("payload", truncate(payload, 64)))
+		low = 0
+	}
+	s.floor.lower(low)
+	s.signal("notify")
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // checkListener sends a NOTIFY through the pool, the path the API's own
@@ -740,6 +834,7 @@ func (s *Service) checkListener(ctx context.Context, arrived <-chan string, conn
 		}
 		if seq == 0 {
 			connected()
+			s.listening.Store(true)
 			s.m.ListenerUp.Set(1)
 			s.trigger("reconnect")
 		}

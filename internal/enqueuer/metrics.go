@@ -18,6 +18,12 @@ type Metrics struct {
 	// ListenerCheckFailures counts self-NOTIFY round trips that did not
 	// come back: the listener was connected but deaf.
 	ListenerCheckFailures prometheus.Counter
+	// NotificationGaps counts, by reason (GapReasons), what notifications
+	// failed to report (floor.go).
+	NotificationGaps *prometheus.CounterVec
+	// SweepDuration is the sweep's probe: a walk of staged_jobs_pkey from
+	// its start, whose cost is the dead entries old snapshots keep.
+	SweepDuration prometheus.Histogram
 }
 
 // NewMetrics creates the collectors; Register adds them to a registry.
@@ -54,18 +60,30 @@ func NewMetrics() *Metrics {
 		ListenerCheckFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemd_enqueuer_listener_check_failures_total", Help: "Self-NOTIFY round trips that did not reach the listener in time (it then reconnects).",
 		}),
+		NotificationGaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_notification_gaps_total",
+			Help: "What notifications failed to report, by reason: swept (rows only the sweep found, below rows already moved, while the listener was up) and notification_without_floor (notifications with no lowest id: migration 00015 missing). Both should stay 0.",
+		}, []string{"reason"}),
+		SweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "idemd_enqueuer_sweep_duration_seconds",
+			Help:    "Duration of the sweep's probe for the lowest staged id, every --poll-interval; it grows with the dead rows old snapshots keep in staged_jobs, off the move path.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
 	}
 	// Every reason starts at 0: increase() over a series that appears at 1
 	// is 0, so the first dead-lettered row of a reason would not alert.
 	for _, r := range DeadLetterReasons {
 		m.DeadLettered.WithLabelValues(r)
 	}
+	for _, r := range GapReasons {
+		m.NotificationGaps.WithLabelValues(r)
+	}
 	return m
 }
 
 // Register adds the collectors to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.Moved, m.DeadLettered, m.BatchDuration, m.BatchErrors, m.Backlog, m.OldestAge, m.Wakeups, m.ListenerUp, m.PollOnly, m.ListenerCheckFailures} {
+	for _, c := range []prometheus.Collector{m.Moved, m.DeadLettered, m.BatchDuration, m.BatchErrors, m.Backlog, m.OldestAge, m.Wakeups, m.ListenerUp, m.PollOnly, m.ListenerCheckFailures, m.NotificationGaps, m.SweepDuration} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

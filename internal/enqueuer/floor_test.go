@@ -1,0 +1,530 @@
+package enqueuer
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"idemd/internal/dbtest"
+	"idemd/internal/testwait"
+)
+
+// TestFloorTake: the floor is the lowest id asked for since the last take,
+// a take resets it, and only rows the sweep found below both a pending
+// notification and what this replica already took count as a gap.
+func TestFloorTake(t *testing.T) {
+	f := newFloor()
+	if _, ok := f.take(0); ok {
+		t.Fatal("an untouched floor asked for a drain")
+	}
+	f.lower(300)
+	f.lower(200)
+	f.lower(250)
+	if spec, ok := f.take(1000); !ok || spec != (drainSpec{from: 200}) {
+		t.Fatalf("after notifications 300, 200, 250: %+v %v", spec, ok)
+	}
+	if _, ok := f.take(1000); ok {
+		t.Fatal("the floor was not reset by the take")
+	}
+	// A swept row below a pending notification, the listener up: rows
+	// below the notification and below what was taken are a gap.
+	f.lower(500)
+	f.lowerSwept(100, true)
+	if spec, _ := f.take(400); spec != (drainSpec{from: 100, gapBelow: 400}) {
+		t.Fatalf("swept 100, notified 500, passed 400: %+v", spec)
+	}
+	f.lower(300)
+	f.lowerSwept(100, true)
+	if spec, _ := f.take(400); spec != (drainSpec{from: 100, gapBelow: 300}) {
+		t.Fatalf("swept 100, notified 300, passed 400: %+v", spec)
+	}
+	// Not listening (poll-only, or a listener that is down): the sweep is
+	// the expected way to find rows, no gap.
+	f.lowerSwept(100, false)
+	if spec, _ := f.take(400); spec != (drainSpec{from: 100}) {
+		t.Fatalf("swept while not listening: %+v", spec)
+	}
+	// A full pass asked for (0) wins over the sweep.
+	f.lowerSwept(100, true)
+	f.lower(0)
+	if spec, _ := f.take(400); spec != (drainSpec{from: 0}) {
+		t.Fatalf("full pass and sweep: %+v", spec)
+	}
+}
+
+// TestCursorTilesTheIDs: batches of a drain claim consecutive ranges, and
+// a full batch whose ids ran past its range moves the cursor past them.
+func TestCursorTilesTheIDs(t *testing.T) {
+	c := &cursor{next: 100}
+	if a, b := c.claim(10), c.claim(10); a != 100 || b != 110 {
+		t.Fatalf("claims %d, %d", a, b)
+	}
+	c.passed(105) // behind the cursor: no change
+	if n := c.claim(10); n != 120 {
+		t.Fatalf("claim after passed(105): %d", n)
+	}
+	c.passed(200)
+	if n := c.claim(10); n != 201 {
+		t.Fatalf("claim after passed(200): %d", n)
+	}
+}
+
+// listenTo opens a connection listening on the staged_jobs channel.
+func listenTo(t *testing.T, pool *pgxpool.Pool) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// nextPayload waits for the next notification (the deadline only bounds a
+// hung test).
+func nextPayload(t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := conn.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("waiting for a notification: %v", err)
+	}
+	return n.Payload
+}
+
+// TestNotificationCarriesTheLowestInsertedID: the trigger of migration
+// 00015 sends, per committed transaction, the lowest id of each statement
+// that inserted below what the transaction already notified, and nothing
+// for a statement that inserted nothing.
+func TestNotificationCarriesTheLowestInsertedID(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	l := listenTo(t, pool)
+	marker := func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, NotifyChannel); err != nil {
+			t.Fatal(err)
+		}
+		if p := nextPayload(t, l); p != "marker" {
+			t.Fatalf("got notification %q, want only the marker", p)
+		}
+	}
+
+	var low int64
+	if err := pool.QueryRow(ctx, `WITH i AS (INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', '{}' FROM generate_series(1, 3) RETURNING id)
+SELECT min(id) FROM i`).Scan(&low); err != nil {
+		t.Fatal(err)
+	}
+	if p := nextPayload(t, l); p != strconv.FormatInt(low, 10) {
+		t.Fatalf("3-row insert: payload %q, want %d", p, low)
+	}
+
+	// Two statements in one transaction: the second's ids are above the
+	// first's, which is the only notification. A statement inserting ids
+	// below it (explicit ids) notifies again. A statement inside a
+	// rolled-back savepoint leaves neither its notification nor its memory.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SAVEPOINT a; INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}'); ROLLBACK TO SAVEPOINT a`); err != nil {
+		t.Fatal(err)
+	}
+	var first, second int64
+	if err := tx.QueryRow(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}') RETURNING id`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}') RETURNING id`).Scan(&second); err != nil {
+		t.Fatal(err)
+	}
+	explicit := low - 1 // below everything the sequence handed out since
+	if _, err := tx.Exec(ctx, `INSERT INTO staged_jobs (id, job_name, job_args) VALUES ($1, 'k', '{}')`, explicit); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	got = append(got, nextPayload(t, l), nextPayload(t, l))
+	want := []string{strconv.FormatInt(first, 10), strconv.FormatInt(explicit, 10)}
+	if !slices.Equal(got, want) || second <= first {
+		t.Fatalf("transaction of 3 statements: payloads %q, want %q", got, want)
+	}
+	marker()
+
+	// Inserting nothing notifies nothing.
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', '{}' WHERE false`); err != nil {
+		t.Fatal(err)
+	}
+	marker()
+	// A rolled-back transaction notifies nothing.
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	marker()
+}
+
+// recordDrains records the spec of every drain s starts.
+func recordDrains(s *Service) func() []drainSpec {
+	var mu sync.Mutex
+	var specs []drainSpec
+	s.onDrain = func(d drainSpec) {
+		mu.Lock()
+		specs = append(specs, d)
+		mu.Unlock()
+	}
+	return func() []drainSpec {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(specs)
+	}
+}
+
+// lateLowID opens a transaction that stages one row and leaves it
+// uncommitted, then commits 25 rows with higher ids and waits for them to be
+// moved. It returns the late row's id and the open transaction.
+func lateLowID(t *testing.T, pool *pgxpool.Pool) (int64, pgx.Tx) {
+	t.Helper()
+	ctx := context.Background()
+	late, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { late.Rollback(context.Background()) }) //nolint:errcheck
+	var lateID int64
+	if err := late.QueryRow(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('late', '{}') RETURNING id`).Scan(&lateID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'early', '{}' FROM generate_series(1, 25)`); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 2*time.Minute, "the 25 higher ids to move", func() bool {
+		return count(t, pool, "SELECT count(*) FROM river_job") == 25
+	})
+	if ids := stagedIDsInRiver(t, pool); slices.Contains(ids, lateID) || ids[0] <= lateID {
+		t.Fatalf("before the late commit: jobs %v, late id %d", ids, lateID)
+	}
+	return lateID, late
+}
+
+// TestLateLowIDIsMovedByItsNotification: a transaction holding a low id
+// commits after rows with higher ids were moved. Its own notification
+// names its id, and the drain it wakes starts there: no poll, no sweep and
+// no full pass is involved.
+func TestLateLowIDIsMovedByItsNotification(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	s := newService(t, pool, Config{PollInterval: time.Hour})
+	drains := recordDrains(s)
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx) //nolint:errcheck
+	testwait.Until(t, 2*time.Minute, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+
+	lateID, late := lateLowID(t, pool)
+	reconnects := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect"))
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 2*time.Minute, "the late row to move", func() bool {
+		return slices.Contains(stagedIDsInRiver(t, pool), lateID)
+	})
+	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
+		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
+	}
+	if !slices.Contains(drains(), drainSpec{from: lateID}) {
+		t.Fatalf("no drain started at the late id %d: %+v", lateID, drains())
+	}
+	if testutil.ToFloat64(s.m.Wakeups.WithLabelValues("poll")) != 0 ||
+		testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect")) != reconnects {
+		t.Fatal("a poll or reconnect happened; the move is not attributable to the notification")
+	}
+	for _, r := range GapReasons {
+		if v := testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(r)); v != 0 {
+			t.Fatalf("gap %s = %v", r, v)
+		}
+	}
+}
+
+// TestLateLowIDIsMovedWithoutNotifications: the same with --poll-only:
+// the sweep finds the late row within the poll interval.
+func TestLateLowIDIsMovedWithoutNotifications(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	s := newService(t, pool, Config{PollOnly: true, PollInterval: 50 * time.Millisecond})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx) //nolint:errcheck
+
+	lateID, late := lateLowID(t, pool)
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 2*time.Minute, "the late row to move", func() bool {
+		return slices.Contains(stagedIDsInRiver(t, pool), lateID)
+	})
+	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
+		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
+	}
+	if n := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify")); n != 0 {
+		t.Fatalf("%v notify wake-ups with --poll-only", n)
+	}
+	// Without a listener the sweep is how rows are found: not a gap.
+	if v := testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(GapSwept)); v != 0 {
+		t.Fatalf("gap swept = %v with --poll-only", v)
+	}
+}
+
+// TestLostNotificationIsSweptAndCounted: the late row's notification is
+// lost while the listener stays up. The sweep finds the row within the
+// poll interval, and the gap is counted.
+func TestLostNotificationIsSweptAndCounted(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	s := newService(t, pool, Config{PollInterval: 100 * time.Millisecond})
+	var lost sync.Map // payloads to lose
+	s.dropNotification = func(p string) bool { _, ok := lost.Load(p); return ok }
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx) //nolint:errcheck
+	testwait.Until(t, 2*time.Minute, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+
+	lateID, late := lateLowID(t, pool)
+	lost.Store(strconv.FormatInt(lateID, 10), true)
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 2*time.Minute, "the late row to move", func() bool {
+		return slices.Contains(stagedIDsInRiver(t, pool), lateID)
+	})
+	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
+		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
+	}
+	if v := testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(GapSwept)); v != 1 {
+		t.Fatalf("gap swept = %v, want 1 (the late row)", v)
+	}
+}
+
+// TestRowsAnotherReplicaRolledBackAreSwept: a row locked by another
+// replica's batch is skipped while later rows move; that batch rolls back
+// and nothing notifies. The sweep moves the row and counts it as a gap.
+func TestRowsAnotherReplicaRolledBackAreSwept(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	var lockedID int64
+	if err := pool.QueryRow(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('locked', '{}') RETURNING id`).Scan(&lockedID); err != nil {
+		t.Fatal(err)
+	}
+	other, err := pool.Begin(ctx) // the other replica's batch
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx) //nolint:errcheck
+	if _, err := other.Exec(ctx, `SELECT id FROM staged_jobs WHERE id = $1 FOR UPDATE`, lockedID); err != nil {
+		t.Fatal(err)
+	}
+
+	s := newService(t, pool, Config{PollInterval: 100 * time.Millisecond})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx) //nolint:errcheck
+	testwait.Until(t, 2*time.Minute, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'later', '{}' FROM generate_series(1, 25)`); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 2*time.Minute, "the 25 later rows to move", func() bool {
+		return count(t, pool, "SELECT count(*) FROM river_job") == 25
+	})
+	if err := other.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 2*time.Minute, "the released row to move", func() bool {
+		return slices.Contains(stagedIDsInRiver(t, pool), lockedID)
+	})
+	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
+		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
+	}
+	if v := testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(GapSwept)); v != 1 {
+		t.Fatalf("gap swept = %v, want 1 (the released row)", v)
+	}
+}
+
+// TestNotificationWithoutFloorIsAFullPass: a notification with no id in it
+// (the trigger before migration 00015) makes the next drain a full pass,
+// and is counted.
+func TestNotificationWithoutFloorIsAFullPass(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	s := newService(t, pool, Config{PollInterval: time.Hour})
+	drains := recordDrains(s)
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx) //nolint:errcheck
+	testwait.Until(t, 2*time.Minute, "listener", func() bool {
+		return testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect")) == 1
+	})
+	// The drain that moves this row took the reconnect's full pass with it:
+	// from here on only notifications wake the service.
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 2*time.Minute, "the row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 1 })
+	before := len(drains())
+	if _, err := pool.Exec(ctx, `SELECT pg_notify($1, '')`, NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 2*time.Minute, "the counted gap", func() bool {
+		return testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(GapNoFloor)) == 1
+	})
+	testwait.Until(t, 2*time.Minute, "a full pass", func() bool {
+		return slices.Contains(drains()[before:], drainSpec{from: 0})
+	})
+}
+
+// takeCost runs takeSQL from `from` under EXPLAIN (ANALYZE, BUFFERS) in a
+// transaction begun as a move transaction is, rolls it back, and returns
+// what the take read: entries of staged_jobs_pkey (the index's
+// tuples-returned counter of this backend, read before and after in the
+// same transaction, so nothing else is counted), shared buffers (hit or
+// read), and the rows it took.
+func takeCost(t *testing.T, pool *pgxpool.Pool, from int64) (entries, buffers, rows int64) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginSQL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	const entriesSQL = `SELECT pg_stat_get_xact_tuples_returned('staged_jobs_pkey'::regclass)`
+	var before, after int64
+	if err := tx.QueryRow(ctx, entriesSQL).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+takeSQL, DefaultBatchSize, from).Scan(&out); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, entriesSQL).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	var plans []struct {
+		Plan struct {
+			Hit  int64 `json:"Shared Hit Blocks"`
+			Read int64 `json:"Shared Read Blocks"`
+			Rows int64 `json:"Actual Rows"`
+		}
+	}
+	if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("explain output %s: %v", out, err)
+	}
+	return after - before, plans[0].Plan.Hit + plans[0].Plan.Read, plans[0].Plan.Rows
+}
+
+// TestTakeCostDoesNotGrowWithDeadRows is issue 16's failure, structurally:
+// with a REPEATABLE READ snapshot held open, every moved row stays behind
+// as a dead entry nothing can clean. A take from the floor a notification
+// gives reads only the new rows' index entries, and the same number of
+// buffers, after 21,100 dead rows as after 1,000; a take from the start of
+// the index (what every batch did before, and what a full pass still does)
+// reads every dead entry, which shows the dead rows are really there.
+func TestTakeCostDoesNotGrowWithDeadRows(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	held, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Rollback(ctx) //nolint:errcheck
+	// The first statement takes the transaction's snapshot.
+	if _, err := held.Exec(ctx, `SELECT count(*) FROM staged_jobs`); err != nil {
+		t.Fatal(err)
+	}
+	l := listenTo(t, pool)
+	s := newService(t, pool, Config{})
+
+	// stage stages n rows in one statement, checks the notification names
+	// their lowest id, and returns it; move drains from it as a notified
+	// drain does.
+	stage := func(n int) int64 {
+		t.Helper()
+		var low int64
+		if err := pool.QueryRow(ctx, `WITH i AS (INSERT INTO staged_jobs (job_name, job_args)
+SELECT 'send_ride_receipt', jsonb_build_object('ride_id', g, 'email', 'rider' || g || '@example.com') FROM generate_series(1, $1) g RETURNING id)
+SELECT min(id) FROM i`, n).Scan(&low); err != nil {
+			t.Fatal(err)
+		}
+		if p := nextPayload(t, l); p != strconv.FormatInt(low, 10) {
+			t.Fatalf("notification %q for a statement whose lowest id is %d", p, low)
+		}
+		return low
+	}
+	move := func(from int64, n int) {
+		t.Helper()
+		res, err := s.drain(ctx, nil, drainSpec{from: from})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Moved != n {
+			t.Fatalf("drain from %d moved %d, want %d", from, res.Moved, n)
+		}
+	}
+	type cost struct{ entries, buffers int64 }
+	measure := func() (fromFloor, fromStart cost) {
+		t.Helper()
+		low := stage(100)
+		var rows, fullRows int64
+		fromFloor.entries, fromFloor.buffers, rows = takeCost(t, pool, low)
+		fromStart.entries, fromStart.buffers, fullRows = takeCost(t, pool, 0)
+		if rows != 100 || fullRows != 100 {
+			t.Fatalf("takes found %d and %d rows, want 100", rows, fullRows)
+		}
+		move(low, 100)
+		return fromFloor, fromStart
+	}
+
+	move(stage(1000), 1000)
+	floor1k, full1k := measure()
+	move(stage(20_000), 20_000)
+	floor21k, full21k := measure()
+	t.Logf("a take of 100 rows from the floor: %d index entries, %d buffers with 1,000 dead rows; %d entries, %d buffers with 21,100",
+		floor1k.entries, floor1k.buffers, floor21k.entries, floor21k.buffers)
+	t.Logf("the same take from the start of the index: %d entries, %d buffers; %d entries, %d buffers",
+		full1k.entries, full1k.buffers, full21k.entries, full21k.buffers)
+	// The control: the snapshot really kept the dead rows, and a take from
+	// the start reads every one of their index entries.
+	if full1k.entries < 1100 || full21k.entries < 21_100 {
+		t.Fatalf("control: a take from the start read %d and %d index entries; the held snapshot kept no dead rows", full1k.entries, full21k.entries)
+	}
+	// From the floor: the 100 new rows' entries, whatever lies below.
+	if floor1k.entries > 100 || floor21k.entries > 100 {
+		t.Fatalf("a take from the floor read %d index entries with 1,000 dead rows and %d with 21,100; want the 100 staged rows' only", floor1k.entries, floor21k.entries)
+	}
+	if floor21k.buffers > floor1k.buffers+floor1k.buffers/10 {
+		t.Fatalf("a take from the floor read %d buffers with 21,100 dead rows, %d with 1,000: it grows with the dead rows", floor21k.buffers, floor1k.buffers)
+	}
+}
