@@ -35,7 +35,7 @@ type seeded struct {
 	dead     int64 // a dead letter
 }
 
-func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+func execSQL(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
@@ -85,21 +85,21 @@ func seed(t *testing.T) *seeded {
 	t.Cleanup(pool.Close)
 	s := &seeded{pool: pool}
 	s.gaveUp = addKey(t, pool, "ride-gave-up-7f3a", "ride_created", "3 hours")
-	exec(t, pool, `UPDATE idempotency_keys SET completer_gave_up_at = now(), completer_attempts = 20,
+	execSQL(t, pool, `UPDATE idempotency_keys SET completer_gave_up_at = now(), completer_attempts = 20,
 completer_last_error = 'API answered 503 Service Unavailable' WHERE id = $1`, s.gaveUp)
-	exec(t, pool, "DELETE FROM idemd_unfinished_keys WHERE key_id = $1", s.gaveUp)
+	execSQL(t, pool, "DELETE FROM idemd_unfinished_keys WHERE key_id = $1", s.gaveUp)
 	s.review = flag(t, pool, s.gaveUp, review.ReasonCompleterGaveUp)
 	s.finished = addKey(t, pool, "ride-finished-1", "finished", "1 hour")
 	s.other = addKey(t, pool, "ride-started-2", "started", "2 hours")
-	exec(t, pool, "UPDATE idempotency_keys SET completer_gave_up_at = now(), completer_attempts = 3 WHERE id = $1", s.other)
+	execSQL(t, pool, "UPDATE idempotency_keys SET completer_gave_up_at = now(), completer_attempts = 3 WHERE id = $1", s.other)
 	s.otherRev = flag(t, pool, s.other, review.ReasonCompleterGaveUp)
 	addKey(t, pool, "ride-unfinished-3", "started", "10 minutes")
-	exec(t, pool, `INSERT INTO staged_jobs (job_name, job_args, created_at) VALUES ('send_ride_receipt', '{"ride_id": 1}', now() - interval '90 seconds'),
+	execSQL(t, pool, `INSERT INTO staged_jobs (job_name, job_args, created_at) VALUES ('send_ride_receipt', '{"ride_id": 1}', now() - interval '90 seconds'),
 ('send_ride_receipt', '{"ride_id": 2}', now())`)
 	s.dead = 880001
-	exec(t, pool, `INSERT INTO staged_jobs_dead (id, created_at, job_name, job_args, queue, reason, dead_at)
+	execSQL(t, pool, `INSERT INTO staged_jobs_dead (id, created_at, job_name, job_args, queue, reason, dead_at)
 VALUES ($1, now() - interval '1 hour', 'send_ride_receipt_v2', '{"ride_id": 3}', 'receipts', 'unknown_kind: send_ride_receipt_v2 is not registered', now() - interval '1 hour')`, s.dead)
-	exec(t, pool, `INSERT INTO river_job (args, kind, max_attempts, metadata, priority, queue, state, scheduled_at)
+	execSQL(t, pool, `INSERT INTO river_job (args, kind, max_attempts, metadata, priority, queue, state, scheduled_at)
 VALUES ('{"ride_id": 9}', 'send_ride_receipt', 25, $1, 1, 'default', 'available', now())`, `{"idemd_key_id": `+strconv.FormatInt(s.gaveUp, 10)+`, "idemd_staged_id": 12}`)
 	return s
 }
