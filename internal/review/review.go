@@ -34,22 +34,39 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// FlagSQL copies a key row into idempotency_key_reviews. Parameters: $1 key
-// id, $2 reason, $3 detail, $4 flagged_by. It is exported so a caller can
-// embed it in a larger statement (the reaper flags and deletes in one).
-const FlagSQL = `
+// FlagRowsSQL returns the statement that records a review for every row
+// of rows: a relation in scope of the statement it ends (a CTE's name) with
+// the columns key_id, snapshot (the whole key row, to_jsonb(k)), reason,
+// detail and flagged_by. It is the one definition of a review INSERT,
+// composable so a caller can flag keys inside a larger statement (the
+// reaper flags in the statement that deletes them, from the statement's
+// snapshot of the rows it deleted). A key that already has an open review
+// for the same reason is skipped, so retries and replicas never pile up
+// duplicates. It returns the key_id and reason of each review created.
+func FlagRowsSQL(rows string) string {
+	return `
 INSERT INTO idempotency_key_reviews (key_id, user_id, idempotency_key, reason, detail, snapshot, flagged_by)
-SELECT k.id, k.user_id, k.idempotency_key, $2, $3, to_jsonb(k), $4
-FROM idempotency_keys k
-WHERE k.id = $1
-ON CONFLICT (key_id, reason) WHERE resolved_at IS NULL DO NOTHING`
+SELECT f.key_id, (f.snapshot->>'user_id')::bigint, f.snapshot->>'idempotency_key', f.reason, f.detail, f.snapshot, f.flagged_by
+FROM ` + rows + ` f
+ON CONFLICT (key_id, reason) WHERE resolved_at IS NULL DO NOTHING
+RETURNING key_id, reason`
+}
+
+// flagSQL flags one key. Parameters: @key_id, @reason, @detail,
+// @flagged_by.
+var flagSQL = `
+WITH flag AS (
+    SELECT k.id AS key_id, to_jsonb(k) AS snapshot, @reason::text AS reason, @detail::text AS detail, @flagged_by::text AS flagged_by
+    FROM idempotency_keys k
+    WHERE k.id = @key_id
+)` + FlagRowsSQL("flag")
 
 // Flag records key keyID for review. It reports whether a new review was
 // created (false when the key does not exist or is already flagged for the
 // same reason and still open). Run it in the transaction that changes the
 // key's state so the flag and the change commit together.
 func Flag(ctx context.Context, db DBTX, keyID int64, reason, detail, flaggedBy string) (bool, error) {
-	tag, err := db.Exec(ctx, FlagSQL, keyID, reason, detail, flaggedBy)
+	tag, err := db.Exec(ctx, flagSQL, pgx.NamedArgs{"key_id": keyID, "reason": reason, "detail": detail, "flagged_by": flaggedBy})
 	if err != nil {
 		return false, fmt.Errorf("review flag: %w", err)
 	}
