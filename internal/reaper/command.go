@@ -3,6 +3,8 @@ package reaper
 import (
 	"context"
 	"fmt"
+	"io"
+	"text/tabwriter"
 	"time"
 
 	"idemd/internal/config"
@@ -18,14 +20,25 @@ const Description = "Delete idempotency keys past the retention window in bounde
 type Command struct {
 	config.Common `embed:""`
 	Settings      `embed:""`
+	// Once is the default without --schedule; the flag only says so
+	// explicitly (a CronJob's args), so it is no setting of the service.
+	Once bool `name:"once" help:"Do one run and exit (the default when --schedule is not set; for a CronJob or a manual run)."`
 }
 
 // CommonConfig implements daemon.Command.
 func (c *Command) CommonConfig() *config.Common { return &c.Common }
 
+// FlagDefaults implements config.Defaulter: the flags' defaults are the
+// service's.
+func (c *Command) FlagDefaults() any { return DefaultSettings() }
+
 // Check reports every problem with the flags at once (exit 2).
 func (c *Command) Check() []string {
-	return append(c.Common.Check(), c.Settings.Check()...)
+	p := append(c.Common.Check(), c.Settings.Check()...)
+	if c.Once && c.Schedule != "" {
+		p = append(p, "--once and --schedule are mutually exclusive")
+	}
+	return p
 }
 
 // Run does one run, or runs on the schedule until SIGTERM.
@@ -35,25 +48,48 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 		Pool:     env.Pool,
 		Logger:   env.Logger,
 		Registry: env.Registry,
-		Stdout:   env.Stdout,
 		Ready:    env.Ready,
 	})
 	if err != nil {
 		return err
 	}
 	env.Ready.MarkStarted(time.Now())
-	if c.Schedule == "" {
-		// RunOnce logged the run's summary line, with the error if any.
-		_, err := svc.RunOnce(ctx)
-		return daemon.AlreadyLogged(err)
+	if c.Schedule != "" {
+		return daemon.RunService(ctx, svc, c.ShutdownTimeout)
 	}
-	// Not ready when two scheduled runs in a row have not happened.
-	sched, err := cronParser.Parse(c.Schedule)
-	if err != nil {
-		return &config.Error{Problems: []string{fmt.Sprintf("--schedule %q: %v", c.Schedule, err)}}
+	// RunOnce logged the run's summary line, with the error if any.
+	res, err := svc.RunOnce(ctx)
+	if err == nil && res.Plan != nil {
+		if werr := writeDryRun(env.Stdout, &c.Settings, res.Plan); werr != nil {
+			return fmt.Errorf("reaper: dry run output: %w", werr)
+		}
 	}
-	now := time.Now()
-	next := sched.Next(now)
-	env.Ready.MaxPassAge = 2*sched.Next(next).Sub(next) + c.MaxRuntime
-	return daemon.RunService(ctx, svc, c.ShutdownTimeout)
+	return daemon.AlreadyLogged(err)
+}
+
+// writeDryRun prints a dry run's plan for an operator.
+func writeDryRun(out io.Writer, s *Settings, p *Plan) error {
+	fmt.Fprintf(out, "dry run: nothing was changed\n")
+	fmt.Fprintf(out, "would delete %d keys older than %s (locked keys and keys leased by the completer are skipped)\n", p.Deletes, s.Retention)
+	fmt.Fprintf(out, "would flag %d keys for review\n", p.Flags)
+	if s.MaxDeletes > 0 && p.Deletes > s.MaxDeletes {
+		fmt.Fprintf(out, "a real run would refuse: %d exceeds --max-deletes %d\n", p.Deletes, s.MaxDeletes)
+	}
+	if s.MaxFlags > 0 && p.Flags > s.MaxFlags {
+		fmt.Fprintf(out, "a real run would refuse: %d exceeds --max-flags %d\n", p.Flags, s.MaxFlags)
+	}
+	if len(p.ToFlag) == 0 {
+		return nil
+	}
+	fmt.Fprintf(out, "keys that would be flagged (oldest first")
+	if int64(len(p.ToFlag)) < p.Flags {
+		fmt.Fprintf(out, ", first %d of %d", len(p.ToFlag), p.Flags)
+	}
+	fmt.Fprintf(out, "):\n")
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY_ID\tUSER_ID\tIDEMPOTENCY_KEY\tRECOVERY_POINT\tCREATED_AT\tREASON")
+	for _, k := range p.ToFlag {
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\n", k.ID, k.UserID, k.IdempotencyKey, k.RecoveryPoint, k.CreatedAt.UTC().Format(time.RFC3339), k.Reason)
+	}
+	return tw.Flush()
 }

@@ -2,7 +2,6 @@ package reaper
 
 import (
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 	"time"
@@ -16,30 +15,8 @@ import (
 	"idemd/internal/opshttp"
 )
 
-// Defaults. DefaultBatchSize comes from the benchmark in docs/reaper.md:
-// keys/s grew by about 30% from 10k to 30k keys per batch (the fixed cost of a
-// batch, its pause and commit, spread over more keys) and by 2% more at
-// 50k, while each batch's transaction (its row locks, its WAL, the work a
-// failed batch rolls back) keeps growing with the size.
+// Rules that are not defaults.
 const (
-	DefaultRetention        = 72 * time.Hour
-	DefaultBatchSize        = 30000
-	DefaultBatchPause       = 10 * time.Millisecond
-	DefaultStatementTimeout = 15 * time.Second
-	DefaultLockWindow       = time.Hour
-	DefaultMaxRuntime       = time.Hour
-	// DefaultLeaseTTL bounds how long a run killed mid-run keeps the next
-	// run waiting; it must outlast a batch (--statement-timeout), which
-	// holds the lease row locked while it runs.
-	DefaultLeaseTTL = time.Minute
-	// DefaultWALCompression: most of a batch's WAL is full-page images of
-	// the heap pages it deletes from (the first change to a page after a
-	// checkpoint logs the whole page). lz4 cut a million-key run's WAL from
-	// 440 to 185-191 MB, at a cost in keys/s within the run-to-run noise
-	// (docs/reaper.md): fewer bytes for every WAL flush, every replica and
-	// the archive.
-	DefaultWALCompression = "lz4"
-
 	// MinRetention guards against a typo ("--retention 72s") deleting keys
 	// that clients may still legitimately retry.
 	MinRetention = time.Hour
@@ -49,38 +26,74 @@ const (
 	minBatchSize = 100
 )
 
-// Settings are the operator-facing knobs. cmd/reaper parses them from flags
-// (each has an IDEMD_ environment variable through kong's DefaultEnvars).
-type Settings struct {
-	Once             bool          `name:"once" help:"Do one run and exit (the default when --schedule is not set; for a CronJob or a manual run)."`
-	Schedule         string        `name:"schedule" help:"Keep running and reap on this schedule: a robfig/cron spec (\"@every 1h\", \"@hourly\", \"15 * * * *\"). Empty: one run and exit."`
-	DryRun           bool          `name:"dry-run" help:"Change nothing: print how many keys would be deleted and which would be flagged for review."`
-	Retention        time.Duration `name:"retention" default:"72h" help:"Delete keys whose created_at is older than this, by the database clock. At least 1h."`
-	BatchSize        int           `name:"batch-size" default:"30000" help:"Keys deleted per batch; each batch is its own transaction."`
-	BatchPause       time.Duration `name:"batch-pause" default:"10ms" help:"Pause between batches, giving the API's writes room on a busy table."`
-	StatementTimeout time.Duration `name:"statement-timeout" default:"15s" help:"statement_timeout of each batch (SET LOCAL). A batch that times out is retried at half the size."`
-	LockWindow       time.Duration `name:"lock-window" default:"1h" help:"A key whose locked_at is newer than this is in flight and never deleted; an older lock is one a crashed request left behind."`
-	MaxRuntime       time.Duration `name:"max-runtime" default:"1h" help:"Stop starting new batches after this long; the next run continues."`
-	MaxDeletes       int64         `name:"max-deletes" default:"0" help:"Refuse (exit 1) a run that would delete more keys than this. 0: no cap."`
-	MaxFlags         int64         `name:"max-flags" default:"0" help:"Refuse (exit 1) a run that would flag more keys for review than this. 0: no cap."`
-	FlaggedBy        string        `name:"flagged-by" default:"reaper" help:"Recorded as flagged_by on the reviews this reaper creates."`
-	LeaseTTL         time.Duration `name:"lease-ttl" default:"1m" help:"A run's lease on the database (it keeps runs from overlapping) expires this long after its last renewal, so a run killed mid-run delays the next by at most this. Longer than --statement-timeout."`
-	WALCompression   string        `name:"wal-compression" default:"lz4" help:"wal_compression of the reaper's batch transactions (SET LOCAL): lz4, zstd, pglz, on, off, or server to keep the server's setting. Needs superuser or GRANT SET ON PARAMETER wal_compression (PostgreSQL 15+); without it the run says so once and keeps the server's setting."`
+// Eligibility is the part of the settings that decides which keys a run may
+// delete (sql.go's eligible): the rules `idemctl status` counts with too, so
+// it shows an operator what the reaper would do (PlanRun).
+type Eligibility struct {
+	Retention  time.Duration `name:"retention" default:"${retention}" help:"Delete keys whose created_at is older than this, by the database clock. At least 1h."`
+	LockWindow time.Duration `name:"lock-window" default:"${lock_window}" help:"A key whose locked_at is newer than this is in flight and never deleted; an older lock is one a crashed request left behind."`
 }
 
-// DefaultSettings returns the settings with every default filled in, as
-// kong would parse an empty command line.
+// Check returns every problem with the eligibility settings.
+func (e *Eligibility) Check() []string {
+	var p []string
+	if e.Retention < MinRetention {
+		p = append(p, fmt.Sprintf("--retention %s is below the minimum %s: keys that young may still be retried by clients", e.Retention, MinRetention))
+	}
+	if e.LockWindow <= 0 {
+		p = append(p, "--lock-window must be positive")
+	}
+	return p
+}
+
+// Settings are the operator-facing knobs. The command parses them from
+// flags (each has an IDEMD_ environment variable through kong's
+// DefaultEnvars); every default comes from DefaultSettings.
+type Settings struct {
+	Eligibility `embed:""`
+
+	Schedule         string        `name:"schedule" default:"${schedule}" help:"Keep running and reap on this schedule: a robfig/cron spec (\"@every 1h\", \"@hourly\", \"15 * * * *\"). Empty: one run and exit."`
+	DryRun           bool          `name:"dry-run" default:"${dry_run}" help:"Change nothing: print how many keys would be deleted and which would be flagged for review."`
+	BatchSize        int           `name:"batch-size" default:"${batch_size}" help:"Keys deleted per batch; each batch is its own transaction."`
+	BatchPause       time.Duration `name:"batch-pause" default:"${batch_pause}" help:"Pause between batches, giving the API's writes room on a busy table."`
+	StatementTimeout time.Duration `name:"statement-timeout" default:"${statement_timeout}" help:"statement_timeout of each batch (SET LOCAL). A batch that times out is retried at half the size."`
+	MaxRuntime       time.Duration `name:"max-runtime" default:"${max_runtime}" help:"Stop starting new batches after this long; the next run continues."`
+	MaxDeletes       int64         `name:"max-deletes" default:"${max_deletes}" help:"Refuse (exit 1) a run that would delete more keys than this. 0: no cap."`
+	MaxFlags         int64         `name:"max-flags" default:"${max_flags}" help:"Refuse (exit 1) a run that would flag more keys for review than this. 0: no cap."`
+	FlaggedBy        string        `name:"flagged-by" default:"${flagged_by}" help:"Recorded as flagged_by on the reviews this reaper creates."`
+	LeaseTTL         time.Duration `name:"lease-ttl" default:"${lease_ttl}" help:"A run's lease on the database (it keeps runs from overlapping) expires this long after its last renewal, so a run killed mid-run delays the next by at most this. Longer than --statement-timeout."`
+	WALCompression   string        `name:"wal-compression" default:"${wal_compression}" help:"wal_compression of the reaper's batch transactions (SET LOCAL): lz4, zstd, pglz, on, off, or server to keep the server's setting. Needs superuser or GRANT SET ON PARAMETER wal_compression (PostgreSQL 15+); without it the run says so once and keeps the server's setting."`
+}
+
+// DefaultSettings returns the settings with every default filled in: the
+// one place a default is written (the flags' defaults are read from it).
 func DefaultSettings() Settings {
 	return Settings{
-		Retention:        DefaultRetention,
-		BatchSize:        DefaultBatchSize,
-		BatchPause:       DefaultBatchPause,
-		StatementTimeout: DefaultStatementTimeout,
-		LockWindow:       DefaultLockWindow,
-		MaxRuntime:       DefaultMaxRuntime,
-		LeaseTTL:         DefaultLeaseTTL,
+		Eligibility: Eligibility{
+			Retention:  72 * time.Hour,
+			LockWindow: time.Hour,
+		},
+		// From the benchmark in docs/reaper.md: keys/s grew by about 30%
+		// from 10k to 30k keys per batch (the fixed cost of a batch, its
+		// pause and commit, spread over more keys) and by 2% more at 50k,
+		// while each batch's transaction (its row locks, its WAL, the work
+		// a failed batch rolls back) keeps growing with the size.
+		BatchSize:        30000,
+		BatchPause:       10 * time.Millisecond,
+		StatementTimeout: 15 * time.Second,
+		MaxRuntime:       time.Hour,
 		FlaggedBy:        "reaper",
-		WALCompression:   DefaultWALCompression,
+		// It bounds how long a run killed mid-run keeps the next run
+		// waiting; it must outlast a batch (--statement-timeout), which
+		// holds the lease row locked while it runs.
+		LeaseTTL: time.Minute,
+		// Most of a batch's WAL is full-page images of the heap pages it
+		// deletes from (the first change to a page after a checkpoint logs
+		// the whole page). lz4 cut a million-key run's WAL from 440 to
+		// 185-191 MB, at a cost in keys/s within the run-to-run noise
+		// (docs/reaper.md): fewer bytes for every WAL flush, every replica
+		// and the archive.
+		WALCompression: "lz4",
 	}
 }
 
@@ -92,12 +105,10 @@ var walCompressionValues = []string{"server", "off", "on", "pglz", "lz4", "zstd"
 // (@every 1h, @hourly, ...), the forms operators know from crontab.
 var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
-// Check returns every problem with the settings, not just the first.
+// Check returns every problem with the settings, not just the first: the
+// one list of the reaper's rules, for the command (exit 2) and New alike.
 func (s *Settings) Check() []string {
-	var p []string
-	if s.Retention < MinRetention {
-		p = append(p, fmt.Sprintf("--retention %s is below the minimum %s: keys that young may still be retried by clients", s.Retention, MinRetention))
-	}
+	p := s.Eligibility.Check()
 	if s.BatchSize < 1 || s.BatchSize > MaxBatchSize {
 		p = append(p, fmt.Sprintf("--batch-size %d must be between 1 and %d", s.BatchSize, MaxBatchSize))
 	}
@@ -106,9 +117,6 @@ func (s *Settings) Check() []string {
 	}
 	if s.StatementTimeout <= 0 {
 		p = append(p, "--statement-timeout must be positive")
-	}
-	if s.LockWindow <= 0 {
-		p = append(p, "--lock-window must be positive")
 	}
 	if s.MaxRuntime <= 0 {
 		p = append(p, "--max-runtime must be positive")
@@ -132,9 +140,6 @@ func (s *Settings) Check() []string {
 		if _, err := cronParser.Parse(s.Schedule); err != nil {
 			p = append(p, fmt.Sprintf("--schedule %q: %v", s.Schedule, err))
 		}
-		if s.Once {
-			p = append(p, "--once and --schedule are mutually exclusive")
-		}
 		if s.DryRun {
 			p = append(p, "--dry-run is a one-off: it cannot be combined with --schedule")
 		}
@@ -150,10 +155,9 @@ type Config struct {
 	Pool     *pgxpool.Pool
 	Logger   *zap.Logger
 	Registry prometheus.Registerer // nil: metrics are not registered
-	// Stdout receives the dry-run report.
-	Stdout io.Writer
-	// Ready, when set, is marked after every run that did its job (or
-	// found another run doing it), so /readyz reflects a stuck schedule.
+	// Ready, when set, is marked after every scheduled run that did its job
+	// (or found another run doing it), so /readyz reflects a stuck
+	// schedule; Start sets how old that may be from the schedule.
 	Ready *opshttp.Readiness
 }
 

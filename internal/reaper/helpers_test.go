@@ -3,7 +3,6 @@ package reaper
 import (
 	"bytes"
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,29 +27,30 @@ func testSettings() Settings {
 }
 
 // newService builds a Service on pool; mutate adjusts the settings.
-func newService(t *testing.T, pool *pgxpool.Pool, mutate func(*Settings)) (*Service, *bytes.Buffer) {
+func newService(t *testing.T, pool *pgxpool.Pool, mutate func(*Settings)) *Service {
 	t.Helper()
 	s := testSettings()
 	if mutate != nil {
 		mutate(&s)
 	}
-	out := &syncBuffer{}
-	svc, err := New(Config{Settings: s, Pool: pool, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), Registry: prometheus.NewRegistry(), Stdout: out})
+	svc, err := New(Config{Settings: s, Pool: pool, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), Registry: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	return svc, &out.buf
+	return svc
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
+// dryRunText is what the command prints for a dry run's result.
+func dryRunText(t *testing.T, svc *Service, res *Result) string {
+	t.Helper()
+	if res.Plan == nil {
+		t.Fatalf("no plan in the dry run's result %+v", res)
+	}
+	var out bytes.Buffer
+	if err := writeDryRun(&out, &svc.cfg.Settings, res.Plan); err != nil {
+		t.Fatal(err)
+	}
+	return out.String()
 }
 
 // dbNow is the database clock.

@@ -12,6 +12,10 @@
 // connection, with every setting local to it: a failing batch never undoes
 // the work of the batches before it, and nothing outlives a batch on a
 // server connection.
+//
+// The service has the shape of docs/architecture.md: runOnce is one run
+// (a pass), a batch is its unit, Start runs passes on --schedule through
+// lifecycle.Loop.
 package reaper
 
 import (
@@ -19,9 +23,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,7 +31,9 @@ import (
 	"go.uber.org/zap"
 
 	"idemd/internal/lease"
+	"idemd/internal/lifecycle"
 	"idemd/internal/review"
+	"idemd/internal/testsignal"
 )
 
 // Result is what one run did. Counts are of committed work: a batch that
@@ -48,6 +51,8 @@ type Result struct {
 	// when they kept the server's setting.
 	WALCompression string
 	DryRun         bool
+	// Plan is what a dry run found a run would do now; nil otherwise.
+	Plan *Plan
 
 	// Deleted keys past the horizon.
 	Deleted int64
@@ -69,14 +74,11 @@ type Result struct {
 	// although keys were left (more than a batch of keys share one
 	// created_at, or every key in the range is in flight) and were redone
 	// in id order.
-	OrderedBatches  int
-	FinalBatchSize  int
-	Duration        time.Duration
-	Complete        bool   // nothing eligible was left when the run ended
-	StopReason      string // why an incomplete run stopped: max_runtime, shutdown, error
-	WouldDelete     int64  // dry run: keys a run would delete now
-	WouldFlag       int64  // dry run: reviews a run would create now
-	ListedFlagCount int    // dry run: how many of WouldFlag were printed
+	OrderedBatches int
+	FinalBatchSize int
+	Duration       time.Duration
+	Complete       bool   // nothing eligible was left when the run ended
+	StopReason     string // why an incomplete run stopped: max_runtime, shutdown, error
 }
 
 // BlockedError is a batch that a foreign key with ON DELETE RESTRICT or NO
@@ -105,25 +107,35 @@ type Service struct {
 	cfg     Config
 	logger  *zap.Logger
 	metrics *metrics
+	// holder names this process in the lease table.
+	holder string
+	// schedule is --schedule parsed; nil without one. Tests replace it.
+	schedule cron.Schedule
+	runner   lifecycle.Runner
 
 	// pinnedNow replaces the database's now() in every statement; tests use
 	// it to put keys exactly at the horizon. Production leaves it nil.
 	pinnedNow *time.Time
-	// hooks let tests stop a run at a known point; nil in production.
-	hooks testHooks
-	// holder names this process in the lease table.
-	holder string
-
-	mu      sync.Mutex
-	cron    *cron.Cron
-	cancel  context.CancelFunc
-	started bool
+	hooks     testHooks
+	signals   testSignals
 }
 
+// testSignals tell tests that a run reached a point; tests only wait on
+// them (internal/testsignal). Free in production.
+type testSignals struct {
+	passed testsignal.Signal[*Result]       // a scheduled run ended
+	next   testsignal.Signal[time.Duration] // the schedule's wait before the next run
+}
+
+// testHooks are the points where a test must act inside a run while the
+// run waits for it, which a signal cannot do: hold a run inside its lease
+// (the overlap tests), read a batch transaction's own settings (the
+// wal_compression test), change or count the table between two batches
+// (the boundary and cap tests). nil in production.
 type testHooks struct {
 	afterLock  func(ctx context.Context)            // the lease is held, no batch yet
 	inBatch    func(ctx context.Context, tx pgx.Tx) // a batch's settings are in force, its statement not run yet
-	afterBatch func(ctx context.Context, batch int)
+	afterBatch func(ctx context.Context, batch int) // a batch committed, the next not begun
 }
 
 // New validates cfg and builds a Service. A bad configuration returns a
@@ -135,59 +147,91 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	if cfg.Stdout == nil {
-		cfg.Stdout = io.Discard
-	}
 	m, err := newMetrics(cfg.Registry)
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, logger: cfg.Logger, metrics: m, holder: lease.Holder("reaper")}, nil
+	s := &Service{cfg: cfg, logger: cfg.Logger, metrics: m, holder: lease.Holder("reaper"), runner: lifecycle.Runner{Name: "reaper"}}
+	if cfg.Schedule != "" {
+		if s.schedule, err = cronParser.Parse(cfg.Schedule); err != nil {
+			return nil, fmt.Errorf("reaper: parse schedule: %w", err)
+		}
+	}
+	return s, nil
 }
 
-// RunOnce does one run: take the lock, reap (or plan, for a dry run), log
-// the summary. The Result is never nil, even with an error, so the counts of
-// the committed batches are known.
+// RunOnce does one run: take the lease, reap (or plan, for a dry run), log
+// the summary. When ctx ends (SIGTERM) the run stops after its current
+// batch, which finishes or rolls back whole within --statement-timeout.
+// The Result is never nil, even with an error, so the counts of the
+// committed batches are known.
 func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
 	return s.runOnce(ctx)
 }
 
 func (s *Service) runOnce(ctx context.Context) (*Result, error) {
+	return s.pass(context.WithoutCancel(ctx), ctx.Done())
+}
+
+// pass is one run. stop asks it to end after its current batch (SIGTERM,
+// Stop); ctx ending cuts the batch in progress, which rolls back (Stop's
+// deadline). Everything but the batches (the lease wait, the caps' count,
+// the dry run) stops at either.
+func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, error) {
 	start := time.Now()
 	res := &Result{DryRun: s.cfg.DryRun, FlaggedByReason: map[string]int64{}, FinalBatchSize: s.cfg.BatchSize}
-	err := s.run(ctx, res, start)
+	soft, cancel := stopContext(ctx, stop)
+	defer cancel()
+	var err error
+	if s.cfg.DryRun {
+		// A dry run changes nothing, so it needs no lease: an operator
+		// previewing while a run is going still gets an answer.
+		res.Plan, err = s.dryRun(soft)
+		res.Complete = err == nil
+	} else {
+		err = s.reapWithLease(ctx, soft, res, start)
+	}
 	res.Duration = time.Since(start)
 	s.finish(res, err)
 	return res, err
 }
 
-func (s *Service) run(ctx context.Context, res *Result, start time.Time) error {
-	// A dry run changes nothing, so it needs no lease: an operator
-	// previewing while a run is going still gets an answer.
-	if s.cfg.DryRun {
-		return s.dryRun(ctx, res)
-	}
-	held, err := s.takeLease(ctx, res)
+// stopContext is ctx, also cancelled when stop closes.
+func stopContext(ctx context.Context, stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	soft, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-soft.Done():
+		}
+	}()
+	return soft, cancel
+}
+
+// reapWithLease takes the reaper's lease, keeps it renewed while the run
+// reaps, and releases it at the end. A run that finds another live run
+// holding it does nothing (res.LockHeld).
+func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start time.Time) error {
+	held, err := s.takeLease(soft, res)
 	if err != nil || !held {
 		return err
 	}
 	defer s.releaseLease(ctx)
-	hbCtx, stopHeartbeat := context.WithCancel(ctx)
-	hbDone := make(chan struct{})
-	go func() { defer close(hbDone); s.heartbeat(hbCtx) }()
-	defer func() { stopHeartbeat(); <-hbDone }()
+	stopHeartbeat := s.startHeartbeat(soft)
+	defer stopHeartbeat()
 
 	if s.hooks.afterLock != nil {
-		s.hooks.afterLock(ctx)
+		s.hooks.afterLock(soft)
 	}
-	if s.probeWALCompression(ctx) {
+	if s.probeWALCompression(soft) {
 		res.WALCompression = s.cfg.WALCompression
 	}
-	if err := s.checkCaps(ctx); err != nil {
+	if err := s.checkCaps(soft); err != nil {
 		res.StopReason = "error"
 		return err
 	}
-	return s.reap(ctx, res, start)
+	return s.reap(ctx, soft, res, start)
 }
 
 // probeWALCompression reports whether --wal-compression can be set in this
@@ -203,7 +247,7 @@ func (s *Service) probeWALCompression(ctx context.Context) bool {
 		return false
 	}
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, "SELECT set_config('wal_compression', $1, true)", s.cfg.WALCompression)
+		_, err := tx.Exec(ctx, "SELECT set_config('wal_compression', @wal_compression, true)", pgx.NamedArgs{"wal_compression": s.cfg.WALCompression})
 		return err
 	})
 	if err == nil {
@@ -229,12 +273,13 @@ func (s *Service) probeWALCompression(ctx context.Context) bool {
 }
 
 // reap deletes batches until one comes back short (nothing eligible left),
-// the run's time is up, or the process is shutting down.
-func (s *Service) reap(ctx context.Context, res *Result, start time.Time) error {
+// the run's time is up, the run is asked to stop (soft), or a batch fails
+// for good. Batches run on ctx: only it cuts one short.
+func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time) error {
 	size := s.cfg.BatchSize
 	var cursor *batchCursor
 	for {
-		if ctx.Err() != nil {
+		if soft.Err() != nil {
 			res.StopReason = "shutdown"
 			return nil
 		}
@@ -242,54 +287,23 @@ func (s *Service) reap(ctx context.Context, res *Result, start time.Time) error 
 			res.StopReason = "max_runtime"
 			return nil
 		}
-		limit := size
-		if s.cfg.MaxDeletes > 0 {
-			// Take at most one key past the cap: if the batch finds it, keys
-			// crossed the horizon during the run beyond what the pre-check
-			// allowed, and the batch's own check rolls it back and stops
-			// the run. If not, the batch comes back short and the run is
-			// complete.
-			if left := s.cfg.MaxDeletes - res.Deleted; left+1 < int64(limit) {
-				limit = int(left + 1)
-			}
+		job := batchJob{
+			limit:          s.batchLimit(size, res.Deleted),
+			cursor:         cursor,
+			deleted:        res.Deleted,
+			flagged:        res.Flagged,
+			walCompression: res.WALCompression,
 		}
-
-		b, err := s.deleteBatch(ctx, limit, cursor, res)
-		var pgErr *pgconn.PgError
-		switch {
-		case err == nil:
-		case errors.As(err, &pgErr) && pgErr.Code == "57014" && ctx.Err() == nil:
-			// statement_timeout: the database is slower than the batch size
-			// assumes. Halve and retry rather than fail the run, down to a
-			// floor below which the problem is not the batch size.
-			s.metrics.batchTimeouts.Inc()
-			res.BatchTimeouts++
-			if size <= minBatchSize {
-				res.StopReason = "error"
-				return fmt.Errorf("reaper: batch %d timed out after %s even at %d keys: %w", res.Batches+1, s.cfg.StatementTimeout, size, err)
+		b, err := s.deleteBatch(ctx, job, res)
+		if err != nil {
+			if size, err = s.batchFailed(soft, err, size, res); err != nil {
+				return err
 			}
-			size = max(size/2, minBatchSize)
-			res.FinalBatchSize = size
-			s.logger.Warn("batch hit the statement timeout; halving the batch size",
-				zap.Duration("statement_timeout", s.cfg.StatementTimeout), zap.Int("batch_size", size))
 			continue
-		case errors.Is(err, ErrCapExceeded):
-			res.StopReason = "error"
-			return fmt.Errorf("reaper: batch %d rolled back: %w; the %d keys deleted by earlier batches stay deleted", res.Batches+1, err, res.Deleted)
-		case errors.As(err, &pgErr) && pgErr.Code == "23503":
-			res.StopReason = "error"
-			blocked := &BlockedError{Constraint: pgErr.ConstraintName, Table: pgErr.TableName, Detail: pgErr.Detail, Err: err}
-			return fmt.Errorf("reaper: batch %d: %w; the %d keys deleted by earlier batches of this run stay deleted", res.Batches+1, blocked, res.Deleted)
-		default:
-			res.StopReason = "error"
-			if ctx.Err() != nil {
-				res.StopReason = "shutdown"
-			}
-			return fmt.Errorf("reaper: batch %d: %w", res.Batches+1, err)
 		}
-
+		s.account(res, b)
 		if s.hooks.afterBatch != nil {
-			s.hooks.afterBatch(ctx, res.Batches)
+			s.hooks.afterBatch(soft, res.Batches)
 		}
 		if !b.more {
 			res.Complete = true
@@ -298,153 +312,79 @@ func (s *Service) reap(ctx context.Context, res *Result, start time.Time) error 
 		if b.cursor != nil {
 			cursor = b.cursor
 		}
-		if s.cfg.BatchPause > 0 {
-			t := time.NewTimer(s.cfg.BatchPause)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-			case <-t.C:
-			}
+		s.pause(soft)
+	}
+}
+
+// batchLimit is how many keys the next batch may take: the batch size, or
+// at most one key past --max-deletes. If the batch finds that key, keys
+// crossed the horizon during the run beyond what the pre-check allowed, and
+// the batch's own check rolls it back and stops the run. If not, the batch
+// comes back short and the run is complete.
+func (s *Service) batchLimit(size int, deleted int64) int {
+	if s.cfg.MaxDeletes > 0 {
+		if left := s.cfg.MaxDeletes - deleted; left+1 < int64(size) {
+			return int(left + 1)
 		}
 	}
+	return size
 }
 
-type batchResult struct {
-	deleted, unprocessable, flaggedUnfinished, flaggedGaveUp int64
-	// cursor is where the next batch starts (after it); nil if this batch
-	// took nothing.
-	cursor *batchCursor
-	// more: eligible keys may be left after the cursor. False when the batch
-	// found fewer than its limit: the run is complete.
-	more bool
-}
-
-// batchCursor is the (created_at, id) of the last key a batch took.
-type batchCursor struct {
-	createdAt time.Time
-	id        int64
-}
-
-// rowLockTimeout is how long a fast-path batch waits for a key's row lock
-// before it is redone in the form that skips locked keys. Keys past
-// retention are almost never locked, so this is paid rarely; it is short
-// because the batch holds the row locks of the keys it already deleted
-// while it waits.
-const rowLockTimeout = 50 * time.Millisecond
-
-// deleteBatch runs one batch in its own transaction: in the fast range form
-// first; if that deleted nothing although keys are left (errRangeEmpty),
-// in the form that orders by id too; and if either met a key another
-// transaction holds locked, in the form that skips locked keys. A SIGTERM
-// does not cancel a running batch (it finishes within --statement-timeout
-// and the run stops after it); only the statement timeout does.
-func (s *Service) deleteBatch(ctx context.Context, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
-	b, err := s.tryBatch(ctx, rangeBatchSQL, rowLockTimeout, limit, cursor, res)
-	if errors.Is(err, errRangeEmpty) {
-		s.metrics.orderedBatches.Inc()
-		res.OrderedBatches++
-		s.logger.Debug("the range form found nothing to delete before its bound; taking keys in id order", zap.Int("batch", res.Batches+1))
-		b, err = s.tryBatch(ctx, orderedBatchSQL, rowLockTimeout, limit, cursor, res)
-	}
+// batchFailed decides what a failed batch means for the run: a statement
+// timeout is retried at half the size (the new size comes back, with a nil
+// error); anything else ends the run with the error returned. soft ended:
+// the run was stopping, and a timeout is no reason to go on.
+func (s *Service) batchFailed(soft context.Context, err error, size int, res *Result) (int, error) {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
-		s.metrics.lockedBatches.Inc()
-		res.LockedBatches++
-		s.logger.Debug("batch met a locked key; redoing it skipping locked keys", zap.Int("batch", res.Batches+1))
-		b, err = s.tryBatch(ctx, lockingBatchSQL, 0, limit, cursor, res)
+	if errors.As(err, &pgErr) && pgErr.Code == "57014" && soft.Err() == nil {
+		// statement_timeout: the database is slower than the batch size
+		// assumes. Halve and retry rather than fail the run, down to a
+		// floor below which the problem is not the batch size.
+		s.metrics.batchTimeouts.Inc()
+		res.BatchTimeouts++
+		if size <= minBatchSize {
+			res.StopReason = "error"
+			return size, fmt.Errorf("reaper: batch %d timed out after %s even at %d keys: %w", res.Batches+1, s.cfg.StatementTimeout, size, err)
+		}
+		size = max(size/2, minBatchSize)
+		res.FinalBatchSize = size
+		s.logger.Warn("batch hit the statement timeout; halving the batch size",
+			zap.Duration("statement_timeout", s.cfg.StatementTimeout), zap.Int("batch_size", size))
+		return size, nil
 	}
-	return b, err
+	res.StopReason = "error"
+	switch {
+	case errors.Is(err, ErrCapExceeded):
+		return size, fmt.Errorf("reaper: batch %d rolled back: %w; the %d keys deleted by earlier batches stay deleted", res.Batches+1, err, res.Deleted)
+	case errors.As(err, &pgErr) && pgErr.Code == "23503":
+		blocked := &BlockedError{Constraint: pgErr.ConstraintName, Table: pgErr.TableName, Detail: pgErr.Detail, Err: err}
+		return size, fmt.Errorf("reaper: batch %d: %w; the %d keys deleted by earlier batches of this run stay deleted", res.Batches+1, blocked, res.Deleted)
+	default:
+		if soft.Err() != nil {
+			res.StopReason = "shutdown"
+		}
+		return size, fmt.Errorf("reaper: batch %d: %w", res.Batches+1, err)
+	}
 }
 
-// errRangeEmpty: the range form deleted nothing although keys are left
-// after its bound. Either more than a batch of keys share the cursor's
-// created_at (the range before the bound is empty, and repeating it would
-// never progress), or every key before the bound is in flight or leased.
-// The ordered form handles both: it splits equal created_at by id and
-// counts only eligible keys.
-var errRangeEmpty = errors.New("range batch deleted nothing before its bound")
+// pause waits --batch-pause between batches, or until the run is asked to
+// stop.
+func (s *Service) pause(soft context.Context) {
+	if s.cfg.BatchPause <= 0 {
+		return
+	}
+	t := time.NewTimer(s.cfg.BatchPause)
+	defer t.Stop()
+	select {
+	case <-soft.Done():
+	case <-t.C:
+	}
+}
 
-// batchSettingsSQL sets a batch transaction's timeouts, its asynchronous
-// commit and the server's check for a vanished client.
-const batchSettingsSQL = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
-       set_config('synchronous_commit', 'off', true), set_config('client_connection_check_interval', '1000', true)`
-
-// tryBatch runs one form of a batch in a transaction. lockTimeout 0 leaves
-// lock waits to the statement timeout.
-func (s *Service) tryBatch(ctx context.Context, sql string, lockTimeout time.Duration, limit int, cursor *batchCursor, res *Result) (batchResult, error) {
-	var b batchResult
-	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StatementTimeout+10*time.Second)
-	defer cancel()
-	started := time.Now()
-
-	tx, err := s.cfg.Pool.Begin(bctx)
-	if err != nil {
-		return b, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback(bctx) //nolint:errcheck // a no-op after Commit
-
-	// synchronous_commit off: the commit does not wait for its WAL to reach
-	// disk. A batch lost to a server crash rolls back as a whole (the
-	// deletions with their reviews) and the next run deletes those keys
-	// again, so nothing the reaper promises depends on that wait, while a
-	// batch's WAL (megabytes: every first touch of a page after a checkpoint
-	// logs the whole page) makes the wait long.
-	//
-	// Every setting is local to the batch's transaction: behind a
-	// transaction-mode pooler a session setting would stay on a server
-	// connection the API uses next. client_connection_check_interval lets
-	// the server notice a reaper killed while its batch waits on a row lock
-	// and roll the batch back then, rather than when the wait ends.
-	settings := batchSettingsSQL
-	args := []any{fmt.Sprint(s.cfg.StatementTimeout.Milliseconds()), fmt.Sprint(lockTimeout.Milliseconds())}
-	if res.WALCompression != "" {
-		settings += `, set_config('wal_compression', $3, true)`
-		args = append(args, res.WALCompression)
-	}
-	if _, err := tx.Exec(bctx, settings, args...); err != nil {
-		return b, fmt.Errorf("set batch settings: %w", err)
-	}
-	// The lease fences the batch: its row stays locked until the batch
-	// commits, so no other run can take the lease while this batch's
-	// deletions are uncommitted, and a run that lost its lease (it stalled
-	// past --lease-ttl and another run took over) stops here.
-	if err := lease.Renew(bctx, tx, LeaseName, s.holder, s.cfg.LeaseTTL); err != nil {
-		return b, err
-	}
-	if s.hooks.inBatch != nil {
-		s.hooks.inBatch(bctx, tx)
-	}
-	var cursorAt *time.Time
-	var cursorID *int64
-	if cursor != nil {
-		cursorAt, cursorID = &cursor.createdAt, &cursor.id
-	}
-	var nextAt *time.Time
-	var nextID *int64
-	err = tx.QueryRow(bctx, sql,
-		s.cfg.Retention.Microseconds(), s.cfg.LockWindow.Microseconds(), s.pinnedNow,
-		limit, s.cfg.FlaggedBy, cursorAt, review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp, cursorID,
-	).Scan(&b.deleted, &b.unprocessable, &b.flaggedUnfinished, &b.flaggedGaveUp, &nextAt, &nextID, &b.more)
-	if err != nil {
-		return b, err
-	}
-	if nextAt != nil && nextID != nil {
-		b.cursor = &batchCursor{createdAt: *nextAt, id: *nextID}
-	}
-	if sql == rangeBatchSQL && b.more && b.deleted == 0 {
-		return b, errRangeEmpty // rolled back: it changed nothing
-	}
-	if s.cfg.MaxDeletes > 0 && res.Deleted+b.deleted > s.cfg.MaxDeletes {
-		return b, fmt.Errorf("would delete more than --max-deletes %d: %w", s.cfg.MaxDeletes, ErrCapExceeded)
-	}
-	if s.cfg.MaxFlags > 0 && res.Flagged+b.flaggedUnfinished+b.flaggedGaveUp > s.cfg.MaxFlags {
-		return b, fmt.Errorf("would flag more than --max-flags %d keys: %w", s.cfg.MaxFlags, ErrCapExceeded)
-	}
-	if err := tx.Commit(bctx); err != nil {
-		return b, fmt.Errorf("commit: %w", err)
-	}
-
-	s.metrics.batchDuration.Observe(time.Since(started).Seconds())
+// account adds a committed batch to the run's Result, the metrics and the
+// debug log.
+func (s *Service) account(res *Result, b batchResult) {
+	s.metrics.batchDuration.Observe(b.duration.Seconds())
 	s.metrics.batches.Inc()
 	s.metrics.deleted.Add(float64(b.deleted))
 	s.metrics.flagged.WithLabelValues(review.ReasonUnfinishedAtRetention).Add(float64(b.flaggedUnfinished))
@@ -452,7 +392,7 @@ func (s *Service) tryBatch(ctx context.Context, sql string, lockTimeout time.Dur
 	res.Batches++
 	res.Deleted += b.deleted
 	res.Unprocessable += b.unprocessable
-	res.Flagged += b.flaggedUnfinished + b.flaggedGaveUp
+	res.Flagged += b.flagged()
 	if b.flaggedUnfinished > 0 {
 		res.FlaggedByReason[review.ReasonUnfinishedAtRetention] += b.flaggedUnfinished
 	}
@@ -460,114 +400,10 @@ func (s *Service) tryBatch(ctx context.Context, sql string, lockTimeout time.Dur
 		res.FlaggedByReason[review.ReasonCompleterGaveUp] += b.flaggedGaveUp
 	}
 	s.logger.Debug("batch committed", zap.Int("batch", res.Batches), zap.Int64("deleted", b.deleted),
-		zap.Int64("flagged", b.flaggedUnfinished+b.flaggedGaveUp), zap.Duration("duration", time.Since(started)))
-	return b, nil
+		zap.Int64("flagged", b.flagged()), zap.Duration("duration", b.duration))
 }
 
-// plan counts the eligible keys and the reviews they would need. limit
-// bounds the count (nil: count everything).
-func (s *Service) plan(ctx context.Context, limit *int64) (deletes, flags int64, err error) {
-	err = s.cfg.Pool.QueryRow(ctx, planSQL,
-		s.cfg.Retention.Microseconds(), s.cfg.LockWindow.Microseconds(), s.pinnedNow,
-		limit, review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp,
-	).Scan(&deletes, &flags)
-	if err != nil {
-		return 0, 0, fmt.Errorf("reaper: plan: %w", err)
-	}
-	return deletes, flags, nil
-}
-
-// checkCaps refuses a run that would exceed --max-deletes or --max-flags
-// before it deletes anything. The count stops one past the delete cap, so
-// it costs no more than the run it guards.
-func (s *Service) checkCaps(ctx context.Context) error {
-	if s.cfg.MaxDeletes == 0 && s.cfg.MaxFlags == 0 {
-		return nil
-	}
-	var limit *int64
-	if s.cfg.MaxDeletes > 0 {
-		l := s.cfg.MaxDeletes + 1
-		limit = &l
-	}
-	deletes, flags, err := s.plan(ctx, limit)
-	if err != nil {
-		return err
-	}
-	if s.cfg.MaxDeletes > 0 && deletes > s.cfg.MaxDeletes {
-		return fmt.Errorf("reaper: more than %d keys are past retention, the --max-deletes cap; nothing was deleted (check --retention, or raise the cap): %w", s.cfg.MaxDeletes, ErrCapExceeded)
-	}
-	if s.cfg.MaxFlags > 0 && flags > s.cfg.MaxFlags {
-		return fmt.Errorf("reaper: %d keys past retention would be flagged for review, more than the --max-flags cap %d; nothing was deleted (is the completer running?): %w", flags, s.cfg.MaxFlags, ErrCapExceeded)
-	}
-	return nil
-}
-
-// dryRunListLimit bounds the keys a dry run prints one by one.
-const dryRunListLimit = 100
-
-// dryRun reports what a run would do now, changing nothing.
-func (s *Service) dryRun(ctx context.Context, res *Result) error {
-	deletes, flags, err := s.plan(ctx, nil)
-	if err != nil {
-		return err
-	}
-	res.WouldDelete, res.WouldFlag = deletes, flags
-	res.Complete = true
-
-	rows, err := s.cfg.Pool.Query(ctx, planFlagsSQL,
-		s.cfg.Retention.Microseconds(), s.cfg.LockWindow.Microseconds(), s.pinnedNow,
-		dryRunListLimit, review.ReasonUnfinishedAtRetention, review.ReasonCompleterGaveUp)
-	if err != nil {
-		return fmt.Errorf("reaper: dry run list: %w", err)
-	}
-	type flagRow struct {
-		id, userID         int64
-		key, point, reason string
-		createdAt          time.Time
-	}
-	var list []flagRow
-	for rows.Next() {
-		var r flagRow
-		if err := rows.Scan(&r.id, &r.userID, &r.key, &r.point, &r.createdAt, &r.reason); err != nil {
-			rows.Close()
-			return fmt.Errorf("reaper: dry run list: %w", err)
-		}
-		list = append(list, r)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("reaper: dry run list: %w", err)
-	}
-	res.ListedFlagCount = len(list)
-
-	out := s.cfg.Stdout
-	fmt.Fprintf(out, "dry run: nothing was changed\n")
-	fmt.Fprintf(out, "would delete %d keys older than %s (locked keys and keys leased by the completer are skipped)\n", deletes, s.cfg.Retention)
-	fmt.Fprintf(out, "would flag %d keys for review\n", flags)
-	if s.cfg.MaxDeletes > 0 && deletes > s.cfg.MaxDeletes {
-		fmt.Fprintf(out, "a real run would refuse: %d exceeds --max-deletes %d\n", deletes, s.cfg.MaxDeletes)
-	}
-	if s.cfg.MaxFlags > 0 && flags > s.cfg.MaxFlags {
-		fmt.Fprintf(out, "a real run would refuse: %d exceeds --max-flags %d\n", flags, s.cfg.MaxFlags)
-	}
-	if len(list) > 0 {
-		fmt.Fprintf(out, "keys that would be flagged (oldest first")
-		if int64(len(list)) < flags {
-			fmt.Fprintf(out, ", first %d of %d", len(list), flags)
-		}
-		fmt.Fprintf(out, "):\n")
-		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY_ID\tUSER_ID\tIDEMPOTENCY_KEY\tRECOVERY_POINT\tCREATED_AT\tREASON")
-		for _, r := range list {
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\n", r.id, r.userID, r.key, r.point, r.createdAt.UTC().Format(time.RFC3339), r.reason)
-		}
-		if err := tw.Flush(); err != nil {
-			return fmt.Errorf("reaper: dry run output: %w", err)
-		}
-	}
-	return nil
-}
-
-// finish records the run in metrics, readiness and the one summary line.
+// finish records the run in metrics and the one summary line.
 func (s *Service) finish(res *Result, err error) {
 	outcome := outcomeComplete
 	switch {
@@ -584,13 +420,8 @@ func (s *Service) finish(res *Result, err error) {
 	if !res.LockHeld {
 		s.metrics.runDuration.Observe(res.Duration.Seconds())
 	}
-	if err == nil {
-		if outcome == outcomeComplete {
-			s.metrics.lastSuccess.SetToCurrentTime()
-		}
-		if s.cfg.Ready != nil {
-			s.cfg.Ready.MarkPass(time.Now())
-		}
+	if outcome == outcomeComplete {
+		s.metrics.lastSuccess.SetToCurrentTime()
 	}
 
 	fields := []zap.Field{
@@ -620,8 +451,8 @@ func (s *Service) finish(res *Result, err error) {
 	if !res.LockHeld && !res.DryRun {
 		fields = append(fields, zap.String("wal_compression", cmp.Or(res.WALCompression, "server")))
 	}
-	if res.DryRun {
-		fields = append(fields, zap.Int64("would_delete", res.WouldDelete), zap.Int64("would_flag", res.WouldFlag))
+	if res.Plan != nil {
+		fields = append(fields, zap.Int64("would_delete", res.Plan.Deletes), zap.Int64("would_flag", res.Plan.Flags))
 	}
 	if err != nil {
 		s.logger.Error("reaper run summary", append(fields, zap.Error(err))...)

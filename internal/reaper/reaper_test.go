@@ -71,7 +71,7 @@ func TestBoundaries(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 2 })
+	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 2 })
 	svc.pinnedNow = &t0
 	left := []int64{queryInt(t, pool, "SELECT count(*) FROM idempotency_keys")}
 	svc.hooks.afterBatch = func(context.Context, int) {
@@ -143,7 +143,7 @@ VALUES (now() - interval '72 hours' - interval '1 minute', 'old', 'POST', '{}', 
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, _ := newService(t, pool, nil)
+	svc := newService(t, pool, nil)
 	res, err := svc.runOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +163,7 @@ func TestDryRunChangesNothing(t *testing.T) {
 	}
 	before := tableDigest(t, pool)
 
-	svc, out := newService(t, pool, func(s *Settings) { s.DryRun = true; s.BatchSize = 7; s.MaxDeletes = 10 })
+	svc := newService(t, pool, func(s *Settings) { s.DryRun = true; s.BatchSize = 7; s.MaxDeletes = 10 })
 	res, err := svc.runOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -171,10 +171,10 @@ func TestDryRunChangesNothing(t *testing.T) {
 	if after := tableDigest(t, pool); after != before {
 		t.Fatal("dry run changed the tables")
 	}
-	if res.WouldDelete != 30 || res.WouldFlag != 9 || res.Deleted != 0 || res.Batches != 0 {
-		t.Fatalf("dry run result %+v; want 30 deletes, 9 new flags", res)
+	if res.Plan == nil || res.Plan.Deletes != 30 || res.Plan.Flags != 9 || res.Deleted != 0 || res.Batches != 0 {
+		t.Fatalf("dry run result %+v (plan %+v); want 30 deletes, 9 new flags", res, res.Plan)
 	}
-	text := out.String()
+	text := dryRunText(t, svc, res)
 	for _, want := range []string{"would delete 30 keys", "would flag 9 keys", "exceeds --max-deletes 10", "bulk-6", "unfinished_at_retention"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, text)
@@ -185,13 +185,13 @@ func TestDryRunChangesNothing(t *testing.T) {
 	}
 
 	// What the dry run predicted is what a run does.
-	real, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 7 })
+	real := newService(t, pool, func(s *Settings) { s.BatchSize = 7 })
 	got, err := real.runOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Deleted != res.WouldDelete || got.Flagged != res.WouldFlag {
-		t.Fatalf("run deleted %d flagged %d; dry run said %d and %d", got.Deleted, got.Flagged, res.WouldDelete, res.WouldFlag)
+	if got.Deleted != res.Plan.Deletes || got.Flagged != res.Plan.Flags {
+		t.Fatalf("run deleted %d flagged %d; dry run said %d and %d", got.Deleted, got.Flagged, res.Plan.Deletes, res.Plan.Flags)
 	}
 }
 
@@ -203,7 +203,7 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 	ctx := context.Background()
 	insertOldKeys(t, pool, 90) // 30 unfinished
 
-	first, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
+	first := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
 	locked, release := make(chan struct{}), make(chan struct{})
 	first.hooks.afterLock = func(context.Context) { close(locked); <-release }
 	type outcome struct {
@@ -216,7 +216,7 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 		done <- outcome{r, err}
 	}()
 	<-locked
-	second, _ := newService(t, pool, nil)
+	second := newService(t, pool, nil)
 	res, err := second.runOnce(ctx)
 	if err != nil || !res.LockHeld || res.Deleted != 0 {
 		t.Fatalf("second run while the first holds the lock: %+v, %v", res, err)
@@ -234,7 +234,7 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for range 8 {
-		svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
+		svc := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
 		enter := func(context.Context) {
 			n := inside.Add(1)
 			for {
@@ -283,7 +283,7 @@ func TestForeignKeySetNull(t *testing.T) {
 	young := insertKey(t, pool, keySpec{name: "young", createdAt: dbNow(t, pool)})
 	createRides(t, pool, "SET NULL", append(ids[:10:10], young)...)
 
-	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 6 })
+	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 6 })
 	res, err := svc.runOnce(ctx)
 	if err != nil || res.Deleted != 20 {
 		t.Fatalf("run: %+v, %v", res, err)
@@ -306,7 +306,7 @@ func TestForeignKeyRestrict(t *testing.T) {
 	createRides(t, pool, "RESTRICT", ids[7])
 
 	for run := 1; run <= 2; run++ {
-		svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 5 })
+		svc := newService(t, pool, func(s *Settings) { s.BatchSize = 5 })
 		res, err := svc.runOnce(ctx)
 		var blocked *BlockedError
 		if !errors.As(err, &blocked) {
@@ -350,7 +350,7 @@ func TestCaps(t *testing.T) {
 		{"max-deletes", func(s *Settings) { s.MaxDeletes = 9 }},
 		{"max-flags", func(s *Settings) { s.MaxFlags = 2 }},
 	} {
-		svc, _ := newService(t, pool, c.set)
+		svc := newService(t, pool, c.set)
 		res, err := svc.runOnce(ctx)
 		if !errors.Is(err, ErrCapExceeded) || res.Deleted != 0 {
 			t.Fatalf("%s: %+v, %v; want ErrCapExceeded and nothing deleted", c.name, res, err)
@@ -362,7 +362,7 @@ func TestCaps(t *testing.T) {
 	if tableDigest(t, pool) != before {
 		t.Fatal("a refused run changed the tables")
 	}
-	svc, _ := newService(t, pool, func(s *Settings) { s.MaxDeletes = 10; s.MaxFlags = 3; s.BatchSize = 4 })
+	svc := newService(t, pool, func(s *Settings) { s.MaxDeletes = 10; s.MaxFlags = 3; s.BatchSize = 4 })
 	res, err := svc.runOnce(ctx)
 	if err != nil || res.Deleted != 10 || res.Flagged != 3 {
 		t.Fatalf("run at the caps: %+v, %v", res, err)
@@ -372,7 +372,7 @@ func TestCaps(t *testing.T) {
 func TestMaxRuntimeStopsBeforeNextBatch(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	insertOldKeys(t, pool, 10)
-	svc, _ := newService(t, pool, func(s *Settings) { s.MaxRuntime = time.Nanosecond })
+	svc := newService(t, pool, func(s *Settings) { s.MaxRuntime = time.Nanosecond })
 	res, err := svc.runOnce(context.Background())
 	if err != nil || res.Complete || res.StopReason != "max_runtime" || res.Deleted != 0 {
 		t.Fatalf("%+v, %v", res, err)
@@ -395,7 +395,7 @@ func TestStatementTimeoutHalvesBatch(t *testing.T) {
 	if _, err := tx.Exec(ctx, "SELECT * FROM rides FOR UPDATE"); err != nil {
 		t.Fatal(err)
 	}
-	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 2 * minBatchSize; s.StatementTimeout = 100 * time.Millisecond })
+	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 2 * minBatchSize; s.StatementTimeout = 100 * time.Millisecond })
 	res, err := svc.runOnce(ctx)
 	if err == nil || !strings.Contains(err.Error(), "timed out") {
 		t.Fatalf("want a timeout error, got %v", err)
@@ -405,37 +405,24 @@ func TestStatementTimeoutHalvesBatch(t *testing.T) {
 	}
 }
 
-func TestScheduleMode(t *testing.T) {
-	pool := dbtest.NewPool(t)
-	ctx := context.Background()
-	insertOldKeys(t, pool, 10)
-	svc, _ := newService(t, pool, func(s *Settings) { s.Schedule = "@every 1s" })
-	if err := svc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for queryInt(t, pool, "SELECT count(*) FROM idempotency_keys") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("scheduled run did not reap within 30 s")
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline
-	}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := svc.Stop(sctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestNewReportsEveryProblem(t *testing.T) {
-	s := Settings{Retention: time.Minute, BatchSize: 0, StatementTimeout: 0, LockWindow: -1, MaxRuntime: 0, MaxDeletes: -1, Schedule: "every hour", Once: true}
+	s := Settings{Eligibility: Eligibility{Retention: time.Minute, LockWindow: -1}, BatchSize: 0, StatementTimeout: 0, MaxRuntime: 0, MaxDeletes: -1, Schedule: "every hour"}
 	_, err := New(Config{Settings: s})
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"--retention", "--batch-size", "--statement-timeout", "--lock-window", "--max-runtime", "--max-deletes", "--schedule", "--once and --schedule", "--flagged-by", "pool"} {
+	for _, want := range []string{"--retention", "--batch-size", "--statement-timeout", "--lock-window", "--max-runtime", "--max-deletes", "--schedule", "--flagged-by", "pool"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	// --once is the command's flag, not a setting: its rule is the
+	// command's, on top of every rule of the settings.
+	cmd := Command{Settings: s, Once: true}
+	problems := strings.Join(cmd.Check(), "\n")
+	for _, want := range []string{"--once and --schedule", "--retention", "--batch-size", "--database-url"} {
+		if !strings.Contains(problems, want) {
+			t.Errorf("Command.Check lacks %q: %s", want, problems)
 		}
 	}
 }
@@ -455,7 +442,7 @@ func TestMaxDeletesDuringRun(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	insertOldKeys(t, pool, 10)
-	svc, _ := newService(t, pool, func(s *Settings) { s.MaxDeletes = 10; s.BatchSize = 4 })
+	svc := newService(t, pool, func(s *Settings) { s.MaxDeletes = 10; s.BatchSize = 4 })
 	svc.hooks.afterBatch = func(ctx context.Context, batch int) {
 		if batch == 1 {
 			if _, err := pool.Exec(ctx, `
@@ -488,10 +475,10 @@ func TestDryRunWhileARunHoldsTheLock(t *testing.T) {
 	if a, err := lease.Acquire(ctx, pool, LeaseName, "test-holder", time.Hour); err != nil || !a.Acquired {
 		t.Fatalf("acquire: %+v, %v", a, err)
 	}
-	svc, out := newService(t, pool, func(s *Settings) { s.DryRun = true })
+	svc := newService(t, pool, func(s *Settings) { s.DryRun = true })
 	res, err := svc.runOnce(ctx)
-	if err != nil || res.LockHeld || res.WouldDelete != 3 || !strings.Contains(out.String(), "would delete 3 keys") {
-		t.Fatalf("%+v, %v\n%s", res, err, out)
+	if err != nil || res.LockHeld || res.Plan == nil || res.Plan.Deletes != 3 || !strings.Contains(dryRunText(t, svc, res), "would delete 3 keys") {
+		t.Fatalf("%+v, %v", res, err)
 	}
 }
 
@@ -525,7 +512,7 @@ func TestRowLockedKeysAreSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
+	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
 	res, err := svc.runOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -574,7 +561,7 @@ SELECT now() - interval '100 hours', 'same-' || g, NULL, 'POST', '{}', '/rides',
 FROM generate_series(1, 25) g`); err != nil {
 		t.Fatal(err)
 	}
-	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
+	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
 	var left []int64
 	svc.hooks.afterBatch = func(context.Context, int) {
 		left = append(left, queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"))
@@ -610,7 +597,7 @@ func TestInFlightKeysBeforeTheBoundDoNotEndTheRun(t *testing.T) {
 		}
 		eligible = append(eligible, insertKey(t, pool, spec))
 	}
-	svc, _ := newService(t, pool, func(s *Settings) { s.BatchSize = 2 })
+	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 2 })
 	svc.pinnedNow = &t0
 	res, err := svc.runOnce(ctx)
 	if err != nil || !res.Complete || res.Deleted != 3 || res.OrderedBatches != 1 {

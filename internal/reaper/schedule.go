@@ -3,71 +3,84 @@ package reaper
 import (
 	"context"
 	"errors"
-	"fmt"
+	"time"
 
 	"github.com/robfig/cron/v3"
 	"go.uber.org/zap"
+
+	"idemd/internal/lifecycle"
 )
 
-// Start begins running on --schedule until Stop or until ctx is cancelled.
-// Within the process, a run still going when the next is due is skipped
-// (cron.SkipIfStillRunning); across processes the advisory lock does the
-// same.
+// Start runs the reaper on --schedule until Stop or until ctx ends (both
+// ask the run in progress to stop after its current batch). A run is due
+// at each time of the schedule; a run still going at the next time makes
+// that time be skipped, and a failed run waits for the next time like any
+// other: the schedule, never a retry loop, decides when the next run is.
+// Across processes the lease keeps runs from overlapping.
 func (s *Service) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.started {
-		return errors.New("reaper: already started")
-	}
-	if s.cfg.Schedule == "" {
+	if s.schedule == nil {
 		return errors.New("reaper: Start needs --schedule; use RunOnce for a single run")
 	}
-	sched, err := cronParser.Parse(s.cfg.Schedule)
-	if err != nil {
-		return fmt.Errorf("reaper: parse schedule: %w", err)
+	if s.cfg.Ready != nil {
+		s.cfg.Ready.MaxPassAge = maxPassAge(s.schedule, time.Now(), s.cfg.MaxRuntime)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	c := cron.New(
-		cron.WithParser(cronParser),
-		cron.WithChain(cron.SkipIfStillRunning(cronLogger{s.logger})),
-	)
-	c.Schedule(sched, cron.FuncJob(func() {
-		// The run logs its own summary and error; the schedule goes on.
-		_, _ = s.runOnce(runCtx)
-	}))
-	c.Start()
-	s.cron, s.cancel, s.started = c, cancel, true
+	err := s.runner.Start(ctx, func(work context.Context, stop <-chan struct{}) {
+		// As cron did: the first run is at the schedule's first time, not
+		// when the process starts, so a restart does not reap off-schedule.
+		if !waitUntil(work, stop, s.schedule.Next(time.Now())) {
+			return
+		}
+		loop := lifecycle.Loop{
+			Pass: func(ctx context.Context) error {
+				res, err := s.pass(ctx, stop)
+				s.signals.passed.Signal(res)
+				return err // the run logged it in its summary
+			},
+			Next: func(error, int) time.Duration {
+				d := time.Until(s.schedule.Next(time.Now()))
+				s.signals.next.Signal(d)
+				return d
+			},
+		}
+		if s.cfg.Ready != nil {
+			loop.Passed = s.cfg.Ready.MarkPass
+		}
+		loop.Run(work, stop)
+	})
+	if err != nil {
+		return err
+	}
 	s.logger.Info("reaper scheduled", zap.String("schedule", s.cfg.Schedule))
 	return nil
 }
 
-// Stop stops scheduling and waits, within ctx, for a running run to finish
-// its current batch.
+// Stop asks the run in progress to stop after its current batch, waits for
+// it until ctx ends, then cuts the batch (it rolls back) and waits for the
+// run to end. When Stop returns, no run of this process is going on and its
+// lease is released.
 func (s *Service) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	c, cancel, started := s.cron, s.cancel, s.started
-	s.started = false
-	s.mu.Unlock()
-	if !started {
-		return nil
-	}
-	cancel()
-	done := c.Stop()
+	return s.runner.Stop(ctx)
+}
+
+// maxPassAge is how old the last successful run may be before /readyz
+// fails: two intervals of the schedule (one run may find the lease held)
+// plus the longest a run may take.
+func maxPassAge(sched cron.Schedule, now time.Time, maxRuntime time.Duration) time.Duration {
+	next := sched.Next(now)
+	return 2*sched.Next(next).Sub(next) + maxRuntime
+}
+
+// waitUntil waits until t, and reports false if the work was asked to stop
+// (or cancelled) first.
+func waitUntil(ctx context.Context, stop <-chan struct{}, t time.Time) bool {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
 	select {
-	case <-done.Done():
-		return nil
+	case <-timer.C:
+		return true
+	case <-stop:
+		return false
 	case <-ctx.Done():
-		return fmt.Errorf("reaper: stop: %w", ctx.Err())
+		return false
 	}
-}
-
-// cronLogger routes robfig/cron's messages to zap.
-type cronLogger struct{ l *zap.Logger }
-
-func (c cronLogger) Info(msg string, kv ...any) {
-	c.l.Debug("cron: "+msg, zap.Any("details", kv))
-}
-
-func (c cronLogger) Error(err error, msg string, kv ...any) {
-	c.l.Error("cron: "+msg, zap.Error(err), zap.Any("details", kv))
 }

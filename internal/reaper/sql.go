@@ -1,10 +1,12 @@
 package reaper
 
+import "idemd/internal/review"
+
 // The statements share one definition of an eligible key (the constant
 // eligible), pasted into each as text rather than hidden in a view or a
 // function, because PostgreSQL plans a statement as a whole:
 //
-//   - created_at < now - retention. The database clock decides ($now is
+//   - created_at < now - retention. The database clock decides (@now is
 //     NULL in production; tests pin it to make the ±1 s boundary exact).
 //     Strictly older: a key exactly at the horizon is kept.
 //   - locked_at IS NULL or older than the lock window. The article sets
@@ -17,34 +19,37 @@ package reaper
 //   - completer_leased_until not in the future: the completer is replaying
 //     the key right now.
 //
-// Parameters common to all: $1 retention (µs), $2 lock window (µs), $3 pinned
-// now (timestamptz or NULL).
+// The parameters are named (pgx.NamedArgs), one name per meaning in every
+// statement (eligibilityArgs and batchArgs build them): @retention and
+// @lock_window (intervals), @now (the pinned clock, or NULL), @unfinished
+// and @gave_up (the review reasons of unfinished keys and of keys the
+// completer gave up on); the batches add @batch_size (keys per batch),
+// @flagged_by and @cursor_at, @cursor_id (created_at and id of the last key
+// the previous batch took, or NULL); the plan adds @limit.
 
-// A batch deletes up to $4 keys and copies the ones that need a human into
-// idempotency_key_reviews in the same statement, so a key can never be
-// deleted without its snapshot being kept. Further parameters: $4 limit,
-// $5 flagged_by, $6 and $9 the cursor (created_at and id of the last key
-// the previous batch took, or NULL), $7 reason for unfinished keys, $8
-// reason for keys the completer gave up on.
+// A batch deletes up to @batch_size keys and copies the ones that need a
+// human into idempotency_key_reviews in the same statement, so a key can
+// never be deleted without its snapshot being kept.
 //
 // Batches walk the idempotency_keys_created_at index in (created_at, id)
 // order from the cursor, so each starts where the previous one ended
 // instead of wading through the index entries of the keys it just deleted
 // (dead until vacuum), an idle pass is a single index probe, and a batch
-// never exceeds $4 keys even when many keys share a created_at.
+// never exceeds @batch_size keys even when many keys share a created_at.
 //
 // There are three forms of a batch, sharing everything but how they pick
 // the keys:
 //
-//   - rangeBatchSQL, the fast path: find the created_at of the ($4+1)-th
-//     key from the cursor (an index-only scan of the created_at index: no
+//   - rangeBatchSQL, the fast path: find the created_at of the
+//     (@batch_size+1)-th key from the cursor (an index-only scan of the created_at index: no
 //     heap visit, no sort), then DELETE every eligible key before it with a
 //     plain range predicate. No row is locked before it is deleted, so each
-//     key is written once. The batch can hold at most $4 keys, since they
-//     all come before the ($4+1)-th. When more than $4 keys share the
-//     cursor's created_at, that range is empty; the caller notices (nothing
-//     deleted, yet keys left) and redoes the batch with:
-//   - orderedBatchSQL: find the $4-th eligible key in (created_at, id)
+//     key is written once. The batch can hold at most @batch_size keys,
+//     since they all come before the (@batch_size+1)-th. When more than
+//     @batch_size keys share the cursor's created_at, that range is empty;
+//     the caller notices (nothing deleted, yet keys left) and redoes the
+//     batch with:
+//   - orderedBatchSQL: find the @batch_size-th eligible key in (created_at, id)
 //     order, then DELETE every eligible key up to it. Its bound visits the
 //     heap (for the eligibility) and sorts each run of equal created_at by
 //     id: 9-10 ms per 30000 keys against the fast bound's 1.5 ms, measured
@@ -60,17 +65,18 @@ package reaper
 // (unfinished), flagged (gave up), the cursor to continue from (created_at,
 // id; NULL when there is nothing after this batch), and whether more
 // eligible keys may be left.
-const rangeBatchSQL = `
+var rangeBatchSQL = `
 WITH bound AS (
-    -- The created_at of the ($4+1)-th key from the cursor, eligible or not
-    -- (counting only eligible keys would need the heap). NULL when no more
-    -- than $4 are left, and then this batch is the last.
+    -- The created_at of the (@batch_size+1)-th key from the cursor,
+    -- eligible or not (counting only eligible keys would need the heap).
+    -- NULL when no more than @batch_size are left, and then this batch is
+    -- the last.
     SELECT k.created_at
     FROM idempotency_keys k
     WHERE ` + pastHorizon + `
       AND ` + fromCursorStart + `
     ORDER BY k.created_at
-    OFFSET $4::int
+    OFFSET @batch_size::int
     LIMIT 1
 ),
 deleted AS (
@@ -83,15 +89,16 @@ deleted AS (
     b.created_at, ` + minID + `, b.created_at IS NOT NULL
 FROM counts c LEFT JOIN bound b ON true`
 
-const orderedBatchSQL = `
+var orderedBatchSQL = `
 WITH bound AS (
-    -- The $4-th eligible key from the cursor: the batch's inclusive end.
+    -- The @batch_size-th eligible key from the cursor: the batch's
+    -- inclusive end.
     -- NULL when fewer are left, and then this batch is the last.
     SELECT k.created_at, k.id
     FROM idempotency_keys k
     WHERE ` + eligibleFromCursor + `
     ORDER BY k.created_at, k.id
-    OFFSET $4::int - 1
+    OFFSET @batch_size::int - 1
     LIMIT 1
 ),
 deleted AS (
@@ -111,13 +118,13 @@ FROM counts c LEFT JOIN bound b ON true`
 // created_at t.
 const minID = `(-9223372036854775808)::bigint`
 
-const lockingBatchSQL = `
+var lockingBatchSQL = `
 WITH batch AS (
     SELECT k.id
     FROM idempotency_keys k
     WHERE ` + eligibleFromCursor + `
     ORDER BY k.created_at, k.id
-    LIMIT $4
+    LIMIT @batch_size::int
     FOR UPDATE OF k SKIP LOCKED
 ),
 deleted AS (
@@ -126,7 +133,7 @@ deleted AS (
     WHERE k.id = b.id
     RETURNING ` + deletedColumns + `
 ),` + reviewTail + `,
-    l.created_at, l.id, c.deleted >= $4
+    l.created_at, l.id, c.deleted >= @batch_size::int
 FROM counts c
 LEFT JOIN LATERAL (SELECT d.created_at, d.id FROM deleted d ORDER BY d.created_at DESC, d.id DESC LIMIT 1) l ON true`
 
@@ -134,21 +141,21 @@ LEFT JOIN LATERAL (SELECT d.created_at, d.id FROM deleted d ORDER BY d.created_a
 // file), shared by the batches and by the dry run's plan, so that a dry run
 // reports exactly what a run would delete.
 const eligible = pastHorizon + `
-      AND (k.locked_at IS NULL OR k.locked_at < COALESCE($3::timestamptz, now()) - $2::bigint * interval '1 microsecond')
-      AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE($3::timestamptz, now()))`
+      AND (k.locked_at IS NULL OR k.locked_at < COALESCE(@now::timestamptz, now()) - @lock_window::interval)
+      AND (k.completer_leased_until IS NULL OR k.completer_leased_until <= COALESCE(@now::timestamptz, now()))`
 
 // pastHorizon: created before now - retention, by the database clock.
-const pastHorizon = `k.created_at < COALESCE($3::timestamptz, now()) - $1::bigint * interval '1 microsecond'`
+const pastHorizon = `k.created_at < COALESCE(@now::timestamptz, now()) - @retention::interval`
 
 // fromCursorStart is what an index scan from the cursor can start at.
-const fromCursorStart = `k.created_at >= COALESCE($6::timestamptz, '-infinity')`
+const fromCursorStart = `k.created_at >= COALESCE(@cursor_at::timestamptz, '-infinity')`
 
 // eligibleFromCursor is an eligible key after the cursor. The row
 // comparison alone would be enough; fromCursorStart beside it is what the
 // index scan can start at.
 const eligibleFromCursor = eligible + `
       AND ` + fromCursorStart + `
-      AND (k.created_at, k.id) > (COALESCE($6::timestamptz, '-infinity'), COALESCE($9::bigint, ` + minID + `))`
+      AND (k.created_at, k.id) > (COALESCE(@cursor_at::timestamptz, '-infinity'), COALESCE(@cursor_id::bigint, ` + minID + `))`
 
 // deletedColumns are all a DELETE returns per key: narrow, because
 // RETURNING costs per row (the deleted tuple is fetched again and projected
@@ -170,72 +177,71 @@ const deletedColumns = `k.id, k.created_at,
 // the snapshot is one change older than the row deleted). Only the few
 // keys that need a review are looked up. A key already flagged for the
 // same reason (say the completer gave up and flagged it, or a human
-// resolved that review) is not flagged again.
-const reviewTail = `
+// resolved that review) is not flagged again; the INSERT itself is
+// package review's (review.FlagRowsSQL).
+var reviewTail = `
 needs_review AS MATERIALIZED (
-    SELECT d.id,
+    SELECT d.id AS key_id,
            -- A scalar subquery, not a join: it is always one primary-key
            -- probe per key to review, whatever the planner guesses the
            -- DELETE returns (as a join it was sometimes planned as a merge
            -- join walking the whole primary key from its start).
            (SELECT to_jsonb(k) FROM idempotency_keys k WHERE k.id = d.id) AS snapshot,
-           CASE WHEN d.gave_up THEN $8::text ELSE $7::text END AS review_reason
+           CASE WHEN d.gave_up THEN @gave_up::text ELSE @unfinished::text END AS reason
     FROM deleted d
     WHERE d.needs_review
 ),
-flagged AS (
-    INSERT INTO idempotency_key_reviews (key_id, user_id, idempotency_key, reason, detail, snapshot, flagged_by)
-    SELECT n.id, (n.snapshot->>'user_id')::bigint, n.snapshot->>'idempotency_key', n.review_reason,
-           'deleted by the reaper at the retention horizon at recovery point ' || (n.snapshot->>'recovery_point'),
-           n.snapshot, $5
+to_flag AS (
+    SELECT n.key_id, n.snapshot, n.reason,
+           'deleted by the reaper at the retention horizon at recovery point ' || (n.snapshot->>'recovery_point') AS detail,
+           @flagged_by::text AS flagged_by
     FROM needs_review n
     WHERE NOT EXISTS (
         SELECT 1 FROM idempotency_key_reviews r
-        WHERE r.key_id = n.id AND r.reason = n.review_reason
+        WHERE r.key_id = n.key_id AND r.reason = n.reason
     )
-    ON CONFLICT (key_id, reason) WHERE resolved_at IS NULL DO NOTHING
-    RETURNING reason
+),
+flagged AS (` + review.FlagRowsSQL("to_flag") + `
 ),
 counts AS (
     SELECT count(*) AS deleted, count(*) FILTER (WHERE needs_review) AS unprocessable FROM deleted
 )
 SELECT
     c.deleted, c.unprocessable,
-    (SELECT count(*) FROM flagged WHERE reason = $7::text),
-    (SELECT count(*) FROM flagged WHERE reason = $8::text)`
+    (SELECT count(*) FROM flagged WHERE reason = @unfinished::text),
+    (SELECT count(*) FROM flagged WHERE reason = @gave_up::text)`
+
+// reviewReason is the reason a key of idempotency_keys k would be flagged
+// for, if it needs a review.
+const reviewReason = `CASE WHEN k.completer_gave_up_at IS NOT NULL THEN @gave_up::text ELSE @unfinished::text END`
 
 // planSQL counts what a run would do, without locking or changing anything:
-// the dry run's report and the caps' pre-check. Further parameters: $4 row
-// limit (NULL: count all), $5/$6 the two reasons.
+// the dry run's report, the caps' pre-check and idemctl status (PlanRun).
+// @limit bounds the keys counted (NULL: count all).
 const planSQL = `
 WITH eligible AS (
-    SELECT k.id, k.recovery_point, k.completer_gave_up_at
+    SELECT k.id, k.created_at, ` + reviewReason + ` AS reason,
+           k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL AS needs_review
     FROM idempotency_keys k
     WHERE ` + eligible + `
     ORDER BY k.created_at
-    LIMIT $4
-),
-flags AS (
-    SELECT e.id, CASE WHEN e.completer_gave_up_at IS NOT NULL THEN $6::text ELSE $5::text END AS reason
-    FROM eligible e
-    WHERE e.recovery_point <> 'finished' OR e.completer_gave_up_at IS NOT NULL
+    LIMIT @limit::bigint
 )
 SELECT
     (SELECT count(*) FROM eligible),
-    (SELECT count(*) FROM flags f WHERE NOT EXISTS (
-        SELECT 1 FROM idempotency_key_reviews r WHERE r.key_id = f.id AND r.reason = f.reason))`
+    (SELECT count(*) FROM eligible e WHERE e.needs_review AND NOT EXISTS (
+        SELECT 1 FROM idempotency_key_reviews r WHERE r.key_id = e.id AND r.reason = e.reason)),
+    (SELECT min(created_at) FROM eligible)`
 
-// planFlagsSQL lists the keys a dry run would flag, oldest first.
-// Parameters as planSQL, $4 the number of rows to list.
+// planFlagsSQL lists the keys a dry run would flag, oldest first, @limit
+// of them.
 const planFlagsSQL = `
-SELECT k.id, k.user_id, k.idempotency_key, k.recovery_point, k.created_at,
-       CASE WHEN k.completer_gave_up_at IS NOT NULL THEN $6::text ELSE $5::text END AS reason
+SELECT k.id, k.user_id, k.idempotency_key, k.recovery_point, k.created_at, ` + reviewReason + ` AS reason
 FROM idempotency_keys k
 WHERE ` + eligible + `
   AND (k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL)
   AND NOT EXISTS (
       SELECT 1 FROM idempotency_key_reviews r
-      WHERE r.key_id = k.id
-        AND r.reason = CASE WHEN k.completer_gave_up_at IS NOT NULL THEN $6::text ELSE $5::text END)
+      WHERE r.key_id = k.id AND r.reason = ` + reviewReason + `)
 ORDER BY k.created_at
-LIMIT $4`
+LIMIT @limit::bigint`

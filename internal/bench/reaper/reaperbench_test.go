@@ -1,15 +1,14 @@
 package reaperbench
 
 import (
+	"context"
 	"os"
 	"strconv"
-
-	"context"
-	"idemd/internal/reaper"
 	"testing"
 	"time"
 
 	"idemd/internal/dbtest"
+	"idemd/internal/reaper"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
