@@ -7,18 +7,35 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"idemd/internal/config"
+	"idemd/internal/reaper"
 )
 
 // StatusCmd shows what the daemons have left to do.
 type StatusCmd struct {
-	Retention time.Duration `name:"retention" default:"72h" help:"The reaper's retention, to count keys past it."`
-	Format    string        `name:"format" default:"table" enum:"table,json" help:"Output: table or json."`
+	// The reaper's rules for which keys a run deletes; their defaults are
+	// the reaper's (FlagDefaults).
+	Retention  time.Duration `name:"retention" default:"${retention}" help:"The reaper's --retention: count the keys a run would delete now."`
+	LockWindow time.Duration `name:"lock-window" default:"${lock_window}" help:"The reaper's --lock-window: a key locked more recently is in flight and not counted."`
+	Format     string        `name:"format" default:"table" enum:"table,json" help:"Output: table or json."`
 }
 
-// Validate reports problems with the status flags (exit 2).
+// FlagDefaults implements config.Defaulter: status's --retention and
+// --lock-window default to the reaper's own.
+func (c *CLI) FlagDefaults() any { return reaper.DefaultSettings().Eligibility }
+
+// eligibility is the reaper's rules as given to status.
+func (c *StatusCmd) eligibility() reaper.Eligibility {
+	return reaper.Eligibility{Retention: c.Retention, LockWindow: c.LockWindow}
+}
+
+// Validate reports problems with the status flags (exit 2), by the
+// reaper's own rules.
 func (c *StatusCmd) Validate() error {
-	if c.Retention <= 0 {
-		return fmt.Errorf("--retention must be positive")
+	e := c.eligibility()
+	if p := e.Check(); len(p) > 0 {
+		return &config.Error{Problems: p}
 	}
 	return nil
 }
@@ -38,9 +55,13 @@ type Status struct {
 	// Completer: unfinished keys it may still work on, by recovery point.
 	UnfinishedKeys []GroupCount `json:"unfinished_keys"`
 
-	// Reaper: keys past retention still in the table.
+	// Reaper: what a run would do now, by the reaper's own rules
+	// (reaper.PlanRun): keys past retention that are not in flight nor
+	// leased by the completer, and the reviews deleting them would create.
 	Retention              string     `json:"retention"`
+	LockWindow             string     `json:"lock_window"`
 	KeysPastRetention      int64      `json:"keys_past_retention"`
+	KeysToFlag             int64      `json:"keys_to_flag"`
 	OldestKeyPastRetention *time.Time `json:"oldest_key_past_retention_at"`
 
 	// Humans: open reviews by reason.
@@ -56,8 +77,10 @@ type GroupCount struct {
 
 // Each query is answered from an index: staged_jobs is a short queue, the
 // unfinished keys from idemd_unfinished_keys (every unfinished key is in
-// it; see migrations/00012), keys past retention
-// from idempotency_keys_created_at, open reviews from their partial index.
+// it; see migrations/00012), keys past retention from
+// idempotency_keys_created_at (reaper.PlanRun, which also reads each such
+// key's row for the reaper's lock and lease rules), open reviews from
+// their partial index.
 const (
 	statusStagedSQL = `
 SELECT now(), (SELECT count(*) FROM staged_jobs), (SELECT min(created_at) FROM staged_jobs),
@@ -72,9 +95,6 @@ FROM idemd_unfinished_keys u
 JOIN idempotency_keys k ON k.id = u.key_id
 WHERE k.recovery_point <> 'finished' AND k.completer_gave_up_at IS NULL
 GROUP BY k.recovery_point ORDER BY k.recovery_point`
-	statusRetentionSQL = `
-SELECT count(*), min(created_at) FROM idempotency_keys
-WHERE created_at < now() - $1::bigint * interval '1 microsecond'`
 	statusReviewsSQL = `
 SELECT reason, count(*), min(flagged_at) FROM idempotency_key_reviews
 WHERE resolved_at IS NULL
@@ -83,7 +103,7 @@ GROUP BY reason ORDER BY reason`
 
 // Run gathers and prints the status.
 func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
-	st := Status{Retention: c.Retention.String(), RiverJobs: map[string]int64{}, UnfinishedKeys: []GroupCount{}, OpenReviews: []GroupCount{}}
+	st := Status{Retention: c.Retention.String(), LockWindow: c.LockWindow.String(), RiverJobs: map[string]int64{}, UnfinishedKeys: []GroupCount{}, OpenReviews: []GroupCount{}}
 	// One read-only snapshot, so the numbers are of the same moment.
 	tx, err := g.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
 	if err != nil {
@@ -116,9 +136,11 @@ func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
 	if st.UnfinishedKeys, err = groupCounts(ctx, tx, statusUnfinishedSQL); err != nil {
 		return fmt.Errorf("status: unfinished keys: %w", err)
 	}
-	if err := tx.QueryRow(ctx, statusRetentionSQL, c.Retention.Microseconds()).Scan(&st.KeysPastRetention, &st.OldestKeyPastRetention); err != nil {
+	plan, err := reaper.PlanRun(ctx, tx, c.eligibility())
+	if err != nil {
 		return fmt.Errorf("status: keys past retention: %w", err)
 	}
+	st.KeysPastRetention, st.KeysToFlag, st.OldestKeyPastRetention = plan.Deletes, plan.Flags, plan.Oldest
 	if st.OpenReviews, err = groupCounts(ctx, tx, statusReviewsSQL); err != nil {
 		return fmt.Errorf("status: open reviews: %w", err)
 	}
@@ -171,12 +193,13 @@ func writeStatus(g *Globals, st *Status) error {
 		fmt.Fprintf(tw, "  %s\t%d\toldest %s\n", u.Name, u.Count, since(u.Oldest))
 	}
 
-	fmt.Fprintf(tw, "\nREAPER (retention %s)\t\n", st.Retention)
+	fmt.Fprintf(tw, "\nREAPER (retention %s, lock window %s)\t\n", st.Retention, st.LockWindow)
 	oldest = "-"
 	if st.OldestKeyPastRetention != nil {
 		oldest = since(*st.OldestKeyPastRetention)
 	}
 	fmt.Fprintf(tw, "  keys past retention\t%d\toldest %s\n", st.KeysPastRetention, oldest)
+	fmt.Fprintf(tw, "  of them to flag for review\t%d\t\n", st.KeysToFlag)
 
 	fmt.Fprintln(tw, "\nOPEN REVIEWS (idemctl review list)\t")
 	if len(st.OpenReviews) == 0 {
