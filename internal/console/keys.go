@@ -33,6 +33,8 @@ func (r KeyRef) Check() []string {
 		return []string{"name a key: --id, or --user-id with --key"}
 	case r.Key == "":
 		return []string{"--key is required with --user-id"}
+	case r.UserID == 0:
+		return []string{"--user-id is required with --key"}
 	}
 	return nil
 }
