@@ -393,3 +393,38 @@ func TestIdentity(t *testing.T) {
 		t.Fatal("refused posts recorded actions")
 	}
 }
+
+// TestRiverJobLookupUsesMetadataIndex: the lookups of a key's or a staged
+// id's River jobs (metadata containment) can use River's GIN index on
+// river_job.metadata rather than reading the whole table. Sequential scans
+// are priced out because the test table is tiny.
+func TestRiverJobLookupUsesMetadataIndex(t *testing.T) {
+	s := seed(t)
+	ctx := context.Background()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN "+console.RiverJobsSQL, `{"idemd_key_id": 1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan strings.Builder
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(plan.String(), "river_job_metadata_index") {
+		t.Fatalf("plan does not use river_job_metadata_index:\n%s", plan.String())
+	}
+}

@@ -1,0 +1,4 @@
+package console
+
+// RiverJobsSQL is riverJobsSQL, for the plan test.
+const RiverJobsSQL = riverJobsSQL
