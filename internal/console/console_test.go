@@ -115,7 +115,7 @@ func serve(t *testing.T, s *seeded, o options) *httptest.Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	cfg := console.Config{
-		Pool: s.pool, Backend: &ctl.ConsoleBackend{Pool: s.pool, Retention: 72 * time.Hour},
+		Pool: s.pool, Backend: &ctl.ConsoleBackend{Pool: s.pool, Retention: 72 * time.Hour, LockWindow: time.Hour},
 		Operator: o.operator, OperatorHeader: o.header, ReadOnly: o.readOnly, GiveUpAfter: 23 * time.Hour, Logger: zap.NewNop(),
 	}
 	if o.river {

@@ -17,6 +17,7 @@ import (
 
 	"idemd/internal/console"
 	"idemd/internal/logging"
+	"idemd/internal/reaper"
 )
 
 // ConsoleCmd serves the web console until SIGTERM.
@@ -27,7 +28,8 @@ type ConsoleCmd struct {
 	ReadOnly        bool          `name:"read-only" help:"Refuse every action; pages only."`
 	River           bool          `name:"river" default:"true" negatable:"" help:"Serve River's own UI (riverui) under /river/."`
 	RiverActions    bool          `name:"river-actions" help:"Let riverui's own job actions (cancel, retry, delete) through for a request with an operator identity. They are logged, not recorded in idemd_operator_actions."`
-	Retention       time.Duration `name:"retention" default:"72h" help:"The reaper's retention, for the status page's keys past retention."`
+	Retention       time.Duration `name:"retention" default:"${retention}" help:"The reaper's --retention, for the status page (as idemctl status)."`
+	LockWindow      time.Duration `name:"lock-window" default:"${lock_window}" help:"The reaper's --lock-window, for the status page (as idemctl status)."`
 	GiveUpAfter     time.Duration `name:"give-up-after" default:"23h" help:"The completer's --give-up-after: keys older than this are not retried."`
 	ShutdownTimeout time.Duration `name:"shutdown-timeout" default:"10s" help:"On SIGTERM, how long requests in flight may take to finish."`
 }
@@ -44,9 +46,9 @@ func (c *ConsoleCmd) Validate() error {
 	if c.Operator != "" && c.OperatorHeader != "" {
 		p = append(p, "--operator and --operator-header exclude each other: with a proxy, the proxy says who acts")
 	}
-	if c.Retention <= 0 {
-		p = append(p, "--retention must be positive")
-	}
+	// The status page's rules are the reaper's, as for idemctl status.
+	e := reaper.Eligibility{Retention: c.Retention, LockWindow: c.LockWindow}
+	p = append(p, e.Check()...)
 	if c.GiveUpAfter <= 0 {
 		p = append(p, "--give-up-after must be positive")
 	}
@@ -99,7 +101,7 @@ func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {
 // handler builds the console; riverui's background services stop with ctx.
 func (c *ConsoleCmd) handler(ctx context.Context, g *Globals) (http.Handler, error) {
 	cfg := console.Config{
-		Pool: g.Pool, Backend: &ConsoleBackend{Pool: g.Pool, Retention: c.Retention},
+		Pool: g.Pool, Backend: &ConsoleBackend{Pool: g.Pool, Retention: c.Retention, LockWindow: c.LockWindow},
 		Operator: strings.TrimSpace(c.Operator), OperatorHeader: c.OperatorHeader, ReadOnly: c.ReadOnly,
 		RiverActions: c.RiverActions, GiveUpAfter: c.GiveUpAfter, Logger: g.Logger,
 	}
@@ -118,8 +120,9 @@ func (c *ConsoleCmd) handler(ctx context.Context, g *Globals) (http.Handler, err
 // list -o json`, a resolution `idemctl review resolve`, decoded from the
 // JSON they print so the console shows exactly what the commands do.
 type ConsoleBackend struct {
-	Pool      *pgxpool.Pool
-	Retention time.Duration
+	Pool       *pgxpool.Pool
+	Retention  time.Duration // status's --retention
+	LockWindow time.Duration // status's --lock-window
 }
 
 func (b *ConsoleBackend) globals(out io.Writer) *Globals {
@@ -129,7 +132,7 @@ func (b *ConsoleBackend) globals(out io.Writer) *Globals {
 // Overview implements console.Backend.
 func (b *ConsoleBackend) Overview(ctx context.Context) (*console.Overview, error) {
 	var out bytes.Buffer
-	if err := (&StatusCmd{Retention: b.Retention, Format: "json"}).Run(ctx, b.globals(&out)); err != nil {
+	if err := (&StatusCmd{Retention: b.Retention, LockWindow: b.LockWindow, Format: "json"}).Run(ctx, b.globals(&out)); err != nil {
 		return nil, err
 	}
 	var ov console.Overview
