@@ -11,5 +11,5 @@ import (
 )
 
 func main() {
-	os.Exit(daemon.Main("completer", completer.Description, &completer.CLI{}, os.Args[1:]))
+	os.Exit(daemon.Main("completer", completer.Description, &completer.Command{}, os.Args[1:]))
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"idemd/internal/backoff"
 	"idemd/internal/dbtest"
 	"idemd/internal/review"
 	"idemd/internal/testwait"
@@ -37,12 +38,12 @@ func TestRunOnceClassifiesOutcomes(t *testing.T) {
 	cfg.Registry = reg
 	svc := newTestService(t, pool, cfg)
 
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Result{Claimed: 9, Finished: 3, InProgress: 1, Retried: 3, Unauthorized: 1, Rejected: 1}
-	if res != want {
+	if *res != want {
 		t.Fatalf("result %+v, want %+v", res, want)
 	}
 	for _, k := range keys {
@@ -74,7 +75,7 @@ func TestRunOnceClassifiesOutcomes(t *testing.T) {
 	}
 	// 409: next attempt in the future, so an immediate pass leaves it.
 	api.setBehave(always(actFinish))
-	res, err = svc.runOnce(ctx)
+	res, err = svc.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func TestConnectionErrorIsRetried(t *testing.T) {
 	ln.Close() // nothing listens: connection refused
 	insertKeys(t, pool, "n", 2, "started")
 	svc := newTestService(t, pool, testConfig("http://"+addr))
-	res, err := svc.runOnce(context.Background())
+	res, err := svc.RunOnce(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,21 +113,23 @@ func TestConnectionErrorIsRetried(t *testing.T) {
 	}
 }
 
+// A failed attempt waits backoff.Delay: full jitter below a ceiling that
+// doubles from --backoff-base up to --backoff-max.
 func TestBackoffFullJitter(t *testing.T) {
 	base, maxD := time.Second, 40*time.Second
 	top := func(n int64) int64 { return n - 1 }
 	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 6: 32 * time.Second, 7: 40 * time.Second, 100: 40 * time.Second, 0: time.Second} {
-		if got := Backoff(attempt, base, maxD, top); got != want-1 {
+		if got := backoff.Delay(attempt, base, maxD, top); got != want-1 {
 			t.Errorf("attempt %d: ceiling %v, want %v", attempt, got+1, want)
 		}
 	}
-	if got := Backoff(5, base, maxD, func(int64) int64 { return 0 }); got != 0 {
+	if got := backoff.Delay(5, base, maxD, func(int64) int64 { return 0 }); got != 0 {
 		t.Errorf("full jitter must reach 0, got %v", got)
 	}
 	// Any jitter stays within [0, ceiling).
 	for i := range 1000 {
 		attempt := 1 + i%10
-		d := Backoff(attempt, base, maxD, func(n int64) int64 { return int64(i*7919) % n })
+		d := backoff.Delay(attempt, base, maxD, func(n int64) int64 { return int64(i*7919) % n })
 		ceil := min(base<<(attempt-1), maxD)
 		if d < 0 || d >= ceil {
 			t.Fatalf("attempt %d: %v outside [0,%v)", attempt, d, ceil)
@@ -144,7 +147,7 @@ func TestGiveUpAfterMaxAttemptsFlagsForReview(t *testing.T) {
 	svc := newTestService(t, pool, cfg)
 	var outcomes []Outcome
 	for range 3 {
-		res, err := svc.runOnce(ctx)
+		res, err := svc.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -171,7 +174,7 @@ func TestGiveUpAfterMaxAttemptsFlagsForReview(t *testing.T) {
 	if reason != review.ReasonCompleterGaveUp || by != "completer" || !strings.Contains(detail, "3 failed attempts") || !strings.Contains(detail, "500") {
 		t.Fatalf("review %q %q %q", reason, detail, by)
 	}
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || res.Claimed != 0 {
 		t.Fatalf("a given-up key must not be claimed again: %+v %v", res, err)
 	}
@@ -189,7 +192,7 @@ func TestGiveUpPastHorizonWithoutReplaying(t *testing.T) {
 	}
 	api := newTestAPI(t, pool, always(actFinish))
 	svc := newTestService(t, pool, testConfig(api.srv.URL))
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +229,7 @@ func TestCandidateFilters(t *testing.T) {
 	cfg := testConfig(api.srv.URL)
 	cfg.Grace, cfg.Idle, cfg.LockTimeout = 5*time.Minute, time.Minute, 90*time.Second
 	svc := newTestService(t, pool, cfg)
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,11 +255,11 @@ func TestLeaseExclusivityAcrossReplicas(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := svc.Sweep(ctx)
+			res, err := svc.RunOnce(ctx)
 			if err != nil {
 				t.Error(err)
 			}
-			totals[i] = res
+			totals[i] = *res
 		}()
 	}
 	wg.Wait()
@@ -341,9 +344,9 @@ func TestRateLimit(t *testing.T) {
 	svc := newTestService(t, pool, cfg)
 	var mu sync.Mutex
 	var acts []time.Time
-	svc.onReserve = func(at time.Time) { mu.Lock(); acts = append(acts, at); mu.Unlock() }
+	svc.hooks.reserved = func(at time.Time) { mu.Lock(); acts = append(acts, at); mu.Unlock() }
 	start := time.Now()
-	res, err := svc.Sweep(context.Background())
+	res, err := svc.RunOnce(context.Background())
 	if err != nil || res.Finished != n {
 		t.Fatalf("%+v %v", res, err)
 	}
@@ -394,9 +397,10 @@ func TestBreakerOpensProbesAndRecovers(t *testing.T) {
 	clock := &fakeClock{t: time.Now()}
 	svc.now = clock.Now
 
-	pass := func() Result {
+	// One batch at a time: a pass would carry on after the recovery probe.
+	pass := func() *Result {
 		t.Helper()
-		res, err := svc.runOnce(ctx)
+		res, err := svc.runBatch(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -457,7 +461,8 @@ func TestAPIDownThenRecovers(t *testing.T) {
 	svc := newTestService(t, pool, cfg)
 	var mu sync.Mutex
 	var acts []time.Time
-	svc.onReserve = func(at time.Time) { mu.Lock(); acts = append(acts, at); mu.Unlock() }
+	svc.hooks.reserved = func(at time.Time) { mu.Lock(); acts = append(acts, at); mu.Unlock() }
+	svc.signals.breakerOpened.Init()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -465,7 +470,9 @@ func TestAPIDownThenRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Down until the breaker has re-opened on failed probes several times.
-	testwait.Until(t, 30*time.Second, "failed probes", func() bool { return testutil.ToFloat64(svc.metrics.breakerOpens) >= 4 })
+	for range 4 {
+		svc.signals.breakerOpened.WaitOrTimeout(t)
+	}
 	api.mu.Lock()
 	api.behave = always(actFinish)
 	downRequests := api.total
@@ -597,7 +604,7 @@ VALUES (1, 1, 'r1', $1, '{}', 'test', now() - interval '2 days', NULL, NULL),
 	if v := testutil.ToFloat64(svc.metrics.oldestReview); v < 2*86400-60 || v > 2*86400+3600 {
 		t.Fatalf("oldest open review age %v, want about two days", v)
 	}
-	if _, err := svc.Sweep(context.Background()); err != nil {
+	if _, err := svc.RunOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if c := testutil.CollectAndCount(svc.metrics.pending); c != 0 {
@@ -627,7 +634,7 @@ func TestFormEncoding(t *testing.T) {
 	api.form = true
 	cfg := testConfig(api.srv.URL)
 	cfg.Encoding = EncodingForm
-	res, err := newTestService(t, pool, cfg).Sweep(context.Background())
+	res, err := newTestService(t, pool, cfg).RunOnce(context.Background())
 	if err != nil || res.Finished != 3 {
 		t.Fatalf("%+v %v", res, err)
 	}
@@ -644,7 +651,7 @@ func TestSecretRotation(t *testing.T) {
 			api := newTestAPI(t, pool, always(actFinish), apiSecret)
 			cfg := testConfig(api.srv.URL)
 			cfg.Signer = testSigner(t, newS, oldS)
-			res, err := newTestService(t, pool, cfg).Sweep(context.Background())
+			res, err := newTestService(t, pool, cfg).RunOnce(context.Background())
 			if err != nil || res.Finished != 2 {
 				t.Fatalf("%+v %v", res, err)
 			}
@@ -656,7 +663,7 @@ func TestSecretRotation(t *testing.T) {
 		api := newTestAPI(t, pool, always(actFinish), oldS)
 		cfg := testConfig(api.srv.URL)
 		cfg.Signer = testSigner(t, newS)
-		res, err := newTestService(t, pool, cfg).runOnce(context.Background())
+		res, err := newTestService(t, pool, cfg).RunOnce(context.Background())
 		if err != nil || res.Unauthorized != 1 {
 			t.Fatalf("%+v %v", res, err)
 		}
@@ -684,7 +691,7 @@ func TestSecretsNeverLoggedOrStored(t *testing.T) {
 	cfg.MaxAttempts = 2
 	svc := newTestService(t, pool, cfg)
 	for range 4 {
-		if _, err := svc.runOnce(ctx); err != nil {
+		if _, err := svc.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -7,10 +7,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"idemd/idem/replayauth"
+	"idemd/internal/config"
+	"idemd/internal/opshttp"
 )
 
 // Encoding is how a stored request_params object is sent as the body.
@@ -21,94 +24,80 @@ const (
 	EncodingForm Encoding = "form" // application/x-www-form-urlencoded, Stripe-style brackets
 )
 
-// Defaults of the flags in cmd/completer (kept in one place).
-const (
-	DefaultGrace           = 5 * time.Minute
-	DefaultIdle            = time.Minute
-	DefaultLockTimeout     = 90 * time.Second
-	DefaultLease           = 2 * time.Minute
-	DefaultMaxAttempts     = 20
-	DefaultGiveUpAfter     = 23 * time.Hour
-	DefaultBackoffBase     = 10 * time.Second
-	DefaultBackoffMax      = time.Hour
-	DefaultInProgressDelay = 30 * time.Second
-	DefaultConcurrency     = 8
-	DefaultRate            = 20.0
-	DefaultBurst           = 10
-	DefaultBatchSize       = 100
-	DefaultPollInterval    = 10 * time.Second
-	DefaultRequestTimeout  = 30 * time.Second
-	DefaultBreakerFailures = 5
-	DefaultBreakerCooldown = 5 * time.Second
-	DefaultBreakerMaxCool  = 2 * time.Minute
-)
-
 // leaseMargin is kept free at the end of a lease for the post-request
 // database writes: a request is only sent when RequestTimeout+leaseMargin of
 // the lease remains.
 const leaseMargin = 2 * time.Second
 
-// Config configures a Service. Zero durations for Grace, Idle and
-// LockTimeout mean "no wait" (tests); everything else must be positive.
-type Config struct {
-	// APIURL is the API's base URL; the stored request_path is appended.
-	APIURL string
-	// Signer signs each replay (one secret, or two during a rotation).
-	Signer *replayauth.Signer
-	// HTTPClient is optional; the default does not follow redirects and
-	// keeps Concurrency idle connections.
-	HTTPClient *http.Client
+// maxBatchSize bounds one claim whatever --batch-size says.
+const maxBatchSize = 10_000
 
-	Grace       time.Duration // a key is left alone this long after creation
-	Idle        time.Duration // ... and this long after its last run
-	LockTimeout time.Duration // a lock younger than this is a live request
-	Lease       time.Duration // how long a claimed key is ours
+// Settings are the operator-facing knobs. cmd/completer parses them from
+// flags (each has an IDEMD_ environment variable through kong's
+// DefaultEnvars); their defaults are DefaultSettings. Zero is a value: a
+// zero --grace, --idle or --lock-timeout means "no wait".
+type Settings struct {
+	APIURL string `name:"api-url" help:"Base URL of the API the stored requests are replayed against (e.g. http://api.default.svc:8080). Required."`
 
-	MaxAttempts     int           // failed attempts before giving up
-	GiveUpAfter     time.Duration // horizon after creation; past it, give up
-	BackoffBase     time.Duration // first retry delay cap; doubles per attempt
-	BackoffMax      time.Duration // cap of the retry delay
-	InProgressDelay time.Duration // after a 409, look again this much later
+	Grace       time.Duration `name:"grace" default:"${grace}" help:"Leave a key alone this long after its creation."`
+	Idle        time.Duration `name:"idle" default:"${idle}" help:"Leave a key alone this long after its last run."`
+	LockTimeout time.Duration `name:"lock-timeout" default:"${lock_timeout}" help:"A key locked more recently than this is a live request; match the API's lock timeout."`
+	Lease       time.Duration `name:"lease" default:"${lease}" help:"How long a claimed key belongs to this replica; must exceed --request-timeout."`
 
-	Concurrency    int
-	Rate           float64 // replays per second, global to this process
-	Burst          int
-	BatchSize      int
-	PollInterval   time.Duration
-	RequestTimeout time.Duration
-	Encoding       Encoding
+	MaxAttempts     int           `name:"max-attempts" default:"${max_attempts}" help:"Failed attempts (5xx, network, 401, other 4xx) before giving up and flagging the key for review."`
+	GiveUpAfter     time.Duration `name:"give-up-after" default:"${give_up_after}" help:"Give up on keys older than this (keep it inside the payment provider's idempotency-key memory, 24h at Stripe)."`
+	BackoffBase     time.Duration `name:"backoff-base" default:"${backoff_base}" help:"Retry delay cap after the first failure; doubles per attempt (full jitter)."`
+	BackoffMax      time.Duration `name:"backoff-max" default:"${backoff_max}" help:"Largest retry delay cap."`
+	InProgressDelay time.Duration `name:"in-progress-delay" default:"${in_progress_delay}" help:"After a 409 (a live request holds the key), look again this much later."`
 
-	BreakerFailures    int           // consecutive failures that open the breaker
-	BreakerCooldown    time.Duration // first open period
-	BreakerMaxCooldown time.Duration // cap of the doubling open period
+	Concurrency    int           `name:"concurrency" default:"${concurrency}" help:"Replays in flight at once in this process."`
+	Rate           float64       `name:"rate" default:"${rate}" help:"Replays per second, at most, from this process."`
+	Burst          int           `name:"burst" default:"${burst}" help:"Rate limiter burst."`
+	BatchSize      int           `name:"batch-size" default:"${batch_size}" help:"Keys claimed per batch."`
+	PollInterval   time.Duration `name:"poll-interval" default:"${poll_interval}" help:"Pause between passes once nothing is due."`
+	RequestTimeout time.Duration `name:"request-timeout" default:"${request_timeout}" help:"Timeout of one replay request."`
+	Encoding       Encoding      `name:"request-encoding" default:"${request_encoding}" enum:"json,form" help:"Body encoding of replays: json (stored params as is) or form (Stripe-style a[b]=c)."`
 
-	Logger   *zap.Logger
-	Registry prometheus.Registerer
-	// Ready, when set, is told about every completed pass (for /readyz).
-	Ready interface{ MarkPass(time.Time) }
+	BreakerFailures    int           `name:"breaker-failures" default:"${breaker_failures}" help:"Consecutive failures (5xx, 429, 401, network) that open the circuit breaker. A key that fails again after the API answered other keys in between is failing on its own and does not count."`
+	BreakerCooldown    time.Duration `name:"breaker-cooldown" default:"${breaker_cooldown}" help:"First open period of the breaker; doubles on every failed probe."`
+	BreakerMaxCooldown time.Duration `name:"breaker-max-cooldown" default:"${breaker_max_cooldown}" help:"Longest open period of the breaker."`
 }
 
-// DefaultConfig returns a Config with every default filled in; the caller
-// sets APIURL and Signer.
-func DefaultConfig() Config {
-	return Config{
-		Grace: DefaultGrace, Idle: DefaultIdle, LockTimeout: DefaultLockTimeout, Lease: DefaultLease,
-		MaxAttempts: DefaultMaxAttempts, GiveUpAfter: DefaultGiveUpAfter,
-		BackoffBase: DefaultBackoffBase, BackoffMax: DefaultBackoffMax, InProgressDelay: DefaultInProgressDelay,
-		Concurrency: DefaultConcurrency, Rate: DefaultRate, Burst: DefaultBurst, BatchSize: DefaultBatchSize,
-		PollInterval: DefaultPollInterval, RequestTimeout: DefaultRequestTimeout, Encoding: EncodingJSON,
-		BreakerFailures: DefaultBreakerFailures, BreakerCooldown: DefaultBreakerCooldown, BreakerMaxCooldown: DefaultBreakerMaxCool,
+// DefaultSettings returns the settings with every default filled in, as
+// kong would parse an empty command line (APIURL has none). It is the only
+// place a default is written.
+func DefaultSettings() Settings {
+	return Settings{
+		Grace:              5 * time.Minute,
+		Idle:               time.Minute,
+		LockTimeout:        90 * time.Second, // idem.DefaultLockTimeout, the API's
+		Lease:              2 * time.Minute,
+		MaxAttempts:        20,
+		GiveUpAfter:        23 * time.Hour,
+		BackoffBase:        10 * time.Second,
+		BackoffMax:         time.Hour,
+		InProgressDelay:    30 * time.Second,
+		Concurrency:        8,
+		Rate:               20,
+		Burst:              10,
+		BatchSize:          100,
+		PollInterval:       10 * time.Second,
+		RequestTimeout:     30 * time.Second,
+		Encoding:           EncodingJSON,
+		BreakerFailures:    5,
+		BreakerCooldown:    5 * time.Second,
+		BreakerMaxCooldown: 2 * time.Minute,
 	}
 }
 
-// Problems lists everything wrong with c (empty when valid). It is what
-// cmd/completer reports before exiting 2.
-func (c *Config) Problems() []string {
+// Check returns every problem with the settings, not just the first, each
+// named by its flag. It is the completer's only list of rules.
+func (s *Settings) Check() []string {
 	var p []string
-	if strings.TrimSpace(c.APIURL) == "" {
+	if strings.TrimSpace(s.APIURL) == "" {
 		p = append(p, "--api-url is required")
-	} else if u, err := url.Parse(c.APIURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		p = append(p, fmt.Sprintf("--api-url %q: must be an absolute http(s) URL", redactURL(c.APIURL)))
+	} else if u, err := url.Parse(s.APIURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		p = append(p, fmt.Sprintf("--api-url %q: must be an absolute http(s) URL", redactURL(s.APIURL)))
 	} else if u.User != nil {
 		p = append(p, "--api-url must not carry credentials; the replay signature authenticates")
 	}
@@ -122,48 +111,79 @@ func (c *Config) Problems() []string {
 			p = append(p, name+" must be positive")
 		}
 	}
-	nonNeg("--grace", c.Grace)
-	nonNeg("--idle", c.Idle)
-	nonNeg("--lock-timeout", c.LockTimeout)
-	pos("--lease", c.Lease)
-	pos("--give-up-after", c.GiveUpAfter)
-	pos("--backoff-base", c.BackoffBase)
-	pos("--backoff-max", c.BackoffMax)
-	pos("--in-progress-delay", c.InProgressDelay)
-	pos("--poll-interval", c.PollInterval)
-	pos("--request-timeout", c.RequestTimeout)
-	pos("--breaker-cooldown", c.BreakerCooldown)
-	pos("--breaker-max-cooldown", c.BreakerMaxCooldown)
-	if c.BackoffMax > 0 && c.BackoffBase > c.BackoffMax {
+	nonNeg("--grace", s.Grace)
+	nonNeg("--idle", s.Idle)
+	nonNeg("--lock-timeout", s.LockTimeout)
+	pos("--lease", s.Lease)
+	pos("--give-up-after", s.GiveUpAfter)
+	pos("--backoff-base", s.BackoffBase)
+	pos("--backoff-max", s.BackoffMax)
+	pos("--in-progress-delay", s.InProgressDelay)
+	pos("--poll-interval", s.PollInterval)
+	pos("--request-timeout", s.RequestTimeout)
+	pos("--breaker-cooldown", s.BreakerCooldown)
+	pos("--breaker-max-cooldown", s.BreakerMaxCooldown)
+	if s.BackoffMax > 0 && s.BackoffBase > s.BackoffMax {
 		p = append(p, "--backoff-base must not exceed --backoff-max")
 	}
-	if c.Lease > 0 && c.RequestTimeout > 0 && c.Lease < c.RequestTimeout+2*leaseMargin {
-		p = append(p, fmt.Sprintf("--lease (%s) must exceed --request-timeout (%s) by at least %s, or no replay could finish inside its lease", c.Lease, c.RequestTimeout, 2*leaseMargin))
+	if s.Lease > 0 && s.RequestTimeout > 0 && s.Lease < s.RequestTimeout+2*leaseMargin {
+		p = append(p, fmt.Sprintf("--lease (%s) must exceed --request-timeout (%s) by at least %s, or no replay could finish inside its lease", s.Lease, s.RequestTimeout, 2*leaseMargin))
 	}
-	if c.MaxAttempts < 1 {
+	if s.MaxAttempts < 1 {
 		p = append(p, "--max-attempts must be at least 1")
 	}
-	if c.Concurrency < 1 {
+	if s.Concurrency < 1 {
 		p = append(p, "--concurrency must be at least 1")
 	}
-	if c.Rate <= 0 {
+	if s.Rate <= 0 {
 		p = append(p, "--rate must be positive")
 	}
-	if c.Burst < 1 {
+	if s.Burst < 1 {
 		p = append(p, "--burst must be at least 1")
 	}
-	if c.BatchSize < 1 || c.BatchSize > 10_000 {
-		p = append(p, "--batch-size must be between 1 and 10000")
+	if s.BatchSize < 1 || s.BatchSize > maxBatchSize {
+		p = append(p, fmt.Sprintf("--batch-size must be between 1 and %d", maxBatchSize))
 	}
-	if c.BreakerFailures < 1 {
+	if s.BreakerFailures < 1 {
 		p = append(p, "--breaker-failures must be at least 1")
 	}
-	switch c.Encoding {
+	switch s.Encoding {
 	case EncodingJSON, EncodingForm:
 	default:
-		p = append(p, fmt.Sprintf("--request-encoding %q: must be json or form", c.Encoding))
+		p = append(p, fmt.Sprintf("--request-encoding %q: must be json or form", s.Encoding))
 	}
 	return p
+}
+
+// Config is what New needs: the settings plus what is not a flag.
+type Config struct {
+	Settings
+
+	Pool *pgxpool.Pool
+	// Signer signs each replay (one secret, or two during a rotation).
+	Signer *replayauth.Signer
+	// HTTPClient is optional; the default does not follow redirects and
+	// keeps Concurrency idle connections.
+	HTTPClient *http.Client
+	Logger     *zap.Logger
+	Registry   prometheus.Registerer // nil: metrics are not registered
+	// Ready, when set, is marked after every pass that did its job (and
+	// after every batch of a long pass), so /readyz reflects a stuck loop.
+	Ready *opshttp.Readiness
+}
+
+func (c *Config) check() error {
+	p := c.Settings.Check()
+	if c.Signer == nil {
+		p = append(p, "a replay Signer is required")
+	}
+	if c.Pool == nil {
+		p = append(p, "a database pool is required")
+	}
+	if len(p) > 0 {
+		return &config.Error{Problems: p}
+	}
+	return nil
 }
 
 // redactURL drops userinfo so a password in a mistyped URL is never echoed.

@@ -262,11 +262,13 @@ func TestEndToEndRocketRides(t *testing.T) {
 		cfg.BreakerFailures, cfg.BreakerCooldown, cfg.BreakerMaxCooldown = 8, 30*time.Millisecond, 200*time.Millisecond
 		cfg.Registry = prometheus.NewRegistry()
 		cfg.Logger = zap.NewNop()
-		svc, err := New(rr.pool, func() Config { cfg.Signer = testSigner(t); return cfg }())
+		cfg.Pool, cfg.Signer = rr.pool, testSigner(t)
+		svc, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		svc.onReserve = func(at time.Time) {
+		svc.signals.breakerOpened.Init()
+		svc.hooks.reserved = func(at time.Time) {
 			reserveMu.Lock()
 			reservations[i] = append(reservations[i], at)
 			reserveMu.Unlock()
@@ -282,14 +284,11 @@ func TestEndToEndRocketRides(t *testing.T) {
 	}
 
 	// API down: both replicas' breakers open and re-open on failed probes.
-	testwait.Until(t, 30*time.Second, "breakers open while the API is down", func() bool {
-		for _, s := range svcs {
-			if testutil.ToFloat64(s.metrics.breakerOpens) < 3 {
-				return false
-			}
+	for _, s := range svcs {
+		for range 3 {
+			s.signals.breakerOpened.WaitOrTimeout(t)
 		}
-		return true
-	})
+	}
 	rr.mu.Lock()
 	downReplays := rr.replays
 	rr.mu.Unlock()

@@ -241,7 +241,7 @@ func always(a action) func(string, int) action { return func(string, int) action
 // testConfig is a Config for tests: no grace, immediate retries (with the
 // zero jitter set by newTestService), a breaker that never opens.
 func testConfig(apiURL string) Config {
-	c := DefaultConfig()
+	c := Config{Settings: DefaultSettings()}
 	c.APIURL = apiURL
 	c.Grace, c.Idle, c.LockTimeout = 0, 0, 0
 	c.Lease = 30 * time.Second
@@ -263,7 +263,8 @@ func newTestService(t testing.TB, pool *pgxpool.Pool, cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	s, err := New(pool, cfg)
+	cfg.Pool = pool
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 package completer
 
 import (
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -31,6 +33,9 @@ const (
 	OutcomeGone Outcome = "gone"
 )
 
+// allOutcomes lists every outcome above: each gets its series at 0 when the
+// process starts, so the first replay of an outcome is an increase
+// Prometheus sees.
 var allOutcomes = []Outcome{OutcomeFinished, OutcomeInProgress, OutcomeRetry, OutcomeUnauthorized, OutcomeRejected, OutcomeGaveUp, OutcomeDeferred, OutcomeLeaseLost, OutcomeGone}
 
 type metrics struct {
@@ -46,7 +51,9 @@ type metrics struct {
 	claimed      prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics creates the completer's collectors and registers them with reg
+// (nil: not registered, for tests).
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemd_completer_replays_total",
@@ -96,8 +103,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, o := range allOutcomes {
 		m.replays.WithLabelValues(string(o))
 	}
-	if reg != nil {
-		reg.MustRegister(m.replays, m.pending, m.oldestAge, m.breakerState, m.openReviews, m.oldestReview, m.breakerOpens, m.keyFailures, m.duration, m.claimed)
+	if reg == nil {
+		return m, nil
 	}
-	return m
+	for _, c := range []prometheus.Collector{m.replays, m.pending, m.oldestAge, m.breakerState, m.openReviews, m.oldestReview, m.breakerOpens, m.keyFailures, m.duration, m.claimed} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("completer: register metrics: %w", err)
+		}
+	}
+	return m, nil
 }

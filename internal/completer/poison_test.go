@@ -188,7 +188,7 @@ func poisonScenario(t *testing.T, n int) []int {
 		if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET completer_next_attempt_at = now() WHERE completer_next_attempt_at > now()`); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := svc.Sweep(ctx); err != nil {
+		if _, err := svc.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
 		finished = append(finished, countWhere(t, pool, "recovery_point = 'finished' AND idempotency_key NOT LIKE 'poison-%'"))

@@ -58,7 +58,7 @@ func TestUnfinishedKeysTracking(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET completer_leased_until = now() + interval '1 hour' WHERE idempotency_key NOT LIKE 'retry-%'`); err != nil {
 		t.Fatal(err)
 	}
-	res, err := svcRetry.runOnce(ctx)
+	res, err := svcRetry.RunOnce(ctx)
 	if err != nil || res.Retried != 2 {
 		t.Fatalf("%+v %v", res, err)
 	}
@@ -71,7 +71,7 @@ func TestUnfinishedKeysTracking(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET completer_next_attempt_at = NULL WHERE idempotency_key NOT LIKE 'retry-%'`); err != nil {
 		t.Fatal(err)
 	}
-	res, err = svc.Sweep(ctx)
+	res, err = svc.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ DELETE FROM idempotency_keys WHERE split_part(idempotency_key, '-', 2)::int % 7 
 	if got := tracked(t, svc, "k.recovery_point <> 'finished' AND k.completer_gave_up_at IS NULL"); got != want {
 		t.Fatalf("unfinished keys tracked: %d, want %d", got, want)
 	}
-	res, err := svc.Sweep(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || res.Finished != want {
 		t.Fatalf("%+v %v", res, err)
 	}

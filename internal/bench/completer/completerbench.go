@@ -78,7 +78,7 @@ type Report struct {
 	// Article: the same predicates and ORDER BY created_at LIMIT, on the
 	// article's schema (no created_at index, no idemd_unfinished_keys).
 	Article QueryTiming
-	// Ours: completer.CandidateSQL (idemd_unfinished_keys).
+	// Ours: CandidateSQL, the completer's (idemd_unfinished_keys).
 	Ours QueryTiming
 	// CreatedAtScan: the alternative that indexes only a column the API
 	// never updates: the same predicates checked on the heap while walking
@@ -186,16 +186,46 @@ FROM generate_series($1::bigint, $2::bigint) g,
 	return pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished'`).Scan(&rep.Unfinished)
 }
 
+// The three candidate selections the benchmark compares. They share the
+// completer's named parameters: @batch_size, @grace, @idle, @lock_timeout.
+
+// CandidateSQL is the completer's candidate query, as the completer runs it
+// inside its claim (internal/completer's candidateSQL; its
+// TestBenchTimesTheCandidateQuery fails when the two differ), and
+// CandidateLocking its row locking. The benchmark times the selection on
+// its own and with the locking.
+const (
+	CandidateSQL = `
+    SELECT c.id, u.created_at AS tracked_at
+    FROM idemd_unfinished_keys u
+    JOIN idempotency_keys c ON c.id = u.key_id
+    WHERE u.created_at < now() - @grace::interval
+      AND c.recovery_point <> 'finished'
+      AND c.completer_gave_up_at IS NULL
+      AND c.created_at < now() - @grace::interval
+      AND c.last_run_at < now() - @idle::interval
+      AND (c.locked_at IS NULL OR c.locked_at < now() - @lock_timeout::interval)
+      AND (c.completer_next_attempt_at IS NULL OR c.completer_next_attempt_at <= now())
+      AND (c.completer_leased_until IS NULL OR c.completer_leased_until < now())
+    ORDER BY u.created_at, u.key_id
+    LIMIT @batch_size`
+	CandidateLocking = `
+    FOR UPDATE OF c SKIP LOCKED`
+)
+
 // articleSQL is the article's candidate selection: the same predicates (it
 // has no completer bookkeeping columns) and order.
 const articleSQL = `
     SELECT c.id FROM idempotency_keys c
     WHERE c.recovery_point <> 'finished'
-      AND c.created_at < now() - $2::interval
-      AND c.last_run_at < now() - $3::interval
-      AND (c.locked_at IS NULL OR c.locked_at < now() - $4::interval)
+      AND c.created_at < now() - @grace::interval
+      AND c.last_run_at < now() - @idle::interval
+      AND (c.locked_at IS NULL OR c.locked_at < now() - @lock_timeout::interval)
     ORDER BY c.created_at
-    LIMIT $1
+    LIMIT @batch_size`
+
+// articleLocking is the article's row locking.
+const articleLocking = `
     FOR UPDATE SKIP LOCKED`
 
 // createdAtScanSQL is the candidate selection without idemd_unfinished_keys:
@@ -204,39 +234,36 @@ const createdAtScanSQL = `
     SELECT c.id FROM idempotency_keys c
     WHERE c.recovery_point <> 'finished'
       AND c.completer_gave_up_at IS NULL
-      AND c.created_at < now() - $2::interval
-      AND c.last_run_at < now() - $3::interval
-      AND (c.locked_at IS NULL OR c.locked_at < now() - $4::interval)
+      AND c.created_at < now() - @grace::interval
+      AND c.last_run_at < now() - @idle::interval
+      AND (c.locked_at IS NULL OR c.locked_at < now() - @lock_timeout::interval)
       AND (c.completer_next_attempt_at IS NULL OR c.completer_next_attempt_at <= now())
       AND (c.completer_leased_until IS NULL OR c.completer_leased_until < now())
     ORDER BY c.created_at
-    LIMIT $1`
+    LIMIT @batch_size`
 
 func measureQueries(ctx context.Context, pool *pgxpool.Pool, opts Options, rep *Report) error {
-	args := []any{opts.BatchSize, completer.DefaultGrace, completer.DefaultIdle, completer.DefaultLockTimeout}
+	def := completer.DefaultSettings()
+	args := pgx.NamedArgs{"batch_size": opts.BatchSize, "grace": def.Grace, "idle": def.Idle, "lock_timeout": def.LockTimeout}
 	var err error
 	// The article's query on the article's indexes: drop idemd's
 	// created_at index in a transaction that is rolled back, so both
 	// queries run on one table (the article's query does not read
 	// idemd_unfinished_keys).
 	const dropIdemdIndexes = `DROP INDEX idempotency_keys_created_at`
-	selectOnly := func(q string) string {
-		q = strings.Replace(q, "FOR UPDATE SKIP LOCKED", "", 1)
-		return strings.Replace(q, completer.CandidateLocking, "", 1)
-	}
-	if rep.Article, err = timeQuery(ctx, pool, opts, selectOnly(articleSQL), args, dropIdemdIndexes); err != nil {
+	if rep.Article, err = timeQuery(ctx, pool, opts, articleSQL, args, dropIdemdIndexes); err != nil {
 		return fmt.Errorf("completerbench: article query: %w", err)
 	}
-	if rep.Ours, err = timeQuery(ctx, pool, opts, selectOnly(completer.CandidateSQL), args, ""); err != nil {
+	if rep.Ours, err = timeQuery(ctx, pool, opts, CandidateSQL, args, ""); err != nil {
 		return fmt.Errorf("completerbench: candidate query: %w", err)
 	}
 	if rep.CreatedAtScan, err = timeQuery(ctx, pool, opts, createdAtScanSQL, args, ""); err != nil {
 		return fmt.Errorf("completerbench: created_at scan: %w", err)
 	}
-	if rep.ArticleLocking, err = timeQuery(ctx, pool, opts, articleSQL, args, dropIdemdIndexes); err != nil {
+	if rep.ArticleLocking, err = timeQuery(ctx, pool, opts, articleSQL+articleLocking, args, dropIdemdIndexes); err != nil {
 		return fmt.Errorf("completerbench: article query: %w", err)
 	}
-	if rep.OursLocking, err = timeQuery(ctx, pool, opts, completer.CandidateSQL, args, ""); err != nil {
+	if rep.OursLocking, err = timeQuery(ctx, pool, opts, CandidateSQL+CandidateLocking, args, ""); err != nil {
 		return fmt.Errorf("completerbench: candidate query: %w", err)
 	}
 	if rep.Ours.Median > 0 {
@@ -246,7 +273,7 @@ func measureQueries(ctx context.Context, pool *pgxpool.Pool, opts Options, rep *
 	return nil
 }
 
-func timeQuery(ctx context.Context, pool *pgxpool.Pool, opts Options, sql string, args []any, setup string) (QueryTiming, error) {
+func timeQuery(ctx context.Context, pool *pgxpool.Pool, opts Options, sql string, args pgx.NamedArgs, setup string) (QueryTiming, error) {
 	var qt QueryTiming
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -258,7 +285,7 @@ func timeQuery(ctx context.Context, pool *pgxpool.Pool, opts Options, sql string
 			return qt, err
 		}
 	}
-	rows, err := tx.Query(ctx, "EXPLAIN "+sql, args...)
+	rows, err := tx.Query(ctx, "EXPLAIN "+sql, args)
 	if err != nil {
 		return qt, err
 	}
@@ -286,7 +313,7 @@ func timeQuery(ctx context.Context, pool *pgxpool.Pool, opts Options, sql string
 			return qt, err
 		}
 		start := time.Now()
-		rows, err := sp.Query(ctx, sql, args...)
+		rows, err := sp.Query(ctx, sql, args)
 		if err != nil {
 			return qt, err
 		}
@@ -366,22 +393,20 @@ JOIN (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM users) u ON u.n =
 	}))
 	defer apiSrv.Close()
 
-	cfg := completer.DefaultConfig()
+	cfg := completer.Config{Settings: completer.DefaultSettings(), Pool: pool, Signer: signer, Logger: zap.NewNop()}
 	cfg.APIURL = apiSrv.URL
-	cfg.Signer = signer
-	cfg.Logger = zap.NewNop()
 	cfg.Grace, cfg.Idle = 0, 0
 	cfg.Concurrency = opts.Concurrency
 	cfg.Rate, cfg.Burst = 1e6, 1000
 	cfg.BackoffBase, cfg.BackoffMax = 10*time.Millisecond, 100*time.Millisecond
 	cfg.InProgressDelay = 50 * time.Millisecond
-	svc, err := completer.New(pool, cfg)
+	svc, err := completer.New(cfg)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
 	for {
-		if _, err := svc.Sweep(ctx); err != nil {
+		if _, err := svc.RunOnce(ctx); err != nil {
 			return err
 		}
 		var left int
@@ -395,7 +420,7 @@ JOIN (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM users) u ON u.n =
 			return fmt.Errorf("completerbench: %d keys left after 30 minutes", left)
 		}
 		// Some keys are backing off (a serialization conflict answered 409
-		// or 5xx); the next sweep picks them up when due.
+		// or 5xx); the next pass picks them up when due.
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

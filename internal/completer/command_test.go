@@ -2,6 +2,7 @@ package completer
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"idemd/internal/config"
 	"idemd/internal/daemon"
 	"idemd/internal/dbtest"
 )
@@ -22,10 +24,10 @@ func writeSecret(t *testing.T, content string) string {
 	return p
 }
 
-func TestCLIBadConfigListsEveryProblem(t *testing.T) {
+func TestCommandBadConfigListsEveryProblem(t *testing.T) {
 	short := writeSecret(t, "tooshort-SENTINEL")
 	var out, errb bytes.Buffer
-	code := daemon.MainWith("completer", Description, &CLI{}, []string{
+	code := daemon.MainWith("completer", Description, &Command{}, []string{
 		"--database-url", "postgres://x@127.0.0.1:1/db", "--api-url", "ftp://nope",
 		"--auth-secret-file", short, "--auth-secret-file-previous", "/does/not/exist",
 		"--lease", "10s", "--request-timeout", "30s", "--concurrency", "0", "--request-encoding", "xml",
@@ -39,7 +41,7 @@ func TestCLIBadConfigListsEveryProblem(t *testing.T) {
 	}
 	// kong rejects the enum before Check runs; fix it and look at the rest.
 	errb.Reset()
-	code = daemon.MainWith("completer", Description, &CLI{}, []string{
+	code = daemon.MainWith("completer", Description, &Command{}, []string{
 		"--database-url", "postgres://x@127.0.0.1:1/db", "--api-url", "ftp://nope",
 		"--auth-secret-file", short, "--auth-secret-file-previous", "/does/not/exist",
 		"--lease", "10s", "--request-timeout", "30s", "--concurrency", "0",
@@ -58,7 +60,7 @@ func TestCLIBadConfigListsEveryProblem(t *testing.T) {
 	}
 }
 
-func TestCLIOnceSweepsAndExitsZero(t *testing.T) {
+func TestCommandOnceDrainsAndExitsZero(t *testing.T) {
 	dbURL := dbtest.NewDatabase(t)
 	pool, err := pgxpool.New(t.Context(), dbURL)
 	if err != nil {
@@ -68,7 +70,7 @@ func TestCLIOnceSweepsAndExitsZero(t *testing.T) {
 	insertKeys(t, pool, "cli", 30, "started")
 	api := newTestAPI(t, pool, always(actFinish))
 	var out, errb bytes.Buffer
-	code := daemon.MainWith("completer", Description, &CLI{}, []string{
+	code := daemon.MainWith("completer", Description, &Command{}, []string{
 		"--database-url", dbURL, "--api-url", api.srv.URL, "--auth-secret-file", writeSecret(t, testSecret),
 		"--grace", "0s", "--idle", "0s", "--lock-timeout", "0s", "--once", "--http-addr", "", "--log-level", "warn",
 	}, &out, &errb)
@@ -77,5 +79,20 @@ func TestCLIOnceSweepsAndExitsZero(t *testing.T) {
 	}
 	if n := countWhere(t, pool, "recovery_point = 'finished'"); n != 30 {
 		t.Fatalf("%d finished", n)
+	}
+}
+
+// The flags' defaults are DefaultSettings, by construction (FlagDefaults).
+func TestFlagDefaultsAreDefaultSettings(t *testing.T) {
+	var c Command
+	if _, err := config.Parse("completer", Description, &c, []string{
+		"--database-url", "postgres://x@127.0.0.1:1/db", "--api-url", "http://api.example", "--auth-secret-file", writeSecret(t, testSecret),
+	}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultSettings()
+	want.APIURL = "http://api.example"
+	if c.Settings != want {
+		t.Fatalf("parsed settings\n%+v\nwant DefaultSettings\n%+v", c.Settings, want)
 	}
 }

@@ -1,0 +1,90 @@
+package completer
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"idemd/idem/replayauth"
+	"idemd/internal/config"
+	"idemd/internal/daemon"
+)
+
+// Description is the completer's --help summary.
+const Description = "Drive abandoned idempotency keys to finished by replaying their stored requests against the API through the signed internal path."
+
+// Command is the completer's command line, run by daemon.Main. Every flag
+// also reads IDEMD_<NAME> (e.g. IDEMD_API_URL, IDEMD_MAX_ATTEMPTS).
+type Command struct {
+	config.Common `embed:""`
+	Settings      `embed:""`
+
+	AuthSecretFile         string `name:"auth-secret-file" help:"File holding the current replay signing secret (>= 32 bytes). Required."`
+	AuthSecretFilePrevious string `name:"auth-secret-file-previous" help:"File holding the previous secret during a rotation; replays are then signed with both."`
+	Once                   bool   `name:"once" help:"Do one pass (claim and process batches until no key is due right now) and exit 0."`
+}
+
+// CommonConfig implements daemon.Command.
+func (c *Command) CommonConfig() *config.Common { return &c.Common }
+
+// FlagDefaults implements config.Defaulter: the flags' defaults are
+// DefaultSettings.
+func (c *Command) FlagDefaults() any { return DefaultSettings() }
+
+// Check reports every problem with the flags at once (exit 2), including
+// unreadable or too-short secret files. It never prints a secret.
+func (c *Command) Check() []string {
+	p := append(c.Common.Check(), c.Settings.Check()...)
+	if c.AuthSecretFile == "" {
+		p = append(p, "--auth-secret-file is required")
+	} else if _, err := replayauth.ReadSecretFiles(c.AuthSecretFile); err != nil {
+		p = append(p, "--auth-secret-file: "+err.Error())
+	}
+	if c.AuthSecretFilePrevious != "" {
+		if _, err := replayauth.ReadSecretFiles(c.AuthSecretFilePrevious); err != nil {
+			p = append(p, "--auth-secret-file-previous: "+err.Error())
+		}
+	}
+	return p
+}
+
+// Run does one pass (--once), or runs until SIGTERM.
+func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
+	secrets, err := replayauth.ReadSecretFiles(c.AuthSecretFile, c.AuthSecretFilePrevious)
+	if err != nil {
+		return &config.Error{Problems: []string{err.Error()}}
+	}
+	signer, err := replayauth.NewSigner(secrets...)
+	if err != nil {
+		return &config.Error{Problems: []string{err.Error()}}
+	}
+	svc, err := New(Config{
+		Settings: c.Settings,
+		Pool:     env.Pool,
+		Signer:   signer,
+		Logger:   env.Logger,
+		Registry: env.Registry,
+		Ready:    env.Ready,
+	})
+	if err != nil {
+		return err
+	}
+	if env.Ready != nil {
+		env.Ready.MaxPassAge = 3*c.PollInterval + 2*c.Lease
+		env.Ready.MarkStarted(time.Now())
+	}
+	env.Logger.Info("completer starting",
+		zap.String("api_url", redactURL(c.APIURL)), zap.Int("secrets", len(secrets)),
+		zap.Bool("once", c.Once), zap.Int("concurrency", c.Concurrency), zap.Float64("rate", c.Rate))
+	if c.Once {
+		// The pass logged its failure, if any.
+		res, err := svc.RunOnce(ctx)
+		env.Logger.Info("completer --once done", res.fields()...)
+		if err != nil && ctx.Err() == nil {
+			return daemon.AlreadyLogged(err)
+		}
+		return nil
+	}
+	return daemon.RunService(ctx, svc, c.ShutdownTimeout)
+}

@@ -1,0 +1,184 @@
+package completer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+// The outcome table of docs/completer.md, without a database: what the
+// API answered and what the re-read row says decide the outcome, what the
+// breaker is told and which statement records it.
+func TestJudge(t *testing.T) {
+	s := DefaultSettings()
+	s.MaxAttempts = 5
+	k := claimedKey{ID: 7, Path: "/charges", Attempts: 2}
+	last := claimedKey{ID: 7, Path: "/charges", Attempts: 4} // the next failure is the 5th
+	unfinished := keyState{exists: true, leaseOurs: true, recoveryPoint: "charge_created"}
+	pastHorizon := unfinished
+	pastHorizon.pastHorizon = true
+	finished := keyState{exists: true, finished: true, leaseOurs: true, recoveryPoint: "finished"}
+	notOurs := unfinished
+	notOurs.leaseOurs = false
+	status := func(code int) reply { return reply{status: code} }
+	refused := reply{err: errors.New("dial tcp 127.0.0.1:1: connection refused")}
+	timeout := reply{err: fmt.Errorf("Post %q: %w", "http://api/charges", timeoutErr{})}
+
+	for _, c := range []struct {
+		name     string
+		k        claimedKey
+		rep      reply
+		st       keyState
+		shutdown bool
+		want     verdict
+		errHas   string // in lastError
+	}{
+		{"gone, whatever the reply", k, status(500), keyState{}, false,
+			verdict{outcome: OutcomeGone, breaker: noteSucceeded, write: writeUntrack}, ""},
+		{"finished with 200", k, status(200), finished, false,
+			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, ""},
+		{"finished with a stored 402", k, status(402), finished, false,
+			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, ""},
+		{"finished with a stored 500", k, status(500), finished, false,
+			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, ""},
+		{"finished although the request failed", k, refused, finished, false,
+			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, ""},
+		{"lease taken over", k, status(500), notOurs, false,
+			verdict{outcome: OutcomeLeaseLost, breaker: noteCancel, write: writeNothing}, ""},
+		{"aborted by shutdown", k, reply{err: context.Canceled}, unfinished, true,
+			verdict{outcome: OutcomeDeferred, breaker: noteCancel, write: writeRelease}, ""},
+		{"409: a live request holds the key", k, status(409), unfinished, false,
+			verdict{outcome: OutcomeInProgress, breaker: noteSucceeded, write: writeInProgress}, ""},
+		{"connection error", k, refused, unfinished, false,
+			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "request failed: dial tcp"},
+		{"timeout", k, timeout, unfinished, false,
+			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "timeout: "},
+		{"500", k, status(500), unfinished, false,
+			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "API answered 500 Internal Server Error"},
+		{"503", k, status(503), unfinished, false,
+			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "503"},
+		{"429", k, status(429), unfinished, false,
+			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "429"},
+		{"401", k, status(401), unfinished, false,
+			verdict{outcome: OutcomeUnauthorized, breaker: noteFailed, write: writeAttempt, attempts: 3}, "--auth-secret-file"},
+		{"403 names the path", k, status(403), unfinished, false,
+			verdict{outcome: OutcomeUnauthorized, breaker: noteFailed, write: writeAttempt, attempts: 3}, "replays on /charges"},
+		{"400: the API is up, the key is not done", k, status(400), unfinished, false,
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, `still at recovery point "charge_created"`},
+		{"200 without finishing", k, status(200), unfinished, false,
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "API answered 200"},
+		{"302", k, status(302), unfinished, false,
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "302"},
+		{"last attempt: give up", last, status(500), unfinished, false,
+			verdict{outcome: OutcomeGaveUp, breaker: noteFailed, write: writeGiveUp, attempts: 5, giveUpWhy: "5 failed attempts (--max-attempts 5)"}, "500"},
+		{"last attempt rejected: give up, the breaker told the API answered", last, status(400), unfinished, false,
+			verdict{outcome: OutcomeGaveUp, breaker: noteSucceeded, write: writeGiveUp, attempts: 5, giveUpWhy: "5 failed attempts (--max-attempts 5)"}, "400"},
+		{"failed past the horizon: give up", k, status(503), pastHorizon, false,
+			verdict{outcome: OutcomeGaveUp, breaker: noteFailed, write: writeGiveUp, attempts: 3, giveUpWhy: "past the give-up horizon of 23h0m0s after creation"}, "503"},
+		{"409 past the horizon: left for the live request", k, status(409), pastHorizon, false,
+			verdict{outcome: OutcomeInProgress, breaker: noteSucceeded, write: writeInProgress}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := judge(c.k, c.rep, c.st, c.shutdown, &s)
+			if !strings.Contains(got.lastError, c.errHas) || (c.errHas == "") != (got.lastError == "") {
+				t.Errorf("lastError %q, want it to contain %q", got.lastError, c.errHas)
+			}
+			got.lastError = ""
+			if got != c.want {
+				t.Errorf("verdict\n%+v\nwant\n%+v", got, c.want)
+			}
+		})
+	}
+}
+
+// Before the replay: a key claimed past the horizon is given up without a
+// request; a key handed back unreplayed is deferred; a request needs the
+// request timeout plus the margin of lease left.
+func TestBeforeReplay(t *testing.T) {
+	s := DefaultSettings()
+	v, replay := atClaim(claimedKey{Attempts: 3, PastHorizon: true}, &s)
+	if want := (verdict{outcome: OutcomeGaveUp, write: writeGiveUp, attempts: 3, giveUpWhy: "past the give-up horizon of 23h0m0s after creation"}); replay || v != want {
+		t.Errorf("past the horizon at claim: %+v (replay %v), want %+v", v, replay, want)
+	}
+	if _, replay := atClaim(claimedKey{Attempts: 3}, &s); !replay {
+		t.Error("a key inside the horizon is replayed")
+	}
+	for _, note := range []breakerNote{noteNone, noteCancel} {
+		if v := deferred(note); v != (verdict{outcome: OutcomeDeferred, breaker: note, write: writeRelease}) {
+			t.Errorf("deferred(%v) = %+v", note, v)
+		}
+	}
+	need := s.RequestTimeout + leaseMargin
+	if leaseTooShort(need, &s) || !leaseTooShort(need-time.Nanosecond, &s) {
+		t.Errorf("a request needs exactly %s of lease", need)
+	}
+}
+
+// When a pass claims another batch.
+func TestPassGoesOn(t *testing.T) {
+	const size = 10
+	for _, c := range []struct {
+		name        string
+		b           Result
+		breakerOpen bool
+		want        bool
+	}{
+		{"full batch", Result{Claimed: size, Finished: size}, false, true},
+		{"full batch, some deferred", Result{Claimed: size, Retried: 3, Deferred: 7}, true, true},
+		{"full batch, all deferred", Result{Claimed: size, Deferred: size}, false, false},
+		{"partial batch: drained", Result{Claimed: size - 1, Finished: size - 1}, false, false},
+		{"nothing due", Result{}, false, false},
+		{"breaker open", Result{BreakerOpen: true}, true, false},
+		{"probe closed the breaker", Result{Claimed: 1, Finished: 1, Probe: true}, false, true},
+		{"probe failed on its own (half-open)", Result{Claimed: 1, Retried: 1, Probe: true}, false, true},
+		{"probe re-opened the breaker", Result{Claimed: 1, Retried: 1, Probe: true}, true, false},
+		{"no probe to claim", Result{Probe: true}, false, false},
+	} {
+		if got := passGoesOn(&c.b, size, c.breakerOpen); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// When the next pass is due.
+func TestNextPass(t *testing.T) {
+	s := DefaultSettings()
+	poll := s.PollInterval
+	for _, c := range []struct {
+		name        string
+		last        *Result
+		breakerLeft time.Duration
+		want        time.Duration
+	}{
+		{"drained", &Result{Claimed: 3}, 0, poll},
+		{"breaker open, cool-down ends first", &Result{BreakerOpen: true}, 2 * time.Second, 2 * time.Second},
+		{"breaker open, cool-down longer than a poll", &Result{BreakerOpen: true}, time.Minute, poll},
+		{"breaker opened during the pass, which ended drained", &Result{Claimed: 5, Retried: 5}, 2 * time.Second, poll},
+	} {
+		if got := nextPass(c.last, nil, 0, &s, c.breakerLeft); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+	boom := errors.New("database down")
+	for failures, ceiling := range map[int]time.Duration{1: poll, 2: 2 * poll, 3: 4 * poll, 4: maxPassRetry, 100: maxPassRetry} {
+		for range 100 {
+			if got := nextPass(&Result{}, boom, failures, &s, 0); got < 0 || got >= ceiling {
+				t.Fatalf("after %d failed passes: %s, want in [0, %s)", failures, got, ceiling)
+			}
+		}
+	}
+	long := s
+	long.PollInterval = 5 * time.Minute
+	if got := nextPass(&Result{}, boom, 10, &long, 0); got >= long.PollInterval {
+		t.Errorf("a poll interval above %s caps the retry: %s", maxPassRetry, got)
+	}
+}

@@ -1,0 +1,165 @@
+package completer
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"idemd/internal/review"
+)
+
+// pruneBatch is the rows one pruneSQL statement walks.
+const pruneBatch = 1000
+
+// maybePrune runs Prune at most once per poll interval.
+func (s *Service) maybePrune(ctx context.Context) {
+	s.mu.Lock()
+	if time.Since(s.lastPrune) < s.cfg.PollInterval {
+		s.mu.Unlock()
+		return
+	}
+	s.lastPrune = time.Now()
+	s.mu.Unlock()
+	if n, err := s.Prune(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("pruning idemd_unfinished_keys failed", zap.Error(err))
+	} else if n > 0 {
+		s.log.Debug("pruned idemd_unfinished_keys", zap.Int("deleted", n))
+	}
+}
+
+// Prune deletes the idemd_unfinished_keys rows of keys that are finished,
+// given up or gone, and returns how many it deleted. The trigger records
+// every key inserted unfinished, and the API finishes most of them itself
+// without the completer seeing them; Prune (once per poll interval) keeps
+// the table about the size of the backlog plus the keys inserted since the
+// last prune, so the candidate walk, which stops at the grace period, sees
+// the backlog alone. It walks the table in bounded statements
+// (pruneBatch rows each).
+func (s *Service) Prune(ctx context.Context) (int, error) {
+	cursorAt, cursorID := time.Time{}, int64(math.MinInt64)
+	deleted := 0
+	for {
+		var walked, pruned int
+		args := pgx.NamedArgs{"cursor_at": cursorAt, "cursor_id": cursorID, "walk": pruneBatch}
+		if err := s.pool.QueryRow(ctx, pruneSQL, args).Scan(&walked, &pruned, &cursorAt, &cursorID); err != nil {
+			return deleted, fmt.Errorf("completer: prune: %w", err)
+		}
+		deleted += pruned
+		if walked < pruneBatch {
+			return deleted, nil
+		}
+	}
+}
+
+// Querier is what CountUnfinished reads through: a pool, a connection or a
+// transaction (idemctl status reads in one snapshot).
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// UnfinishedKeys is the part of the completer's backlog at one recovery
+// point: keys unfinished and not given up.
+type UnfinishedKeys struct {
+	RecoveryPoint string
+	Count         int64
+	Oldest        time.Time     // created_at of the oldest
+	OldestAge     time.Duration // its age by the database clock
+}
+
+// CountUnfinished counts the unfinished keys the completer may still work
+// on, by recovery point (in recovery-point order; none when there are
+// none). It is the one definition of the completer's backlog: the
+// idemd_completer_keys_pending gauges and idemctl status both read it. It
+// walks only idemd_unfinished_keys and the primary key of
+// idempotency_keys.
+func CountUnfinished(ctx context.Context, q Querier) ([]UnfinishedKeys, error) {
+	rows, err := q.Query(ctx, unfinishedKeysSQL)
+	if err != nil {
+		return nil, fmt.Errorf("completer: unfinished keys: %w", err)
+	}
+	groups, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (UnfinishedKeys, error) {
+		var g UnfinishedKeys
+		var age float64
+		err := r.Scan(&g.RecoveryPoint, &g.Count, &g.Oldest, &age)
+		g.OldestAge = time.Duration(age * float64(time.Second))
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("completer: unfinished keys: %w", err)
+	}
+	return groups, nil
+}
+
+// maybeRefreshGauges updates the backlog gauges at most once per poll
+// interval unless forced.
+func (s *Service) maybeRefreshGauges(ctx context.Context, force bool) {
+	s.mu.Lock()
+	if !force && time.Since(s.lastGauges) < s.cfg.PollInterval {
+		s.mu.Unlock()
+		return
+	}
+	s.lastGauges = time.Now()
+	s.mu.Unlock()
+	if err := s.RefreshGauges(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("refreshing backlog gauges failed", zap.Error(err))
+	}
+}
+
+// RefreshGauges recomputes keys pending by recovery point and the oldest
+// unfinished key's age (CountUnfinished), and the open reviews by reason
+// and the oldest one's age (the partial index of open reviews). Every
+// review reason is always exported, at 0 when none is open, so an alert on
+// them never sees an absent series.
+func (s *Service) RefreshGauges(ctx context.Context) error {
+	groups, err := CountUnfinished(ctx, s.pool)
+	if err != nil {
+		return err
+	}
+	s.metrics.pending.Reset()
+	var oldest time.Duration
+	for _, g := range groups {
+		s.metrics.pending.WithLabelValues(g.RecoveryPoint).Set(float64(g.Count))
+		oldest = max(oldest, g.OldestAge)
+	}
+	s.metrics.oldestAge.Set(oldest.Seconds())
+	if err := refreshGroupGauges(ctx, s.pool, openReviewsSQL, s.metrics.openReviews, s.metrics.oldestReview, review.Reasons()...); err != nil {
+		return fmt.Errorf("open reviews: %w", err)
+	}
+	return nil
+}
+
+// refreshGroupGauges sets counts from sql's (label, count, age) rows, and
+// oldest to the greatest age (0 when there are no rows). Label values that
+// are gone are dropped, except always, which stay at 0.
+func refreshGroupGauges(ctx context.Context, pool Querier, sql string, counts *prometheus.GaugeVec, oldest prometheus.Gauge, always ...string) error {
+	rows, err := pool.Query(ctx, sql)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	counts.Reset()
+	for _, l := range always {
+		counts.WithLabelValues(l).Set(0)
+	}
+	maxAge := 0.0
+	for rows.Next() {
+		var label string
+		var n int64
+		var age float64
+		if err := rows.Scan(&label, &n, &age); err != nil {
+			return err
+		}
+		counts.WithLabelValues(label).Set(float64(n))
+		maxAge = max(maxAge, age)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	oldest.Set(maxAge)
+	return nil
+}
