@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"idemd/internal/completer"
 	"idemd/internal/config"
 	"idemd/internal/reaper"
 )
@@ -76,8 +77,8 @@ type GroupCount struct {
 }
 
 // Each query is answered from an index: staged_jobs is a short queue, the
-// unfinished keys from idemd_unfinished_keys (every unfinished key is in
-// it; see migrations/00012), keys past retention from
+// unfinished keys from idemd_unfinished_keys (completer.CountUnfinished,
+// the completer's own count of its backlog), keys past retention from
 // idempotency_keys_created_at (reaper.PlanRun, which also reads each such
 // key's row for the reaper's lock and lease rules), open reviews from
 // their partial index.
@@ -89,12 +90,6 @@ SELECT now(), (SELECT count(*) FROM staged_jobs), (SELECT min(created_at) FROM s
 SELECT state::text, count(*) FROM river_job
 WHERE state IN ('available', 'running', 'retryable', 'scheduled', 'pending')
 GROUP BY state ORDER BY state`
-	statusUnfinishedSQL = `
-SELECT k.recovery_point, count(*), min(k.created_at)
-FROM idemd_unfinished_keys u
-JOIN idempotency_keys k ON k.id = u.key_id
-WHERE k.recovery_point <> 'finished' AND k.completer_gave_up_at IS NULL
-GROUP BY k.recovery_point ORDER BY k.recovery_point`
 	statusReviewsSQL = `
 SELECT reason, count(*), min(flagged_at) FROM idempotency_key_reviews
 WHERE resolved_at IS NULL
@@ -133,8 +128,12 @@ func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("status: river jobs: %w", err)
 	}
-	if st.UnfinishedKeys, err = groupCounts(ctx, tx, statusUnfinishedSQL); err != nil {
-		return fmt.Errorf("status: unfinished keys: %w", err)
+	unfinished, err := completer.CountUnfinished(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	for _, u := range unfinished {
+		st.UnfinishedKeys = append(st.UnfinishedKeys, GroupCount{Name: u.RecoveryPoint, Count: u.Count, Oldest: u.Oldest})
 	}
 	plan, err := reaper.PlanRun(ctx, tx, c.eligibility())
 	if err != nil {
