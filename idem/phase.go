@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"idemd/internal/backoff"
 )
 
 // Result is what a phase returns: NoOp, RecoveryPoint or Response.
@@ -172,8 +173,7 @@ func (s *Store) serializable(ctx context.Context, op string, fn func(pgx.Tx) err
 		// Exponential backoff with full jitter (2, 4, 8... ms caps, at most
 		// 100 ms), so the transactions that conflicted do not collide
 		// again in lockstep.
-		capMs := min(2<<attempt, 100)
-		d := time.Duration(1+rand.IntN(capMs)) * time.Millisecond
+		d := backoff.Delay(attempt+1, 2*time.Millisecond, 100*time.Millisecond, nil)
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("idem: %s: %w", op, ctx.Err())
