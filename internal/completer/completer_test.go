@@ -238,7 +238,7 @@ func TestCandidateFilters(t *testing.T) {
 	}
 }
 
-// Three replicas sweep the same keys at once: every key is replayed exactly
+// Three replicas pass over the same keys at once: every key is replayed exactly
 // once and never by two replicas at the same time.
 func TestLeaseExclusivityAcrossReplicas(t *testing.T) {
 	pool := dbtest.NewPool(t)
@@ -398,7 +398,7 @@ func TestBreakerOpensProbesAndRecovers(t *testing.T) {
 	svc.now = clock.Now
 
 	// One batch at a time: a pass would carry on after the recovery probe.
-	pass := func() *Result {
+	batch := func() *Result {
 		t.Helper()
 		res, err := svc.runBatch(ctx)
 		if err != nil {
@@ -406,7 +406,7 @@ func TestBreakerOpensProbesAndRecovers(t *testing.T) {
 		}
 		return res
 	}
-	res := pass()
+	res := batch()
 	if res.Retried != 3 || res.Deferred != 7 || api.requests() != 3 {
 		t.Fatalf("opening pass %+v, %d requests", res, api.requests())
 	}
@@ -416,30 +416,60 @@ func TestBreakerOpensProbesAndRecovers(t *testing.T) {
 	if r := countWhere(t, pool, "completer_leased_until IS NOT NULL"); r != 0 {
 		t.Fatalf("%d deferred keys still leased", r)
 	}
-	if res := pass(); !res.BreakerOpen || res.Claimed != 0 || api.requests() != 3 {
+	if res := batch(); !res.BreakerOpen || res.Claimed != 0 || api.requests() != 3 {
 		t.Fatalf("open breaker let requests through: %+v", res)
 	}
 	clock.Advance(time.Minute)
-	if res := pass(); res.Claimed != 1 || res.Retried != 1 || api.requests() != 4 {
+	if res := batch(); res.Claimed != 1 || res.Retried != 1 || api.requests() != 4 {
 		t.Fatalf("half-open probe %+v, %d requests", res, api.requests())
 	}
 	clock.Advance(time.Minute) // cool-down doubled to 2m: still open
-	if res := pass(); !res.BreakerOpen || api.requests() != 4 {
+	if res := batch(); !res.BreakerOpen || api.requests() != 4 {
 		t.Fatalf("breaker did not double its cool-down: %+v", res)
 	}
 	clock.Advance(time.Minute)
 	api.setBehave(always(actFinish))
-	if res := pass(); res.Finished != 1 || res.Claimed != 1 {
+	if res := batch(); res.Finished != 1 || res.Claimed != 1 {
 		t.Fatalf("recovery probe %+v", res)
 	}
 	if svc.breaker.State() != BreakerClosed {
 		t.Fatal("breaker did not close")
 	}
-	if res := pass(); res.Finished != 9 {
+	if res := batch(); res.Finished != 9 {
 		t.Fatalf("after recovery %+v", res)
 	}
 	if got := testutil.ToFloat64(svc.metrics.breakerOpens); got != 2 {
 		t.Fatalf("opens %v", got)
+	}
+}
+
+// A pass that meets the half-open breaker claims one probe, and when the
+// probe closes the breaker it goes on draining at once rather than waiting
+// a poll interval.
+func TestPassCarriesOnAfterRecoveryProbe(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	insertKeys(t, pool, "pr", 10, "started")
+	api := newTestAPI(t, pool, always(actFail503))
+	cfg := testConfig(api.srv.URL)
+	cfg.Concurrency = 1
+	cfg.BreakerFailures = 3
+	cfg.BreakerCooldown, cfg.BreakerMaxCooldown = time.Minute, time.Minute
+	svc := newTestService(t, pool, cfg)
+	clock := &fakeClock{t: time.Now()}
+	svc.now = clock.Now
+	res, err := svc.RunOnce(ctx)
+	if err != nil || res.Retried != 3 || res.Deferred != 7 || res.Probe {
+		t.Fatalf("opening pass %+v %v", res, err)
+	}
+	if res, err := svc.RunOnce(ctx); err != nil || !res.BreakerOpen || res.Claimed != 0 {
+		t.Fatalf("pass with the breaker open %+v %v", res, err)
+	}
+	clock.Advance(time.Minute)
+	api.setBehave(always(actFinish))
+	res, err = svc.RunOnce(ctx)
+	if err != nil || !res.Probe || res.Claimed != 10 || res.Finished != 10 {
+		t.Fatalf("recovery pass %+v %v: want the probe, then every key", res, err)
 	}
 }
 

@@ -125,15 +125,15 @@ func TestDispatchOrder(t *testing.T) {
 
 // Poison keys (older than everything, the API answers 500 for them every
 // time) are present before, during and after a payment-service outage that
-// rightly opens the breaker. After the same number of sweeps (the breaker's
-// clock and every backoff advanced by hand between sweeps, no wall time),
+// rightly opens the breaker. After the same number of passes (the breaker's
+// clock and every backoff advanced by hand between passes, no wall time),
 // as many healthy keys are finished as without them; the poison keys back
 // off on their own and are given up and flagged.
 func TestPoisonKeysDoNotHoldBackHealthyKeys(t *testing.T) {
 	without := poisonScenario(t, 0)
 	with1 := poisonScenario(t, 1)
 	with10 := poisonScenario(t, 10)
-	t.Logf("healthy keys finished after each sweep: without poison %v, 1 poison key %v, 10 poison keys %v", without, with1, with10)
+	t.Logf("healthy keys finished after each pass: without poison %v, 1 poison key %v, 10 poison keys %v", without, with1, with10)
 	if !slices.Equal(with1, without) || !slices.Equal(with10, without) {
 		t.Fatalf("poison keys held healthy ones back: without %v, with 1 %v, with 10 %v", without, with1, with10)
 	}
@@ -146,7 +146,7 @@ const (
 )
 
 // poisonScenario runs the scenario with n poison keys and returns the
-// healthy keys finished after each sweep.
+// healthy keys finished after each pass.
 func poisonScenario(t *testing.T, n int) []int {
 	t.Helper()
 	pool := dbtest.NewPool(t)
@@ -179,10 +179,10 @@ func poisonScenario(t *testing.T, n int) []int {
 	svc.now = clock.Now
 
 	var finished []int
-	sweep := func() {
+	pass := func() {
 		t.Helper()
 		// Time passes: the breaker's clock, and every backoff in the
-		// database expires (poison keys are due again at every sweep, the
+		// database expires (poison keys are due again at every pass, the
 		// worst case).
 		clock.Advance(poisonStep)
 		if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET completer_next_attempt_at = now() WHERE completer_next_attempt_at > now()`); err != nil {
@@ -194,15 +194,15 @@ func poisonScenario(t *testing.T, n int) []int {
 		finished = append(finished, countWhere(t, pool, "recovery_point = 'finished' AND idempotency_key NOT LIKE 'poison-%'"))
 	}
 
-	sweep() // before the outage
+	pass() // before the outage
 	setDown(true)
 	insertKeys(t, pool, "h", poisonHealthy, "started")
 	for range 4 { // opens, then failed probes double the cool-down
-		sweep()
+		pass()
 	}
 	setDown(false)
 	for range 8 {
-		sweep()
+		pass()
 	}
 	if f := finished[len(finished)-1]; f != poisonEarly+poisonHealthy {
 		t.Fatalf("%d poison keys: %d healthy keys finished of %d (%v)", n, f, poisonEarly+poisonHealthy, finished)
