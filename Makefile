@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-.PHONY: build test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-pgbouncer
+.PHONY: build image test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-pgbouncer ensure-buildah
 
 build:
 	@mkdir -p $(BIN)
@@ -22,12 +22,24 @@ ensure-promtool:
 ensure-pgbouncer:
 	@scripts/ensure-pgbouncer.sh
 
+# buildah builds the image offline; internal/imagetest runs it with podman
+# on runc.
+ensure-buildah:
+	@scripts/ensure-buildah.sh
+
+# The container image, built offline (FROM scratch, nothing pulled) as
+# $(IMAGE); deploy/Dockerfile builds the same image where a registry is
+# reachable.
+IMAGE ?= localhost/idemd:dev
+image: ensure-buildah
+	@scripts/build-image.sh $(IMAGE)
+
 # Tests run against a real PostgreSQL (internal/dbtest). -p 2: the machine has
 # two cores and the heavy tests are database-bound. `make test` is the README's
 # test command: the package tests, then the end-to-end fault suite.
 test: unit e2e
 
-unit: ensure-postgres ensure-pgbouncer ensure-promtool
+unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-buildah
 	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
 
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,

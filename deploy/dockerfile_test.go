@@ -11,9 +11,12 @@ import (
 )
 
 // TestDockerfile checks what can be checked without a Docker daemon: the
-// Go version matches go.mod, every command is built statically into the
-// nonroot distroless image, and the build context keeps every package the
-// commands import.
+// Go version matches go.mod, the image stage is FROM scratch with the one
+// file system scripts/image-rootfs.sh lays out (every command, built
+// statically), uid 65532 and idemctl as the entrypoint, the offline build
+// (scripts/build-image.sh) builds exactly that stage, and the build context
+// keeps every package the commands import. internal/imagetest builds the
+// image offline and runs it.
 func TestDockerfile(t *testing.T) {
 	df := readFile(t, "Dockerfile")
 	gomod := readFile(t, "../go.mod")
@@ -24,43 +27,84 @@ func TestDockerfile(t *testing.T) {
 		t.Errorf("Dockerfile ARG GO_VERSION %v does not match go.mod's go directive %v", argVersion, goVersion)
 	}
 
-	froms := regexp.MustCompile(`(?m)^FROM (\S+)`).FindAllStringSubmatch(df, -1)
-	if len(froms) < 2 {
-		t.Fatalf("want a multi-stage build, got FROM lines %v", froms)
+	froms := regexp.MustCompile(`(?m)^FROM (\S+)`).FindAllStringSubmatchIndex(df, -1)
+	if len(froms) != 2 {
+		t.Fatalf("want a build stage and the image stage, got %d FROM lines", len(froms))
 	}
-	final := froms[len(froms)-1][1]
-	if final != "gcr.io/distroless/static-debian12:nonroot" {
-		t.Errorf("final stage %s, want gcr.io/distroless/static-debian12:nonroot", final)
+	if build := df[froms[0][2]:froms[0][3]]; !strings.HasPrefix(build, "golang:${GO_VERSION}") {
+		t.Errorf("build stage FROM %s, want golang:${GO_VERSION}", build)
 	}
-	for _, f := range froms {
-		if strings.HasSuffix(f[1], ":latest") || !strings.Contains(f[1], ":") {
-			t.Errorf("FROM %s is not pinned to a tag", f[1])
-		}
-	}
-	if !strings.Contains(df, "CGO_ENABLED=0") {
-		t.Error("binaries must be built with CGO_ENABLED=0: distroless/static has no libc")
-	}
-	if !regexp.MustCompile(`(?m)^USER 65532:65532$`).MatchString(df) {
-		t.Error("the image must run as USER 65532:65532 (numeric, so runAsNonRoot can verify it)")
+	if !regexp.MustCompile(`(?m)^\s+scripts/image-rootfs\.sh /rootfs$`).MatchString(df) {
+		t.Error("the build stage must lay out the image with scripts/image-rootfs.sh /rootfs, as the offline build does")
 	}
 
+	// The image stage, without comments and blank lines.
+	var stage []string
+	for _, line := range strings.Split(df[froms[1][0]:], "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			stage = append(stage, line)
+		}
+	}
+	wantStage := []string{
+		"FROM scratch",
+		"COPY --from=build /rootfs/ /",
+		// Numeric so that Kubernetes' runAsNonRoot can verify it.
+		"USER 65532:65532",
+		`ENTRYPOINT ["/usr/local/bin/idemctl"]`,
+		`CMD ["--help"]`,
+	}
+	if !slices.Equal(stage, wantStage) {
+		t.Errorf("image stage:\n%s\nwant:\n%s", strings.Join(stage, "\n"), strings.Join(wantStage, "\n"))
+	}
+
+	// The offline build builds the same lines, its rootfs/ in place of the
+	// build stage's.
+	out, err := exec.Command("../scripts/build-image.sh", "--containerfile").Output()
+	if err != nil {
+		t.Fatalf("scripts/build-image.sh --containerfile: %v", err)
+	}
+	wantOffline := strings.Replace(df[froms[1][0]:], "COPY --from=build /rootfs/ /\n", "COPY rootfs/ /\n", 1)
+	if string(out) != wantOffline {
+		t.Errorf("scripts/build-image.sh builds:\n%s\nnot deploy/Dockerfile's image stage:\n%s", out, wantOffline)
+	}
+
+	checkRootfsScript(t)
+	checkDockerignore(t)
+}
+
+// checkRootfsScript: scripts/image-rootfs.sh builds every command into
+// /usr/local/bin statically, and takes the CA bundle and zoneinfo from
+// Debian's paths.
+func checkRootfsScript(t *testing.T) {
+	t.Helper()
+	sh := readFile(t, "../scripts/image-rootfs.sh")
+	m := regexp.MustCompile(`(?m)^COMMANDS=\(([^)]*)\)$`).FindStringSubmatch(sh)
+	if m == nil {
+		t.Fatal("scripts/image-rootfs.sh has no COMMANDS=(...) line")
+	}
+	if got := strings.Fields(m[1]); !slices.Equal(got, commands) {
+		t.Errorf("scripts/image-rootfs.sh builds %v, the deploy tests know %v", got, commands)
+	}
+	for _, want := range []string{
+		"CGO_ENABLED=0 GOOS=linux go build -trimpath",
+		`-o "$dest/usr/local/bin/"`,
+		"cp /etc/ssl/certs/ca-certificates.crt \"$dest/etc/ssl/certs/\"",
+		"cp -a /usr/share/zoneinfo \"$dest/usr/share/\"",
+	} {
+		if !strings.Contains(sh, want) {
+			t.Errorf("scripts/image-rootfs.sh lacks %s", want)
+		}
+	}
 	mains, err := filepath.Glob("../cmd/*/main.go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range mains {
-		name := filepath.Base(filepath.Dir(m))
+	for _, main := range mains {
+		name := filepath.Base(filepath.Dir(main))
 		if !slices.Contains(commands, name) {
 			t.Errorf("cmd/%s exists but the deploy tests do not know it (commands)", name)
 		}
 	}
-	for _, c := range commands {
-		if !strings.Contains(df, "./cmd/"+c) {
-			t.Errorf("Dockerfile does not build ./cmd/%s", c)
-		}
-	}
-
-	checkDockerignore(t)
 }
 
 // checkDockerignore: the allow-list in Dockerfile.dockerignore must keep
@@ -73,7 +117,7 @@ func checkDockerignore(t *testing.T) {
 			allowed[strings.TrimSuffix(p, "/")] = true
 		}
 	}
-	for _, f := range []string{"go.mod", "go.sum"} {
+	for _, f := range []string{"go.mod", "go.sum", "scripts/image-rootfs.sh"} {
 		if !allowed[f] {
 			t.Errorf("Dockerfile.dockerignore excludes %s", f)
 		}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# build-image.sh [IMAGE]: builds idemd's image offline with buildah, nothing
+# pulled: scripts/image-rootfs.sh lays out its file system on this machine
+# (static binaries, Debian's CA certificates and time zone data), and the
+# image stage of deploy/Dockerfile (its last FROM scratch to the end, so the
+# same USER, ENTRYPOINT and CMD) is built from it. IMAGE defaults to
+# $IMAGE, then localhost/idemd:dev. `make image` runs it after
+# scripts/ensure-buildah.sh. `build-image.sh --containerfile` prints the
+# image stage it builds, and builds nothing.
+#
+# The image's timestamps are the last commit's, so the same tree gives the
+# same image ID and an unchanged rebuild adds nothing to storage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# containerfile prints the image stage of deploy/Dockerfile, its file
+# system taken from the build context's rootfs/ instead of the build stage.
+containerfile() {
+  local stage
+  stage=$(awk '/^FROM /{stage=""} {stage = stage $0 "\n"} END {printf "%s", stage}' deploy/Dockerfile |
+    sed 's#^COPY --from=build /rootfs/ /$#COPY rootfs/ /#')
+  if ! grep -q '^FROM scratch$' <<<"$stage" || ! grep -q '^COPY rootfs/ /$' <<<"$stage" ||
+    grep -q -- '--from=' <<<"$stage"; then
+    echo "build-image: deploy/Dockerfile's last stage is not FROM scratch with COPY --from=build /rootfs/ /:" >&2
+    echo "$stage" >&2
+    return 1
+  fi
+  echo "$stage"
+}
+
+# --containerfile: print what would be built, build nothing (for
+# deploy/dockerfile_test.go).
+if [ "${1:-}" = --containerfile ]; then
+  containerfile
+  exit
+fi
+
+image=${1:-${IMAGE:-localhost/idemd:dev}}
+if ! command -v buildah >/dev/null; then
+  echo "build-image: no buildah on this machine: run scripts/ensure-buildah.sh" >&2
+  exit 1
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/idemd-image.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+containerfile >"$work/Containerfile"
+scripts/image-rootfs.sh "$work/rootfs"
+
+epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
+previous=$(buildah images --noheading --format '{{.ID}}' "$image" 2>/dev/null || true)
+buildah build --quiet --layers=false --timestamp "$epoch" -f "$work/Containerfile" -t "$image" "$work" >/dev/null
+# The image this tag named before is left untagged: remove it unless a
+# container or another tag still uses it.
+if [ -n "$previous" ] && [ "$previous" != "$(buildah images --noheading --format '{{.ID}}' "$image")" ]; then
+  buildah rmi "$previous" >/dev/null 2>&1 || true
+fi
+echo "build-image: $image $(buildah images --noheading --format '{{.ID}} {{.Size}}' "$image" | head -1)" >&2
