@@ -82,7 +82,7 @@ SELECT c.relname, pg_get_userbyid(c.relowner),
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"idempotency_keys", "staged_jobs", "staged_jobs_dead", "idempotency_key_reviews", "idemd_leases", "idemd_replay_nonces", "river_job"} {
+	for _, want := range []string{"idempotency_keys", "staged_jobs", "staged_jobs_dead", "idempotency_key_reviews", "idemd_leases", "idemd_replay_nonces", "idemd_reaper_runs", "river_job"} {
 		if !seen[want] {
 			t.Errorf("table %s missing from the migrated database", want)
 		}

@@ -37,6 +37,7 @@ var (
 
 // batchJob is what one batch is asked to do.
 type batchJob struct {
+	run    int64        // the run's row in idemd_reaper_runs
 	limit  int          // keys it may delete
 	cursor *batchCursor // where it starts (after); nil: from the oldest key
 	// deleted and flagged by the run's committed batches, for the caps.
@@ -122,6 +123,9 @@ func (s *Service) tryBatch(ctx context.Context, form batchForm, job batchJob) (b
 	}
 	if err := checkBatch(&s.cfg.Settings, form, job, b); err != nil {
 		return b, err // rolled back
+	}
+	if err := recordBatch(bctx, tx, job.run, b); err != nil {
+		return b, err
 	}
 	if err := tx.Commit(bctx); err != nil {
 		return b, fmt.Errorf("commit: %w", err)

@@ -33,6 +33,8 @@ type metrics struct {
 	batchDuration  prometheus.Histogram
 	lastSuccess    *unsetGauge
 	leaseTakeovers prometheus.Counter
+	// historyLastSuccess is exported by a --schedule reaper only.
+	historyLastSuccess *unsetGauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -83,6 +85,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_reaper_last_success_timestamp_seconds",
 			Help: "Unix time of the end of the last run that completed; absent until one has (alert when it grows old).",
 		}),
+		historyLastSuccess: newUnsetGauge(prometheus.GaugeOpts{
+			Name: "idemd_reaper_history_last_success_timestamp_seconds",
+			Help: "Unix time of the end of the last complete reaper run in the run history (idemd_reaper_runs), whichever process ran it (CronJob, manual, --schedule); exported by a --schedule reaper, read at start and after each run; absent until the history has one.",
+		}),
 	}
 	for _, r := range runResults {
 		m.runs.WithLabelValues(r)
@@ -93,7 +99,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers} {
+	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers, m.historyLastSuccess} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("reaper: register metrics: %w", err)
 		}

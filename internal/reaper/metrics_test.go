@@ -10,7 +10,7 @@ import (
 
 // A fresh process exports every run result and flag reason at 0 (so the
 // first event of a value is an increase the alerts see) and no last-success
-// time at all (0 would read as "last success in 1970" and trip
+// time at all, neither its own nor the run history's (0 would read as "last success in 1970" and trip
 // IdemdReaperNotSucceeding after every restart).
 func TestFreshMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
@@ -40,6 +40,10 @@ func TestFreshMetrics(t *testing.T) {
 	const last = "idemd_reaper_last_success_timestamp_seconds"
 	if got, ok := fams[last]; ok {
 		t.Errorf("%s is exported before any run succeeded: %v", last, got)
+	}
+	const history = "idemd_reaper_history_last_success_timestamp_seconds"
+	if got, ok := fams[history]; ok {
+		t.Errorf("%s is exported before the history was read: %v", history, got)
 	}
 	m.lastSuccess.SetToCurrentTime()
 	if got := gatherValues(t, reg)[last]; len(got) != 1 || got[""] <= 0 {

@@ -2,6 +2,7 @@ package reaper
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -63,6 +64,19 @@ func testProcessThroughPooler(t *testing.T, mode string) {
 	}
 	if leaseHeld(t, pool) {
 		t.Fatal("the last run did not release its lease")
+	}
+	// The run history through the pooler: the four runs, the killed one
+	// interrupted with its first batch, the one after it.
+	runs, err := LastRuns(ctx, pool, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range runs {
+		got = append(got, fmt.Sprintf("%s/%d", r.Result, r.Deleted))
+	}
+	if want := "complete/20 interrupted/10 complete/25 complete/25 complete/25 complete/25"; strings.Join(got, " ") != want {
+		t.Fatalf("run history (newest first) %v, want %s", got, want)
 	}
 
 	stopLoad()

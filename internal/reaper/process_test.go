@@ -252,6 +252,15 @@ func TestProcessSIGKILLMidRun(t *testing.T) {
 		t.Fatal("the killed run's lease is gone: the next run would not have to take it over")
 	}
 	noAdvisoryLocks(t, pool)
+	// The run history: the killed run has no end and the counts of its
+	// committed batch; it reads as interrupted once its lease expires.
+	killed := lastRun(t, pool)
+	if killed.FinishedAt != nil || killed.Deleted != 10 || killed.Mode != ModeOnce {
+		t.Fatalf("the killed run is recorded as %+v", killed)
+	}
+	testwait.Until(t, time.Minute, "the killed run to read as interrupted", func() bool {
+		return lastRun(t, pool).Result == ResultInterrupted
+	})
 
 	consistent := func(wantKeys int64) {
 		t.Helper()
@@ -289,6 +298,14 @@ WHERE EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.id = r.key_id)`); n != 0 
 	}
 	if leaseHeld(t, pool) {
 		t.Fatal("the run did not release its lease")
+	}
+	runs, err := LastRuns(context.Background(), pool, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs[0].Result != ResultComplete || runs[0].Deleted != 20 ||
+		runs[1].ID != killed.ID || runs[1].Result != ResultInterrupted || runs[1].Deleted != 10 || runs[1].FinishedAt != nil {
+		t.Fatalf("run history %+v; want the next run complete with 20 keys, then the killed one interrupted with 10", runs)
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM rides WHERE idempotency_key_id IS NULL"); n != 1 {
 		t.Fatal("the ride did not lose its reference")

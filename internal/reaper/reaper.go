@@ -170,14 +170,14 @@ func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
 }
 
 func (s *Service) runOnce(ctx context.Context) (*Result, error) {
-	return s.pass(context.WithoutCancel(ctx), ctx.Done())
+	return s.pass(context.WithoutCancel(ctx), ctx.Done(), ModeOnce)
 }
 
 // pass is one run. stop asks it to end after its current batch (SIGTERM,
 // Stop); ctx ending cuts the batch in progress, which rolls back (Stop's
 // deadline). Everything but the batches (the lease wait, the caps' count,
-// the dry run) stops at either.
-func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, error) {
+// the dry run) stops at either. mode is what the run history records.
+func (s *Service) pass(ctx context.Context, stop <-chan struct{}, mode string) (*Result, error) {
 	start := time.Now()
 	res := &Result{DryRun: s.cfg.DryRun, FlaggedByReason: map[string]int64{}, FinalBatchSize: s.cfg.BatchSize}
 	soft, cancel := stopContext(ctx, stop)
@@ -189,7 +189,7 @@ func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, erro
 		res.Plan, err = s.dryRun(soft)
 		res.Complete = err == nil
 	} else {
-		err = s.reapWithLease(ctx, soft, res, start)
+		err = s.reapWithLease(ctx, soft, res, start, mode)
 	}
 	res.Duration = time.Since(start)
 	s.finish(res, err)
@@ -210,14 +210,21 @@ func stopContext(ctx context.Context, stop <-chan struct{}) (context.Context, co
 }
 
 // reapWithLease takes the reaper's lease, keeps it renewed while the run
-// reaps, and releases it at the end. A run that finds another live run
-// holding it does nothing (res.LockHeld).
-func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start time.Time) error {
+// reaps, and releases it at the end, recording the run in the history
+// (history.go). A run that finds another live run holding it does nothing
+// (res.LockHeld).
+func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start time.Time, mode string) (err error) {
 	held, err := s.takeLease(soft, res)
 	if err != nil || !held {
+		s.recordUnleasedRun(ctx, mode, start, res, err)
 		return err
 	}
-	defer s.releaseLease(ctx)
+	run, err := s.startRun(ctx, mode, start)
+	defer func() { s.endRun(ctx, run, res, err) }()
+	if err != nil {
+		res.StopReason = "error"
+		return err
+	}
 	stopHeartbeat := s.startHeartbeat(soft)
 	defer stopHeartbeat()
 
@@ -231,7 +238,7 @@ func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start ti
 		res.StopReason = "error"
 		return err
 	}
-	return s.reap(ctx, soft, res, start)
+	return s.reap(ctx, soft, res, start, run)
 }
 
 // probeWALCompression reports whether --wal-compression can be set in this
@@ -275,7 +282,7 @@ func (s *Service) probeWALCompression(ctx context.Context) bool {
 // reap deletes batches until one comes back short (nothing eligible left),
 // the run's time is up, the run is asked to stop (soft), or a batch fails
 // for good. Batches run on ctx: only it cuts one short.
-func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time) error {
+func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, run int64) error {
 	size := s.cfg.BatchSize
 	var cursor *batchCursor
 	for {
@@ -288,6 +295,7 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time) 
 			return nil
 		}
 		job := batchJob{
+			run:            run,
 			limit:          s.batchLimit(size, res.Deleted),
 			cursor:         cursor,
 			deleted:        res.Deleted,
@@ -403,29 +411,35 @@ func (s *Service) account(res *Result, b batchResult) {
 		zap.Int64("flagged", b.flagged()), zap.Duration("duration", b.duration))
 }
 
-// finish records the run in metrics and the one summary line.
-func (s *Service) finish(res *Result, err error) {
-	outcome := outcomeComplete
+// outcome is what a run's result was: the result label of
+// idemd_reaper_runs_total, the summary's result and the history's.
+func outcome(res *Result, err error) string {
 	switch {
 	case err != nil:
-		outcome = outcomeError
+		return outcomeError
 	case res.LockHeld:
-		outcome = outcomeLockHeld
+		return outcomeLockHeld
 	case res.DryRun:
-		outcome = outcomeDryRun
+		return outcomeDryRun
 	case !res.Complete:
-		outcome = outcomeIncomplete
+		return outcomeIncomplete
 	}
-	s.metrics.runs.WithLabelValues(outcome).Inc()
+	return outcomeComplete
+}
+
+// finish records the run in metrics and the one summary line.
+func (s *Service) finish(res *Result, err error) {
+	result := outcome(res, err)
+	s.metrics.runs.WithLabelValues(result).Inc()
 	if !res.LockHeld {
 		s.metrics.runDuration.Observe(res.Duration.Seconds())
 	}
-	if outcome == outcomeComplete {
+	if result == outcomeComplete {
 		s.metrics.lastSuccess.SetToCurrentTime()
 	}
 
 	fields := []zap.Field{
-		zap.String("result", outcome),
+		zap.String("result", result),
 		zap.Int64("deleted", res.Deleted),
 		zap.Int64("flagged", res.Flagged),
 		zap.Int64("flagged_unfinished", res.FlaggedByReason[review.ReasonUnfinishedAtRetention]),

@@ -171,6 +171,9 @@ func TestDryRunChangesNothing(t *testing.T) {
 	if after := tableDigest(t, pool); after != before {
 		t.Fatal("dry run changed the tables")
 	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idemd_reaper_runs"); n != 0 {
+		t.Fatalf("the dry run left %d rows in the run history", n)
+	}
 	if res.Plan == nil || res.Plan.Deletes != 30 || res.Plan.Flags != 9 || res.Deleted != 0 || res.Batches != 0 {
 		t.Fatalf("dry run result %+v (plan %+v); want 30 deletes, 9 new flags", res, res.Plan)
 	}

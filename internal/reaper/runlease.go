@@ -134,20 +134,3 @@ func (s *Service) startHeartbeat(ctx context.Context) (stop func()) {
 	}()
 	return func() { cancel(); <-done }
 }
-
-// releaseLease ends the run's lease so the next run starts at once. On a
-// fresh context: the run's may be cancelled. If it fails the lease expires
-// by itself within --lease-ttl, and the next run waits that long.
-func (s *Service) releaseLease(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	released, err := lease.Release(rctx, s.cfg.Pool, LeaseName, s.holder)
-	switch {
-	case err != nil:
-		s.logger.Warn("releasing the reaper's lease failed; it expires by itself",
-			zap.Duration("lease_ttl", s.cfg.LeaseTTL), zap.Error(err))
-	case !released:
-		s.logger.Warn("the reaper's lease was no longer this run's at its end (it stalled past --lease-ttl)",
-			zap.Duration("lease_ttl", s.cfg.LeaseTTL))
-	}
-}

@@ -25,6 +25,7 @@ func (s *Service) Start(ctx context.Context) error {
 		s.cfg.Ready.MaxPassAge = maxPassAge(s.schedule, time.Now(), s.cfg.MaxRuntime)
 	}
 	err := s.runner.Start(ctx, func(work context.Context, stop <-chan struct{}) {
+		s.refreshLastSuccess(work)
 		// As cron did: the first run is at the schedule's first time, not
 		// when the process starts, so a restart does not reap off-schedule.
 		if !waitUntil(work, stop, s.schedule.Next(time.Now())) {
@@ -32,7 +33,8 @@ func (s *Service) Start(ctx context.Context) error {
 		}
 		loop := lifecycle.Loop{
 			Pass: func(ctx context.Context) error {
-				res, err := s.pass(ctx, stop)
+				res, err := s.pass(ctx, stop, ModeSchedule)
+				s.refreshLastSuccess(ctx)
 				s.signals.passed.Signal(res)
 				return err // the run logged it in its summary
 			},

@@ -22,6 +22,9 @@ func newUnsetGauge(opts prometheus.GaugeOpts) *unsetGauge {
 // from now on.
 func (g *unsetGauge) SetToCurrentTime() { g.vec.WithLabelValues().SetToCurrentTime() }
 
+// Set sets the gauge to v, exporting it from now on.
+func (g *unsetGauge) Set(v float64) { g.vec.WithLabelValues().Set(v) }
+
 // Describe implements prometheus.Collector.
 func (g *unsetGauge) Describe(ch chan<- *prometheus.Desc) { g.vec.Describe(ch) }
 

@@ -1,0 +1,224 @@
+package reaper
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"idemd/internal/dbtest"
+	"idemd/internal/testwait"
+)
+
+// lastRun is the newest run of the history.
+func lastRun(t *testing.T, pool *pgxpool.Pool) Run {
+	t.Helper()
+	runs, err := LastRuns(context.Background(), pool, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 1 {
+		t.Fatalf("the run history is empty")
+	}
+	return runs[0]
+}
+
+// TestRunHistoryRecordsARun: a run leaves one row with its mode, result,
+// holder, start and end, and the counts of what it did, checked against
+// the tables themselves.
+func TestRunHistoryRecordsARun(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	insertOldKeys(t, pool, 30) // 10 unfinished
+	insertKey(t, pool, keySpec{name: "young", createdAt: dbNow(t, pool)})
+	keysBefore := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys")
+	before := dbNow(t, pool)
+
+	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 7 })
+	if _, err := svc.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deleted := keysBefore - queryInt(t, pool, "SELECT count(*) FROM idempotency_keys")
+	flagged := queryInt(t, pool, "SELECT count(*) FROM idempotency_key_reviews")
+	if n := queryInt(t, pool, "SELECT count(*) FROM idemd_reaper_runs"); n != 1 {
+		t.Fatalf("%d rows in the run history, want 1", n)
+	}
+	r := lastRun(t, pool)
+	if r.Mode != ModeOnce || r.Result != ResultComplete || r.Deleted != deleted || r.Flagged != flagged || r.Error != "" || r.Holder != svc.holder {
+		t.Fatalf("run recorded as %+v; the tables say %d deleted, %d flagged", r, deleted, flagged)
+	}
+	if deleted != 30 || flagged != 10 {
+		t.Fatalf("the run deleted %d and flagged %d, want 30 and 10", deleted, flagged)
+	}
+	if r.FinishedAt == nil || r.StartedAt.Before(before) || r.FinishedAt.Before(r.StartedAt) {
+		t.Fatalf("run started %v and finished %v; the test began at %v", r.StartedAt, r.FinishedAt, before)
+	}
+	last, err := LastSuccess(ctx, pool)
+	if err != nil || last == nil || !last.Equal(*r.FinishedAt) {
+		t.Fatalf("LastSuccess = %v, %v; want the run's end %v", last, err, r.FinishedAt)
+	}
+}
+
+// TestRunHistoryRecordsFailures: a run refused by a cap and one stopped by
+// a foreign key record result error with the error they logged, and the
+// counts of the batches they committed; neither is a success.
+func TestRunHistoryRecordsFailures(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	ids := insertOldKeys(t, pool, 12)
+
+	capped := newService(t, pool, func(s *Settings) { s.MaxDeletes = 5 })
+	if _, err := capped.runOnce(ctx); !errors.Is(err, ErrCapExceeded) {
+		t.Fatalf("capped run: %v", err)
+	}
+	if r := lastRun(t, pool); r.Result != ResultError || !strings.Contains(r.Error, "--max-deletes") || r.Deleted != 0 || r.FinishedAt == nil {
+		t.Fatalf("the capped run is recorded as %+v", r)
+	}
+
+	createRides(t, pool, "RESTRICT", ids[7])
+	blocked := newService(t, pool, func(s *Settings) { s.BatchSize = 5 })
+	if _, err := blocked.runOnce(ctx); err == nil {
+		t.Fatal("the blocked run succeeded")
+	}
+	if r := lastRun(t, pool); r.Result != ResultError || !strings.Contains(r.Error, "rides_idempotency_key_id_fkey") || r.Deleted != 5 || r.Flagged != 1 {
+		t.Fatalf("the blocked run is recorded as %+v", r)
+	}
+	if last, err := LastSuccess(ctx, pool); err != nil || last != nil {
+		t.Fatalf("LastSuccess after two failed runs = %v, %v; want none", last, err)
+	}
+}
+
+// TestRunHistoryWhileARunHoldsTheLease: the run holding the lease reads as
+// running until its end; a run that found the lease held is recorded as
+// lock_held.
+func TestRunHistoryWhileARunHoldsTheLease(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	insertOldKeys(t, pool, 9)
+	first := newService(t, pool, nil)
+	locked, release := make(chan struct{}), make(chan struct{})
+	first.hooks.afterLock = func(context.Context) { close(locked); <-release }
+	done := make(chan error, 1)
+	go func() { _, err := first.runOnce(ctx); done <- err }()
+	<-locked
+	if r := lastRun(t, pool); r.Result != ResultRunning || r.FinishedAt != nil || r.Holder != first.holder {
+		t.Fatalf("the run holding the lease reads as %+v", r)
+	}
+	second := newService(t, pool, nil)
+	if res, err := second.runOnce(ctx); err != nil || !res.LockHeld {
+		t.Fatalf("second run: %+v, %v", res, err)
+	}
+	if r := lastRun(t, pool); r.Result != ResultLockHeld || r.Holder != second.holder || r.Deleted != 0 || r.FinishedAt == nil {
+		t.Fatalf("the run that found the lease held reads as %+v", r)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	runs, err := LastRuns(ctx, pool, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs[1].Holder != first.holder || runs[1].Result != ResultComplete || runs[1].Deleted != 9 {
+		t.Fatalf("history %+v; want the lock_held run, then the first run complete with 9 keys", runs)
+	}
+}
+
+// TestRunHistoryIsBounded: each run keeps the newest 1000 runs of the last
+// 30 days and deletes the rest.
+func TestRunHistoryIsBounded(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, holder)
+SELECT now() - interval '1 day' + g * interval '1 second', now() - interval '1 day' + g * interval '1 second', 'once', 'complete', 'old-runs'
+FROM generate_series(1, $1::int + 5) g`, historyKeep); err != nil {
+		t.Fatal(err)
+	}
+	newest := queryInt(t, pool, "SELECT max(id) FROM idemd_reaper_runs")
+	svc := newService(t, pool, nil)
+	if _, err := svc.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The run's own row and the newest 999 before it.
+	if n, oldest := queryInt(t, pool, "SELECT count(*) FROM idemd_reaper_runs"), queryInt(t, pool, "SELECT min(id) FROM idemd_reaper_runs"); n != historyKeep || oldest != newest-historyKeep+2 {
+		t.Fatalf("%d runs kept from id %d; want %d from id %d", n, oldest, historyKeep, newest-historyKeep+2)
+	}
+
+	// Runs older than 30 days go, however few there are.
+	if _, err := pool.Exec(ctx, `UPDATE idemd_reaper_runs SET started_at = now() - interval '31 days' WHERE id IN (
+    SELECT id FROM idemd_reaper_runs WHERE holder = 'old-runs' ORDER BY id DESC LIMIT 10)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idemd_reaper_runs WHERE started_at < now() - interval '30 days'"); n != 0 {
+		t.Fatalf("%d runs older than 30 days kept", n)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idemd_reaper_runs"); n != historyKeep-10 {
+		t.Fatalf("%d runs kept, want %d (1000, minus the 10 too old, with the new run's row in place of the oldest)", n, historyKeep-10)
+	}
+}
+
+// TestScheduleExportsTheHistorysLastSuccess: a --schedule reaper exports
+// the history's last success when it starts (a run of another process, a
+// CronJob's, counts) and after each of its runs.
+func TestScheduleExportsTheHistorysLastSuccess(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	const gauge = "idemd_reaper_history_last_success_timestamp_seconds"
+	var cronJobEnd time.Time
+	if err := pool.QueryRow(ctx, `
+INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, holder)
+VALUES (now() - interval '2 hours', now() - interval '2 hours' + interval '5 seconds', 'once', 'complete', 'reaper/cronjob-pod/1/ab')
+RETURNING finished_at`).Scan(&cronJobEnd); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	s := testSettings()
+	s.Schedule = "@hourly"
+	svc, err := New(Config{Settings: s, Pool: pool, Logger: zaptest.NewLogger(t), Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched := &dueOnce{}
+	sched.asked.Store(true) // no run before the test says so
+	svc.schedule = sched
+	if err := svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exported := func() float64 { return gatherValues(t, reg)[gauge][""] }
+	testwait.Until(t, time.Minute, "the CronJob's success to be exported", func() bool { return exported() != 0 })
+	if got, want := exported(), float64(cronJobEnd.UnixNano())/1e9; got != want {
+		t.Fatalf("%s = %v at start, want the CronJob run's end %v", gauge, got, want)
+	}
+	if err := svc.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// After a run of its own.
+	svc.schedule = &dueOnce{}
+	svc.signals.passed.Init()
+	if err := svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res := svc.signals.passed.WaitOrTimeout(t); !res.Complete {
+		t.Fatalf("scheduled run: %+v", res)
+	}
+	r := lastRun(t, pool)
+	if r.Mode != ModeSchedule || r.Result != ResultComplete {
+		t.Fatalf("the scheduled run is recorded as %+v", r)
+	}
+	if got, want := exported(), float64(r.FinishedAt.UnixNano())/1e9; got != want {
+		t.Fatalf("%s = %v after the run, want its end %v", gauge, got, want)
+	}
+	if err := svc.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
