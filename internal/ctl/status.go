@@ -64,6 +64,12 @@ type Status struct {
 	KeysPastRetention      int64      `json:"keys_past_retention"`
 	KeysToFlag             int64      `json:"keys_to_flag"`
 	OldestKeyPastRetention *time.Time `json:"oldest_key_past_retention_at"`
+	// The reaper's run history (reaper.LastRuns), newest first: the runs
+	// of the CronJob, manual runs and --schedule reapers alike, a killed
+	// run as interrupted. LastReaperSuccess is when the last complete run
+	// ended (nil: none in the history).
+	ReaperRuns        []reaper.Run `json:"reaper_runs"`
+	LastReaperSuccess *time.Time   `json:"last_reaper_success_at"`
 
 	// Humans: open reviews by reason.
 	OpenReviews []GroupCount `json:"open_reviews"`
@@ -140,6 +146,12 @@ func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
 		return fmt.Errorf("status: keys past retention: %w", err)
 	}
 	st.KeysPastRetention, st.KeysToFlag, st.OldestKeyPastRetention = plan.Deletes, plan.Flags, plan.Oldest
+	if st.ReaperRuns, err = reaper.LastRuns(ctx, tx, statusReaperRuns); err != nil {
+		return fmt.Errorf("status: reaper runs: %w", err)
+	}
+	if st.LastReaperSuccess, err = reaper.LastSuccess(ctx, tx); err != nil {
+		return fmt.Errorf("status: reaper runs: %w", err)
+	}
 	if st.OpenReviews, err = groupCounts(ctx, tx, statusReviewsSQL); err != nil {
 		return fmt.Errorf("status: open reviews: %w", err)
 	}
@@ -148,6 +160,23 @@ func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
 		return writeJSON(g.Stdout, st)
 	}
 	return writeStatus(g, &st)
+}
+
+// statusReaperRuns is how many of the reaper's last runs status shows.
+const statusReaperRuns = 5
+
+// runSummary describes a reaper run in one line: when it started, how long
+// it took, what it did, and its error.
+func runSummary(r *reaper.Run, since func(time.Time) string) string {
+	s := "started " + since(r.StartedAt) + " ago"
+	if r.FinishedAt != nil {
+		s += ", took " + r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
+	}
+	s += fmt.Sprintf(", deleted %d, flagged %d", r.Deleted, r.Flagged)
+	if r.Error != "" {
+		s += ": " + r.Error
+	}
+	return s
 }
 
 func groupCounts(ctx context.Context, tx pgx.Tx, sql string) ([]GroupCount, error) {
@@ -199,6 +228,17 @@ func writeStatus(g *Globals, st *Status) error {
 	}
 	fmt.Fprintf(tw, "  keys past retention\t%d\toldest %s\n", st.KeysPastRetention, oldest)
 	fmt.Fprintf(tw, "  of them to flag for review\t%d\t\n", st.KeysToFlag)
+	last := "none recorded"
+	if st.LastReaperSuccess != nil {
+		last = since(*st.LastReaperSuccess) + " ago"
+	}
+	fmt.Fprintf(tw, "  last complete run\t%s\t\n", last)
+	if len(st.ReaperRuns) == 0 {
+		fmt.Fprintln(tw, "  runs\tnone recorded\t")
+	}
+	for _, r := range st.ReaperRuns {
+		fmt.Fprintf(tw, "  run %d (%s)\t%s\t%s\n", r.ID, r.Mode, r.Result, runSummary(&r, since))
+	}
 
 	fmt.Fprintln(tw, "\nOPEN REVIEWS (idemctl review list)\t")
 	if len(st.OpenReviews) == 0 {

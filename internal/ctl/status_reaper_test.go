@@ -3,8 +3,10 @@ package ctl_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -82,5 +84,78 @@ func TestStatusRefusesWhatTheReaperRefuses(t *testing.T) {
 	code, _, errs := run(t, "--database-url", url, "status", "--retention", "10m")
 	if code != 2 || !strings.Contains(errs, "--retention") {
 		t.Fatalf("exit %d: %s", code, errs)
+	}
+}
+
+// TestStatusShowsTheReaperRuns: status lists the reaper's last runs, newest
+// first, in both outputs: a complete run, a failed one with its error, one
+// killed (no end, its holder's lease gone) as interrupted, one whose holder
+// holds a live lease as running; and when the last complete run ended.
+func TestStatusShowsTheReaperRuns(t *testing.T) {
+	url, pool := setup(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, flagged, error, holder) VALUES
+    (now() - interval '4 hours', now() - interval '4 hours' + interval '3 seconds', 'once', 'complete', 30, 10, NULL, 'reaper/pod-a/1/aa'),
+    (now() - interval '3 hours', now() - interval '3 hours' + interval '1 second', 'once', 'error', 0, 0, 'reaper: more than 9 keys are past retention, the --max-deletes cap', 'reaper/pod-b/1/bb'),
+    (now() - interval '2 hours', NULL, 'once', NULL, 20, 4, NULL, 'reaper/pod-c/1/cc'),
+    (now() - interval '1 minute', NULL, 'schedule', NULL, 5, 0, NULL, 'reaper/pod-d/1/dd');
+INSERT INTO idemd_leases (name, holder, acquired_at, renewed_at, expires_at)
+VALUES ('reaper', 'reaper/pod-d/1/dd', now(), now(), now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	var lastComplete time.Time
+	if err := pool.QueryRow(ctx, `SELECT finished_at FROM idemd_reaper_runs WHERE result = 'complete'`).Scan(&lastComplete); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errs := run(t, "--database-url", url, "status", "--format", "json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var st ctl.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var got []string
+	for _, r := range st.ReaperRuns {
+		got = append(got, fmt.Sprintf("%s %s %d/%d", r.Mode, r.Result, r.Deleted, r.Flagged))
+	}
+	want := []string{"schedule running 5/0", "once interrupted 20/4", "once error 0/0", "once complete 30/10"}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Fatalf("reaper runs %v, want %v", got, want)
+	}
+	if !strings.Contains(st.ReaperRuns[2].Error, "--max-deletes") {
+		t.Errorf("the failed run's error is missing: %+v", st.ReaperRuns[2])
+	}
+	if st.LastReaperSuccess == nil || !st.LastReaperSuccess.Equal(lastComplete) {
+		t.Errorf("last reaper success %v, want %v", st.LastReaperSuccess, lastComplete)
+	}
+
+	code, out, errs = run(t, "--database-url", url, "status")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	lines := strings.Split(out, "\n")
+	find := func(prefix string) string {
+		for _, l := range lines {
+			if strings.HasPrefix(strings.TrimSpace(l), prefix) {
+				return strings.Join(strings.Fields(l), " ")
+			}
+		}
+		t.Fatalf("no line %q in:\n%s", prefix, out)
+		return ""
+	}
+	for i, r := range st.ReaperRuns {
+		line := find(fmt.Sprintf("run %d (%s)", r.ID, r.Mode))
+		if !strings.Contains(line, " "+strings.Fields(want[i])[1]+" ") || !strings.Contains(line, fmt.Sprintf("deleted %d, flagged %d", r.Deleted, r.Flagged)) {
+			t.Errorf("run line %q does not say %s", line, want[i])
+		}
+	}
+	if line := find("run " + fmt.Sprint(st.ReaperRuns[2].ID)); !strings.Contains(line, "--max-deletes cap") {
+		t.Errorf("the failed run's line lacks its error: %q", line)
+	}
+	if line := find("last complete run"); !strings.Contains(line, "3h59m ago") {
+		t.Errorf("last complete run line %q, want 3h59m ago (the run ended 3 s after its start 4 h ago)", line)
 	}
 }
