@@ -9,12 +9,16 @@
 #   4. switches the faults off, runs the completer, enqueuer and reaper once
 #      more (the reaper after backdating some keys by three days, so there is
 #      something to reap and one stuck key to flag);
-#   5. prints a summary from SQL and the fake Stripe, and where to look.
+#   5. prints a summary from SQL, the simulator and the fake Stripe, every
+#      number with what it counts.
 #
-# Every process it starts is stopped on exit. DEMO_KEEP=1 keeps them running
-# (metrics, faults, fake Stripe) until Ctrl-C. DEMO_DURATION sets the
-# simulator's run time (default 25s). A daemon binary missing from bin/ is
-# skipped with a warning.
+# Every process it starts is stopped on exit; the database stays.
+#   DEMO_KEEP=1      keep everything running after the summary (API, fake
+#                    Stripe, faults, metrics) until Ctrl-C, and say where
+#   DEMO_DB=name     the database to (re)create (default idemd_demo)
+#   DEMO_PG_URL=url  the server (default postgres://postgres@127.0.0.1:5432)
+#   DEMO_DURATION    the simulator's run time (default 25s)
+# A daemon binary missing from bin/ is skipped with a warning.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +27,10 @@ PGHOST_URL=${DEMO_PG_URL:-postgres://postgres@127.0.0.1:5432}
 ADMIN_URL="$PGHOST_URL/postgres?sslmode=disable"
 export DATABASE_URL="$PGHOST_URL/$DB?sslmode=disable"
 DURATION=${DEMO_DURATION:-25s}
+# Rocket Rides draws FAULT_RATE at each of a request's fault points (below).
+FAULT_RATE=0.05
+GIVE_UP_RATE=0.15
+MAX_RETRIES=2
 
 API_ADDR=127.0.0.1:18080
 ADMIN_ADDR=127.0.0.1:18081
@@ -54,7 +62,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# psql without NOTICEs (DROP DATABASE IF EXISTS of a missing one).
+psql() { PGOPTIONS='-c client_min_messages=warning' command psql "$@"; }
 sql() { psql "$DATABASE_URL" -X -q -A -t -v ON_ERROR_STOP=1 -c "$1"; }
+# sim FIELD: a count from the simulator's JSON summary.
+sim() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" "$WORK/simulator.json"; }
 
 have() { [ -x "bin/$1" ] || { warn "bin/$1 is missing; skipping the $1"; return 1; }; }
 
@@ -79,7 +91,11 @@ start() {
 say "fresh database $DB"
 psql "$ADMIN_URL" -X -q -v ON_ERROR_STOP=1 -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
 [ -x bin/idemctl ] || { echo "bin/idemctl is missing: run make build" >&2; exit 1; }
-bin/idemctl migrate --log-format console
+# Each migration's log line goes to a file; the one-line result is shown.
+bin/idemctl migrate --log-format console --log-level warn 2>"$WORK/migrate.log" || {
+  cat "$WORK/migrate.log" >&2
+  exit 1
+}
 
 say "building Rocket Rides"
 go build -o "$WORK/rocketrides" ./examples/rocketrides/cmd/rocketrides
@@ -90,11 +106,13 @@ head -c 48 /dev/urandom | base64 | tr -d '\n' >"$WORK/replay-secret"
 chmod 600 "$WORK/replay-secret"
 
 say "starting Rocket Rides, the enqueuer and the completer"
-# 5% of requests fail with a 500 at a random point, and the fake Stripe takes
-# 30 ms per charge, so clients that give up really leave keys half done.
+# Injected 500s: with no --fault-at, Rocket Rides draws FAULT_RATE at each
+# of a request's fault points (before any work, and at the start of each of
+# its three phases). The fake Stripe takes 30 ms per charge, so clients that
+# give up really leave keys half done.
 start rocketrides "$WORK/rocketrides" --log-format console --log-level warn \
   --addr "$API_ADDR" --admin-addr "$ADMIN_ADDR" --stripe-addr "$STRIPE_ADDR" --http-addr "$RR_OPS" \
-  --stripe-latency 30ms --fault-rate 0.05 --replay-secret-file "$WORK/replay-secret"
+  --stripe-latency 30ms --fault-rate "$FAULT_RATE" --replay-secret-file "$WORK/replay-secret"
 RR_PID=${PIDS[-1]}
 wait_for "http://$API_ADDR/healthz"
 
@@ -110,9 +128,11 @@ if have completer; then
   start completer bin/completer "${COMPLETER_FLAGS[@]}" --http-addr "$COMP_OPS"
 fi
 
-say "simulating traffic for $DURATION (declines, 15% of clients giving up, injected 500s)"
+say "simulating traffic for $DURATION (declines, clients giving up, injected 500s)"
 "$WORK/simulator" --log-format console --api-url "http://$API_ADDR" --duration "$DURATION" \
-  --users 6 --decline-users 1 --concurrency 8 --give-up-rate 0.15 --give-up-after 60ms | tee "$WORK/simulator.out"
+  --users 6 --decline-users 1 --concurrency 8 --give-up-rate "$GIVE_UP_RATE" --give-up-after 60ms \
+  --max-retries "$MAX_RETRIES" --json >"$WORK/simulator.json"
+echo "$(sim rides) rides, $(sim requests) requests"
 
 say "faults off; one more pass of the completer and the enqueuer"
 curl -fsS -X PUT -d '[]' "http://$ADMIN_ADDR/faults" >/dev/null
@@ -122,11 +142,11 @@ curl -fsS -X PUT -d '[]' "http://$ADMIN_ADDR/faults" >/dev/null
 if have completer; then
   # Keys touched in the last seconds are still inside --grace/--idle.
   sleep 3
-  bin/completer "${COMPLETER_FLAGS[@]}" --http-addr "" --once >"$WORK/completer-once.log" 2>&1 \
+  bin/completer "${COMPLETER_FLAGS[@]}" --once >"$WORK/completer-once.log" 2>&1 \
     || warn "completer --once failed (see $WORK/completer-once.log)"
 fi
 if have enqueuer; then
-  bin/enqueuer --log-format console --http-addr "" --once >"$WORK/enqueuer-once.log" 2>&1 \
+  bin/enqueuer --log-format console --once >"$WORK/enqueuer-once.log" 2>&1 \
     || warn "enqueuer --once failed (see $WORK/enqueuer-once.log)"
 fi
 
@@ -152,39 +172,68 @@ sql "INSERT INTO idempotency_keys (created_at, idempotency_key, user_id, locked_
 REAPED=n/a
 OLD=$(sql "SELECT count(*) FROM idempotency_keys WHERE created_at < now() - interval '72 hours'")
 if have reaper; then
-  bin/reaper --log-format console --http-addr "" --once >"$WORK/reaper.log" 2>&1 \
+  bin/reaper --log-format console --once >"$WORK/reaper.log" 2>&1 \
     || warn "reaper --once failed (see $WORK/reaper.log)"
-  tail -n 1 "$WORK/reaper.log"
   REAPED=$(( OLD - $(sql "SELECT count(*) FROM idempotency_keys WHERE created_at < now() - interval '72 hours'") ))
 fi
 
 STATS=$(curl -fsS "http://$STRIPE_ADDR/_fake/stats" || echo '{}')
 field() { printf '%s' "$STATS" | sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"; }
+REQUESTS=$(sim requests)
+FIVEXX_PCT=$(( 100 * $(sim errors_5xx) / (REQUESTS > 0 ? REQUESTS : 1) ))
+# The share of first requests that meet at least one of four faults.
+FAULTED_PCT=$(awk -v r="$FAULT_RATE" 'BEGIN { printf "%.0f", 100 * (1 - (1 - r) ^ 4) }')
 
 say "summary"
 cat <<EOF
-simulator            $(sed -n 's/^simulator: //p' "$WORK/simulator.out")
+traffic              the simulator's riders for $DURATION; each ride is one POST /rides with its own Idempotency-Key
+  rides              $(sim rides) = created + declined + gave_up + abandoned + rejected
+  created            $(sim created)  answered 201: the ride exists and its charge succeeded
+  declined           $(sim declined)  answered 402: the card was declined (the key is finished too)
+  gave_up            $(sim gave_up)  the client walked away mid-request on purpose (a $GIVE_UP_RATE share of rides, within 60 ms) and never retried:
+                     the API finishes what it had started, or leaves the key unfinished for the completer
+  abandoned          $(sim abandoned)  the client retried the same key $MAX_RETRIES times, every answer a 5xx or 409, and stopped: the key is left
+                     unfinished for the completer
+  rejected           $(sim rejected)  any other 4xx: a bug in the API or the simulator; must be 0
+  requests           $REQUESTS  HTTP requests, retries included; $(sim conflicts) answered 409 (the key was busy in another request) and were retried
+  5xx                $(sim errors_5xx)  $FIVEXX_PCT % of requests: the injected 500s. The fault rate $FAULT_RATE is drawn at each of a
+                     request's four fault points (before any work, then at the start of each phase), so about $FAULTED_PCT %
+                     of first requests fail somewhere; a retry resumes at its key's recovery point, past fewer points
 
-rides                $(sql "SELECT count(*) FROM rides") created, $(sql "SELECT count(*) FROM rides WHERE stripe_charge_id IS NOT NULL") charged
+rides                $(sql "SELECT count(*) FROM rides") in the database, $(sql "SELECT count(*) FROM rides WHERE stripe_charge_id IS NOT NULL") charged (every ride the API got as far as creating, declined ones and
+                     the ones the completer finished included)
 fake Stripe          $(field charges) charges ($(field succeeded) succeeded, $(field failed) declined), $(field requests) requests, $(field replays) answered from a stored Idempotency-Key
 double charges       $(sql "SELECT count(*) FROM (SELECT stripe_charge_id FROM rides WHERE stripe_charge_id IS NOT NULL GROUP BY 1 HAVING count(*) > 1) d") (rides sharing a charge; must be 0)
-keys                 $(sql "SELECT string_agg(recovery_point || '=' || n, ', ' ORDER BY recovery_point) FROM (SELECT recovery_point, count(*) n FROM idempotency_keys GROUP BY 1) k")
-  finished by completer  $(sql "SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'finished' AND completer_attempts > 0")
+keys                 $(sql "SELECT string_agg(recovery_point || '=' || n, ', ' ORDER BY recovery_point) FROM (SELECT recovery_point, count(*) n FROM idempotency_keys GROUP BY 1) k") (by recovery point)
+  finished by completer  $(sql "SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'finished' AND completer_attempts > 0") (keys clients left unfinished that the completer replayed to the end)
   given up by completer  $(sql "SELECT count(*) FROM idempotency_keys WHERE completer_gave_up_at IS NOT NULL")
-  reaped                 $REAPED
+  reaped                 $REAPED (keys past the 72 h retention, deleted)
   flagged for review     $(sql "SELECT count(*) FROM idempotency_key_reviews WHERE resolved_at IS NULL") open review(s): $(sql "SELECT coalesce(string_agg(idempotency_key || ' (' || reason || ')', ', '), '-') FROM idempotency_key_reviews WHERE resolved_at IS NULL")
 jobs                 $(sql "SELECT count(*) FROM staged_jobs") still staged, $(sql "SELECT count(*) FROM staged_jobs_dead") dead-lettered, River: $(sql "SELECT coalesce(string_agg(state || '=' || n, ', ' ORDER BY state), 'none') FROM (SELECT state::text, count(*) n FROM river_job GROUP BY 1) j")
 receipts             $(sql "SELECT count(*) FROM ride_receipts") sent for $(sql "SELECT count(*) FROM rides WHERE stripe_charge_id IS NOT NULL") charged rides (one each: $(sql "SELECT count(*) FROM (SELECT ride_id FROM ride_receipts GROUP BY 1 HAVING count(*) > 1) d") rides with more than one)
-
-where to look
-  API                http://$API_ADDR/rides (Authorization: Bearer <key>, Idempotency-Key)
-  fake Stripe        http://$STRIPE_ADDR/_fake/stats   http://$STRIPE_ADDR/_fake/charges
-  faults             http://$ADMIN_ADDR/faults (GET, PUT a JSON array of {at, rate, kind})
-  metrics            http://$RR_OPS/metrics (rocketrides)  http://$ENQ_OPS/metrics (enqueuer)  http://$COMP_OPS/metrics (completer)
-  database           psql "$DATABASE_URL"   (bin/idemctl status, bin/idemctl review list)
 EOF
 
+if [ "${DEMO_KEEP:-}" != 1 ]; then
+  cat <<EOF
+
+The API, the fake Stripe and the daemons stop now; the database $DB stays:
+  bin/idemctl status --database-url '$DATABASE_URL'
+  bin/idemctl review list --database-url '$DATABASE_URL'
+  psql '$DATABASE_URL'
+To look around while everything runs (API, fake Stripe, faults, metrics):
+  DEMO_KEEP=1 make demo      (Ctrl-C stops it; DEMO_DB=name uses another database)
+EOF
+fi
+
 if [ "${DEMO_KEEP:-}" = 1 ]; then
-  say "DEMO_KEEP=1: everything keeps running; Ctrl-C to stop"
+  say "DEMO_KEEP=1: everything keeps running until Ctrl-C"
+  cat <<EOF
+  API                http://$API_ADDR/rides (Authorization: Bearer <key>, Idempotency-Key)
+  fake Stripe        http://$STRIPE_ADDR/_fake/stats   http://$STRIPE_ADDR/_fake/charges
+  faults             http://$ADMIN_ADDR/faults (GET; PUT a JSON array of {at, rate, kind}; off now)
+  metrics            http://$RR_OPS/metrics (rocketrides)  http://$ENQ_OPS/metrics (enqueuer)  http://$COMP_OPS/metrics (completer)
+  database           bin/idemctl status --database-url '$DATABASE_URL'   psql '$DATABASE_URL'
+  logs               $WORK
+EOF
   wait "$RR_PID" || true
 fi
