@@ -164,6 +164,8 @@ type Service struct {
 	wake chan struct{} // a pending wake-up; buffered 1
 	// floor is where the next drain starts (floor.go).
 	floor *floor
+	// lw is the sweep's low-water mark (sweep.go).
+	lw lowWater
 	// passed is the highest id this replica has taken.
 	passed atomic.Int64
 	// listening is true while notifications are known to arrive (the
@@ -205,6 +207,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 		runner:   lifecycle.Runner{Name: "enqueuer"},
 		instance: lease.Holder("enqueuer"),
 	}
+	s.lw.mark.Store(fullPass)
+	s.passed.Store(fullPass)
 	if len(cfg.AllowedKinds) > 0 {
 		s.valid.allowed = make(map[string]bool, len(cfg.AllowedKinds))
 		for _, k := range cfg.AllowedKinds {
@@ -309,7 +313,7 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("enqueuer batch: take: %w", err)
 	}
-	res := &BatchResult{Taken: len(staged)}
+	res := &BatchResult{Taken: len(staged), last: fullPass}
 	if len(staged) == 0 {
 		return res, nil
 	}
@@ -491,12 +495,24 @@ func nullJSON(b []byte) any {
 	return json.RawMessage(b)
 }
 
-// Drain runs batches from the start of staged_jobs until one comes back
-// short (the table is empty of committed, unlocked rows). It is `enqueuer
-// --once`; a started service drains the same way from its floor on every
-// wake-up.
+// Drain runs full passes (batches from the start of staged_jobs until one
+// comes back short) until a pass takes nothing: the table is then empty of
+// committed, unlocked rows. A pass moves past rows another transaction
+// holds locked; the next pass takes those it has released meanwhile (a
+// killed enqueuer's batch, rolled back once the server notices). It is
+// `enqueuer --once`; a started service drains from its floor on every
+// wake-up instead, and its sweep finds such rows.
 func (s *Service) Drain(ctx context.Context) (*DrainResult, error) {
-	return s.drain(ctx, nil, drainSpec{})
+	total := &DrainResult{}
+	for {
+		res, err := s.drain(ctx, nil, drainSpec{from: fullPass, gapBelow: fullPass})
+		total.Batches += res.Batches
+		total.Moved += res.Moved
+		total.DeadLettered += res.DeadLettered
+		if err != nil || res.Moved+res.DeadLettered == 0 {
+			return total, err
+		}
+	}
 }
 
 func (s *Service) drain(ctx context.Context, stop <-chan struct{}, spec drainSpec) (*DrainResult, error) {
@@ -630,7 +646,7 @@ func (s *Service) run(ctx context.Context, stop <-chan struct{}) {
 // trigger asks the loop for a full pass: a drain from the start of
 // staged_jobs (start, reconnect, retry).
 func (s *Service) trigger(cause string) {
-	s.floor.lower(0)
+	s.floor.lower(fullPass)
 	s.signal(cause)
 }
 
@@ -783,9 +799,9 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 // pass.
 func (s *Service) notified(payload string) {
 	low, err := strconv.ParseInt(payload, 10, 64)
-	if err != nil || low < 0 {
+	if err != nil {
 		s.gap(GapNoFloor, 1, zap.String("payload", truncate(payload, 64)))
-		low = 0
+		low = fullPass
 	}
 	s.floor.lower(low)
 	s.signal("notify")
@@ -849,8 +865,9 @@ func (s *Service) checkListener(ctx context.Context, arrived <-chan string, conn
 }
 
 // statsLoop refreshes the backlog gauges. count(*) is exact and cheap at the
-// backlogs this table should ever have; the oldest row is found through the
-// primary key.
+// backlogs this table should ever have; both it and the oldest row are
+// read through the primary key from the sweep's low-water mark, so neither
+// walks the dead rows an old snapshot keeps below it.
 func (s *Service) statsLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.StatsInterval)
 	defer t.Stop()
@@ -866,13 +883,20 @@ func (s *Service) statsLoop(ctx context.Context) {
 	}
 }
 
+// statsSQL counts the staged rows and the age of the oldest, from the id $1
+// below which none exists.
+const statsSQL = `
+SELECT (SELECT count(*) FROM staged_jobs WHERE id >= $1),
+       (SELECT extract(epoch FROM now() - created_at)::float8 FROM staged_jobs WHERE id >= $1 ORDER BY id LIMIT 1)`
+
 func (s *Service) refreshStats(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var n int64
 	var age *float64
-	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM staged_jobs),
-       (SELECT extract(epoch FROM now() - created_at)::float8 FROM staged_jobs ORDER BY id LIMIT 1)`).Scan(&n, &age)
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: beginSQL}, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, statsSQL, s.lw.mark.Load()).Scan(&n, &age)
+	})
 	if err != nil {
 		return fmt.Errorf("enqueuer stats: %w", err)
 	}

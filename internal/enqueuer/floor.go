@@ -1,10 +1,8 @@
 package enqueuer
 
 import (
-	"context"
 	"math"
 	"sync"
-	"time"
 
 	"go.uber.org/zap"
 )
@@ -32,24 +30,25 @@ import (
 //     id 200 sends its own "100", and the drain it wakes starts at or
 //     below 100 however far past 200 earlier drains went.
 //   - Start, a listener (re)connect, a retry after a failed drain, and a
-//     notification with no number in it (the trigger before 00015): the
-//     floor becomes 0, a full pass from the start of the index. A
+//     notification with no number in it (the trigger before 00015): a
+//     full pass, from the start of the index. A
 //     reconnect's full pass finds the rows whose notifications were lost
 //     while the listener was down (it begins after LISTEN is back, so
 //     anything committed later notifies again); a retry's finds the rows
 //     of the failed drain.
-//   - The sweep, every PollInterval on its own connection: a plain read of
-//     the lowest committed id (it sees rows other transactions hold locked,
-//     too). It lowers the floor to that id and wakes the loop. It covers
-//     everything a notification can miss while the listener looks healthy:
-//     rows another replica had locked (so our drain skipped them) and then
-//     rolled back, a replica killed mid-batch, a notification lost for any
-//     other reason; and, with no listener (--poll-only, or a listener
-//     that is down), it is the only wake-up, so a row waits at most about
-//     one PollInterval, as before. The sweep still walks every dead entry
-//     below the first live row — that cost remains, but off the move path:
-//     it holds no lock and no batch waits for it
-//     (idemd_enqueuer_sweep_duration_seconds shows it).
+//   - The sweep, every PollInterval on its own connection (sweep.go): a
+//     plain read of the lowest committed id (it sees rows other
+//     transactions hold locked, too). It lowers the floor to that id and
+//     wakes the loop. It covers everything a notification can miss while
+//     the listener looks healthy: rows another replica had locked (so our
+//     drain skipped them) and then rolled back, a replica killed
+//     mid-batch, a notification lost for any other reason; and, with no
+//     listener (--poll-only, or a listener that is down), it is the only
+//     wake-up, so a row waits at most about one PollInterval, as before.
+//     The sweep reads from a low-water mark below which no row can exist
+//     or appear, so it too skips the dead entries; every sweepFullEvery-th
+//     sweep reads from the start of the index, off the move path (it holds
+//     no row lock and no batch waits for it).
 //
 // The loop takes the floor (resetting it) before the drain's first
 // snapshot; a notification handled after that lowers the new floor and
@@ -68,11 +67,15 @@ import (
 // after the batch's snapshot (its notification lowers the next floor).
 const noFloor = math.MaxInt64
 
+// fullPass is the floor of a drain from the start of the index (below any
+// id, explicit negative ones included).
+const fullPass = math.MinInt64
+
 // floor is where the next drain starts.
 type floor struct {
 	mu sync.Mutex
 	// notified is the lowest id notifications (and full-pass requests,
-	// which ask for 0) named since the last drain took the floor.
+	// which ask for fullPass) named since the last drain took the floor.
 	notified int64
 	// swept is the lowest id the sweep found since then; sweptListening
 	// says a sweep found it while the listener was up, so notifications
@@ -86,7 +89,7 @@ func newFloor() *floor { return &floor{notified: noFloor, swept: noFloor} }
 // lower records that a drain must start at or below id.
 func (f *floor) lower(id int64) {
 	f.mu.Lock()
-	f.notified = min(f.notified, max(id, 0))
+	f.notified = min(f.notified, id)
 	f.mu.Unlock()
 }
 
@@ -94,7 +97,7 @@ func (f *floor) lower(id int64) {
 func (f *floor) lowerSwept(id int64, listening bool) {
 	f.mu.Lock()
 	if id < f.swept {
-		f.swept = max(id, 0)
+		f.swept = id
 		f.sweptListening = listening
 	}
 	f.mu.Unlock()
@@ -102,10 +105,10 @@ func (f *floor) lowerSwept(id int64, listening bool) {
 
 // drainSpec is where one drain starts.
 type drainSpec struct {
-	from int64 // the lowest id the drain looks at; 0 is a full pass
+	from int64 // the lowest id the drain looks at; fullPass: all
 	// gapBelow: rows this drain takes with ids below it are rows that only
 	// the sweep found, below where this replica's notified drains had
-	// already taken rows (0: count none).
+	// already taken rows (fullPass: count none).
 	gapBelow int64
 }
 
@@ -119,7 +122,7 @@ func (f *floor) take(passed int64) (spec drainSpec, ok bool) {
 	if from == noFloor {
 		return drainSpec{}, false
 	}
-	spec.from = from
+	spec = drainSpec{from: from, gapBelow: fullPass}
 	if f.swept < f.notified && f.sweptListening {
 		// Rows at or above a pending notification's id are that
 		// notification's, and rows above anything this replica took are
@@ -158,50 +161,6 @@ func (c *cursor) passed(last int64) {
 	if last < math.MaxInt64 {
 		c.next = max(c.next, last+1)
 	}
-}
-
-// sweepSQL is the sweep's probe: a plain read (no lock taken, locked rows
-// included) of the lowest committed id.
-const sweepSQL = `SELECT min(id) FROM staged_jobs`
-
-// sweepLoop runs the sweep every PollInterval until ctx ends. It is the
-// poll of --poll-only and the safety net under notifications.
-func (s *Service) sweepLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		s.sweep(ctx)
-	}
-}
-
-// sweep finds the lowest committed staged id and has the loop drain from
-// there. A table found empty counts as a pass for /readyz: with nothing
-// staged there is nothing to drain.
-func (s *Service) sweep(ctx context.Context) {
-	listening := s.listening.Load() && !s.cfg.PollOnly
-	start := time.Now()
-	var low *int64
-	err := s.pool.QueryRow(ctx, sweepSQL).Scan(&low)
-	s.m.SweepDuration.Observe(time.Since(start).Seconds())
-	if err != nil {
-		if ctx.Err() == nil {
-			s.logger.Debug("sweep failed", zap.Error(err))
-		}
-		return
-	}
-	if low == nil {
-		if s.cfg.Ready != nil {
-			s.cfg.Ready.MarkPass(time.Now())
-		}
-		return
-	}
-	s.floor.lowerSwept(*low, listening)
-	s.signal("poll")
 }
 
 // Notification gaps (idemd_enqueuer_notification_gaps_total{reason}):

@@ -28,7 +28,7 @@ func TestFloorTake(t *testing.T) {
 	f.lower(300)
 	f.lower(200)
 	f.lower(250)
-	if spec, ok := f.take(1000); !ok || spec != (drainSpec{from: 200}) {
+	if spec, ok := f.take(1000); !ok || spec != (drainSpec{from: 200, gapBelow: fullPass}) {
 		t.Fatalf("after notifications 300, 200, 250: %+v %v", spec, ok)
 	}
 	if _, ok := f.take(1000); ok {
@@ -49,13 +49,13 @@ func TestFloorTake(t *testing.T) {
 	// Not listening (poll-only, or a listener that is down): the sweep is
 	// the expected way to find rows, no gap.
 	f.lowerSwept(100, false)
-	if spec, _ := f.take(400); spec != (drainSpec{from: 100}) {
+	if spec, _ := f.take(400); spec != (drainSpec{from: 100, gapBelow: fullPass}) {
 		t.Fatalf("swept while not listening: %+v", spec)
 	}
-	// A full pass asked for (0) wins over the sweep.
+	// A full pass asked for wins over the sweep.
 	f.lowerSwept(100, true)
-	f.lower(0)
-	if spec, _ := f.take(400); spec != (drainSpec{from: 0}) {
+	f.lower(fullPass)
+	if spec, _ := f.take(400); spec != (drainSpec{from: fullPass, gapBelow: fullPass}) {
 		t.Fatalf("full pass and sweep: %+v", spec)
 	}
 }
@@ -253,7 +253,7 @@ func TestLateLowIDIsMovedByItsNotification(t *testing.T) {
 	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
 		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
 	}
-	if !slices.Contains(drains(), drainSpec{from: lateID}) {
+	if !slices.Contains(drains(), drainSpec{from: lateID, gapBelow: fullPass}) {
 		t.Fatalf("no drain started at the late id %d: %+v", lateID, drains())
 	}
 	if testutil.ToFloat64(s.m.Wakeups.WithLabelValues("poll")) != 0 ||
@@ -402,7 +402,7 @@ func TestNotificationWithoutFloorIsAFullPass(t *testing.T) {
 		return testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(GapNoFloor)) == 1
 	})
 	testwait.Until(t, 2*time.Minute, "a full pass", func() bool {
-		return slices.Contains(drains()[before:], drainSpec{from: 0})
+		return slices.Contains(drains()[before:], drainSpec{from: fullPass, gapBelow: fullPass})
 	})
 }
 
@@ -485,7 +485,7 @@ SELECT min(id) FROM i`, n).Scan(&low); err != nil {
 	}
 	move := func(from int64, n int) {
 		t.Helper()
-		res, err := s.drain(ctx, nil, drainSpec{from: from})
+		res, err := s.drain(ctx, nil, drainSpec{from: from, gapBelow: fullPass})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -499,7 +499,7 @@ SELECT min(id) FROM i`, n).Scan(&low); err != nil {
 		low := stage(100)
 		var rows, fullRows int64
 		fromFloor.entries, fromFloor.buffers, rows = takeCost(t, pool, low)
-		fromStart.entries, fromStart.buffers, fullRows = takeCost(t, pool, 0)
+		fromStart.entries, fromStart.buffers, fullRows = takeCost(t, pool, fullPass)
 		if rows != 100 || fullRows != 100 {
 			t.Fatalf("takes found %d and %d rows, want 100", rows, fullRows)
 		}
@@ -526,5 +526,87 @@ SELECT min(id) FROM i`, n).Scan(&low); err != nil {
 	}
 	if floor21k.buffers > floor1k.buffers+floor1k.buffers/10 {
 		t.Fatalf("a take from the floor read %d buffers with 21,100 dead rows, %d with 1,000: it grows with the dead rows", floor21k.buffers, floor1k.buffers)
+	}
+}
+
+// TestSweepLowWaterMark: the sweep's mark rises past moved rows once every
+// transaction that could still hold a lower id has ended, never past an id
+// an open transaction holds, and every sweepFullEvery-th sweep still reads
+// from the start of the index (a row with an explicit id below the mark).
+func TestSweepLowWaterMark(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	s := newService(t, pool, Config{})
+	sweep := func() *int64 {
+		t.Helper()
+		low, err := s.sweepOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return low
+	}
+	stageAndMove := func(n int) (last int64) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `WITH i AS (INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', '{}' FROM generate_series(1, $1) RETURNING id)
+SELECT max(id) FROM i`, n).Scan(&last); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Drain(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return last
+	}
+	mark := func() int64 { return s.lw.mark.Load() }
+
+	sweep()
+	last := stageAndMove(100)
+	sweep()
+	if low := sweep(); low != nil || mark() != last+1 {
+		t.Fatalf("after moving ids up to %d: mark %d, lowest %v", last, mark(), low)
+	}
+
+	// An open transaction holding an id: later ids move, the mark stays
+	// at or below the held id however many sweeps pass.
+	late, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Rollback(ctx) //nolint:errcheck
+	var lateID int64
+	if err := late.QueryRow(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('late', '{}') RETURNING id`).Scan(&lateID); err != nil {
+		t.Fatal(err)
+	}
+	last = stageAndMove(50)
+	for range 3 {
+		if low := sweep(); low != nil || mark() > lateID {
+			t.Fatalf("with id %d uncommitted: mark %d, lowest %v", lateID, mark(), low)
+		}
+	}
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if low := sweep(); low == nil || *low != lateID || mark() > lateID {
+		t.Fatalf("after id %d committed: lowest %v, mark %d", lateID, low, mark())
+	}
+	if _, err := s.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sweep()
+	if sweep(); mark() != last+1 {
+		t.Fatalf("after moving everything up to %d: mark %d", last, mark())
+	}
+
+	// An explicit id below the mark is not what the mark promises: only
+	// the periodic sweep from the start finds it.
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (id, job_name, job_args) VALUES (-5, 'explicit', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	for low := sweep(); low == nil; low = sweep() {
+		if s.lw.count > 2*sweepFullEvery {
+			t.Fatalf("%d sweeps did not find id -5", s.lw.count)
+		}
+	}
+	if s.lw.count%sweepFullEvery != 0 || mark() > -5 {
+		t.Fatalf("id -5 found by sweep %d (want a multiple of %d), mark %d", s.lw.count, sweepFullEvery, mark())
 	}
 }
