@@ -17,7 +17,8 @@ func (s Scale) n(full int) int { return max(1, int(float64(full)*float64(s))) }
 
 // Enqueuer runs the enqueuer suite and appends its rows. It includes the
 // rows through a PgBouncer in transaction mode (issue 14), so it needs the
-// pgbouncer binary (scripts/ensure-pgbouncer.sh).
+// pgbouncer binary (scripts/ensure-pgbouncer.sh), and the held-snapshot
+// runs of issue 16 (enqueuer_snapshot.go; 2 × 5 minutes at scale 1).
 func Enqueuer(ctx context.Context, adminURL string, scale Scale, logf func(string, ...any), rep *Report) error {
 	res, err := enqueuerbench.Run(ctx, adminURL, enqueuerbench.Options{
 		Jobs:            scale.n(200_000),
@@ -90,7 +91,7 @@ func Enqueuer(ctx context.Context, adminURL string, scale Scale, logf func(strin
 		}
 		rep.Rows = append(rep.Rows, row)
 	}
-	return nil
+	return enqueuerSnapshot(ctx, adminURL, scale, logf, rep)
 }
 
 func ratioIf(v float64, against string) string {

@@ -71,3 +71,24 @@ func TestRunSmallThroughPgBouncer(t *testing.T) {
 		t.Fatalf("want 1 pooled drain and 2 pooled latency runs, got %d: %+v", pooled, rep)
 	}
 }
+
+// TestRunSnapshotSmall keeps the held-snapshot benchmark honest in the
+// normal test run: both runs move every staged row exactly once (RunSnapshot
+// checks it with SQL) and report every period.
+func TestRunSnapshotSmall(t *testing.T) {
+	rep, err := RunSnapshot(context.Background(), dbtest.ServerURL(t), SnapshotOptions{
+		Rate: 200, Duration: 2 * time.Second, Interval: time.Second, Warmup: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []SnapshotRun{rep.Without, rep.With} {
+		if len(run.Intervals) != 2 || run.Jobs < 200 {
+			t.Fatalf("incomplete run: %+v", run)
+		}
+		for _, iv := range run.Intervals {
+			if iv.Jobs == 0 || iv.Batches == 0 {
+				t.Fatalf("empty period: %+v", iv)
+			}
+		}
+	}
+}
