@@ -48,8 +48,9 @@ func enqueuerSnapshot(ctx context.Context, adminURL string, scale Scale, logf fu
 	for i := range res.With.Intervals {
 		w, h := res.Without.Intervals[i], res.With.Intervals[i]
 		rep.Rows = append(rep.Rows, Row{Suite: "enqueuer", Name: name(h),
-			Value: fmt.Sprintf("batch mean %s / %s, p99 %s / %s, dead tuples %d / %d, sweep mean %s / %s",
-				Dur(w.MeanBatch), Dur(h.MeanBatch), Dur(w.P99), Dur(h.P99), w.DeadTuples, h.DeadTuples, Dur(w.MeanSweep), Dur(h.MeanSweep)),
+			Value: fmt.Sprintf("batch mean %s / %s, p99 %s / %s, insert p99 %s / %s, dead tuples %d / %d, sweep mean %s / %s, walk from the index start %s / %s",
+				Dur(w.MeanBatch), Dur(h.MeanBatch), Dur(w.P99), Dur(h.P99), Dur(w.InsertP99), Dur(h.InsertP99), w.DeadTuples, h.DeadTuples,
+				Dur(w.MeanSweep), Dur(h.MeanSweep), Dur(w.StartWalk), Dur(h.StartWalk)),
 			Ratio: Ratio(float64(h.P99)/float64(max(w.P99, time.Microsecond)), "p99 without"),
 		})
 	}

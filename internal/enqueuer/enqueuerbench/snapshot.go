@@ -39,7 +39,11 @@ type SnapshotInterval struct {
 	// end of the period.
 	DeadTuples int64
 	Sweeps     int           // the enqueuer's sweeps that ended in it
-	MeanSweep  time.Duration // their mean duration (the walk over dead entries)
+	MeanSweep  time.Duration // their mean duration
+	// StartWalk is how long a read of the lowest staged id from the start
+	// of staged_jobs_pkey took at the end of the period: what every batch
+	// paid before issue 16 (it walks every dead entry), measured beside.
+	StartWalk time.Duration
 }
 
 // SnapshotRun is one run: staging at a steady rate with or without a
@@ -127,6 +131,7 @@ type sample struct {
 	batches, sweeps    uint64
 	batchSum, sweepSum float64
 	deadTuples         int64
+	startWalk          time.Duration
 	gaps               map[string]float64
 }
 
@@ -263,6 +268,10 @@ func snapshotRun(ctx context.Context, pool *pgxpool.Pool, opts SnapshotOptions, 
 		// Statistics reach pg_stat_user_tables within about a second of
 		// each backend's transaction: good enough at a period's end.
 		err = pool.QueryRow(ctx, `SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'staged_jobs'), 0)`).Scan(&s.deadTuples)
+		if err != nil {
+			return s, err
+		}
+		s.startWalk, err = startWalk(ctx, pool)
 		return s, err
 	}
 	base, err := read()
@@ -288,9 +297,17 @@ func snapshotRun(ctx context.Context, pool *pgxpool.Pool, opts SnapshotOptions, 
 		if err != nil && sampleErr == nil {
 			sampleErr = err
 		}
+		prev := base
+		if len(samples) > 0 {
+			prev = samples[len(samples)-1]
+		}
 		samples = append(samples, s)
-		last := samples[len(samples)-1]
-		logf("  %s: %d batches, %d dead tuples in staged_jobs", nextSample.Sub(start).Round(time.Second), last.batches-base.batches, last.deadTuples)
+		mean := time.Duration(0)
+		if n := s.batches - prev.batches; n > 0 {
+			mean = time.Duration((s.batchSum - prev.batchSum) / float64(n) * float64(time.Second))
+		}
+		logf("  %s: %d batches, mean %s; %d dead tuples in staged_jobs; a walk from the index start %s",
+			nextSample.Sub(start).Round(time.Second), s.batches-prev.batches, mean, s.deadTuples, s.startWalk)
 		nextSample = nextSample.Add(opts.Interval)
 	})
 	close(ticks)
@@ -388,6 +405,7 @@ func snapshotRun(ctx context.Context, pool *pgxpool.Pool, opts SnapshotOptions, 
 			Batches:    int(s.batches - prev.batches),
 			DeadTuples: s.deadTuples,
 			Sweeps:     int(s.sweeps - prev.sweeps),
+			StartWalk:  s.startWalk,
 		}
 		if iv.Batches > 0 {
 			iv.MeanBatch = time.Duration((s.batchSum - prev.batchSum) / float64(iv.Batches) * float64(time.Second))
@@ -406,6 +424,23 @@ func snapshotRun(ctx context.Context, pool *pgxpool.Pool, opts SnapshotOptions, 
 		return nil, fmt.Errorf("no job was staged in the measured part")
 	}
 	return run, nil
+}
+
+// startWalk times a read of the lowest staged id through staged_jobs_pkey
+// from its start (the other scans switched off, as the enqueuer does).
+func startWalk(ctx context.Context, pool *pgxpool.Pool) (time.Duration, error) {
+	var d time.Duration
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"}, func(tx pgx.Tx) error {
+		start := time.Now()
+		var id *int64
+		err := tx.QueryRow(ctx, `SELECT id FROM staged_jobs ORDER BY id LIMIT 1`).Scan(&id)
+		if err == pgx.ErrNoRows {
+			err = nil
+		}
+		d = time.Since(start)
+		return err
+	})
+	return d, err
 }
 
 // percentiles returns p50, p99 and max of ds (sorting it).
