@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +24,30 @@ type vector struct {
 	Body      string   `json:"body"`
 	Canonical string   `json:"canonical"`
 	Header    string   `json:"header"`
+	// What a verifier holding VerifierSecrets with a window of Skew
+	// seconds, one nonce store for the vector, answers at each step.
+	VerifierSecrets []string     `json:"verifier_secrets"`
+	Skew            int64        `json:"skew"`
+	Steps           []vectorStep `json:"steps"`
+}
+
+type vectorStep struct {
+	Now     float64 `json:"now"`
+	Header  string  `json:"header"`
+	Request struct {
+		Method string `json:"method"`
+		Path   string `json:"path"`
+		Key    string `json:"idempotency_key"`
+		Body   string `json:"body"`
+	} `json:"request"`
+	Expect string `json:"expect"`
+	UserID string `json:"user_id"`
+}
+
+// vectorErrors are the refusals a step may expect, by name.
+var vectorErrors = map[string]error{
+	"ok": nil, "missing": ErrMissing, "malformed": ErrMalformed, "expired": ErrExpired,
+	"mismatch": ErrMismatch, "replayed": ErrReplayed,
 }
 
 func loadVectors(t *testing.T) []vector {
@@ -69,14 +95,28 @@ func TestVectors(t *testing.T) {
 			if got := signer.SignAt(v.Timestamp, v.Nonce, req); got != v.Header {
 				t.Fatalf("header:\n got %s\nwant %s", got, v.Header)
 			}
-			ver, err := NewVerifier(0, secrets(t, v.Secrets)...)
+			if len(v.Steps) == 0 {
+				t.Fatal("vector has no steps")
+			}
+			ver, err := NewVerifier(time.Duration(v.Skew)*time.Second, secrets(t, v.VerifierSecrets)...)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ver = ver.WithClock(func() time.Time { return time.Unix(v.Timestamp, 0) })
-			uid, err := ver.Verify(context.Background(), v.Header, req)
-			if err != nil || uid != v.UserID {
-				t.Fatalf("verify: uid=%d err=%v", uid, err)
+			for i, st := range v.Steps {
+				want, known := vectorErrors[st.Expect]
+				if !known {
+					t.Fatalf("step %d: unknown expect %q", i, st.Expect)
+				}
+				sec, frac := math.Modf(st.Now)
+				now := time.Unix(int64(sec), int64(math.Round(frac*1e9)))
+				r := Request{Method: st.Request.Method, Path: st.Request.Path, IdempotencyKey: st.Request.Key, Body: []byte(st.Request.Body)}
+				uid, err := ver.WithClock(func() time.Time { return now }).Verify(context.Background(), st.Header, r)
+				if !errors.Is(err, want) || (want == nil) != (err == nil) {
+					t.Fatalf("step %d: got %v, want %s", i, err, st.Expect)
+				}
+				if want == nil && strconv.FormatInt(uid, 10) != st.UserID {
+					t.Fatalf("step %d: user %d, want %s", i, uid, st.UserID)
+				}
 			}
 		})
 	}
