@@ -70,7 +70,7 @@ func (b batchResult) flagged() int64 { return b.flaggedUnfinished + b.flaggedGav
 // in the form that orders by id too; and if either met a key another
 // transaction holds locked, in the form that skips locked keys. A stop
 // request does not cancel a running batch (it finishes within
-// --statement-timeout and the run stops after it); only ctx and the
+// --statement-timeout and the run stops after it); ctx ending and the
 // statement timeout do.
 func (s *Service) deleteBatch(ctx context.Context, job batchJob, res *Result) (batchResult, error) {
 	b, err := s.tryBatch(ctx, rangeForm, job)

@@ -114,12 +114,21 @@ INSERT INTO idemd_reaper_runs (started_at, mode, holder)
 VALUES (clock_timestamp() - @elapsed::interval, @mode, @holder)
 RETURNING id`
 
-// startRun records the start of a run that holds the lease.
-func (s *Service) startRun(ctx context.Context, mode string, start time.Time) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+// mode is the history's mode of the service's runs.
+func (s *Service) mode() string {
+	if s.cfg.Schedule != "" {
+		return ModeSchedule
+	}
+	return ModeOnce
+}
+
+// startRun records the start of a run that holds the lease. Even when the
+// run is being stopped: its end will be recorded too.
+func (s *Service) startRun(ctx context.Context, start time.Time) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	var id int64
-	err := s.cfg.Pool.QueryRow(ctx, startRunSQL, pgx.NamedArgs{"elapsed": time.Since(start), "mode": mode, "holder": s.holder}).Scan(&id)
+	err := s.cfg.Pool.QueryRow(ctx, startRunSQL, pgx.NamedArgs{"elapsed": time.Since(start), "mode": s.mode(), "holder": s.holder}).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("reaper: record the run's start in idemd_reaper_runs: %w", err)
 	}
@@ -185,11 +194,11 @@ func (s *Service) endRun(ctx context.Context, run int64, res *Result, runErr err
 
 // recordUnleasedRun records a run that never held the lease (another run
 // held it, or the run failed before it had it) as one finished row.
-func (s *Service) recordUnleasedRun(ctx context.Context, mode string, start time.Time, res *Result, runErr error) {
+func (s *Service) recordUnleasedRun(ctx context.Context, start time.Time, res *Result, runErr error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	args := endArgs(0, res, runErr)
-	args["elapsed"], args["mode"], args["holder"] = time.Since(start), mode, s.holder
+	args["elapsed"], args["mode"], args["holder"] = time.Since(start), s.mode(), s.holder
 	_, err := s.cfg.Pool.Exec(ctx, `
 INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, flagged, error, holder)
 VALUES (clock_timestamp() - @elapsed::interval, clock_timestamp(), @mode, @result, @deleted, @flagged, @error, @holder)`, args)

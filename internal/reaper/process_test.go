@@ -312,6 +312,45 @@ WHERE EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.id = r.key_id)`); n != 0 
 	}
 }
 
+// TestProcessSIGTERMMidBatch: SIGTERM to a one-shot run cancels the batch
+// in progress, which rolls back whole (no key of it deleted, no review of
+// it kept); the run ends incomplete, exits 0, releases its lease and
+// records its end, and the next run finishes the job.
+func TestProcessSIGTERMMidBatch(t *testing.T) {
+	bin, dbURL, pool := newProcessTest(t)
+	ids := insertOldKeys(t, pool, 30)
+	createRides(t, pool, "SET NULL", ids[15])
+	release := blockOnRide(t, pool, ids[15])
+	p := startReaper(t, bin, dbURL, "--batch-size", "10")
+	testwait.Until(t, time.Minute, "the reaper to block in its second batch", func() bool { return reaperWaitingOnLock(t, pool) })
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d after SIGTERM, want 0; stderr:\n%s", code, p.stderr)
+	}
+	release()
+	if !strings.Contains(p.stderr.String(), `"result":"incomplete"`) || !strings.Contains(p.stderr.String(), `"stop_reason":"shutdown"`) {
+		t.Fatalf("the summary does not say the run was stopped:\n%s", p.stderr)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != 20 {
+		t.Fatalf("%d keys left, want 20: the first batch kept, the second rolled back", n)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_key_reviews"); n != 3 {
+		t.Fatalf("%d reviews, want the first batch's 3", n)
+	}
+	if leaseHeld(t, pool) {
+		t.Fatal("the stopped run did not release its lease")
+	}
+	if r := lastRun(t, pool); r.Result != ResultIncomplete || r.Deleted != 10 || r.Flagged != 3 || r.FinishedAt == nil {
+		t.Fatalf("the stopped run is recorded as %+v", r)
+	}
+	next := runReaper(t, bin, dbURL, 0, "--batch-size", "10")
+	if !strings.Contains(next.stderr.String(), `"deleted":20`) || queryInt(t, pool, "SELECT count(*) FROM idempotency_keys") != 0 {
+		t.Fatalf("the next run did not finish the job:\n%s", next.stderr)
+	}
+}
+
 func TestProcessRestrictExits1NamingTheConstraint(t *testing.T) {
 	bin, dbURL, pool := newProcessTest(t)
 	ids := insertOldKeys(t, pool, 12)

@@ -161,23 +161,24 @@ func New(cfg Config) (*Service, error) {
 }
 
 // RunOnce does one run: take the lease, reap (or plan, for a dry run), log
-// the summary. When ctx ends (SIGTERM) the run stops after its current
-// batch, which finishes or rolls back whole within --statement-timeout.
-// The Result is never nil, even with an error, so the counts of the
-// committed batches are known.
+// the summary. When ctx ends (SIGTERM) the batch in progress is cancelled
+// and rolls back whole, and the run ends as incomplete (stop_reason
+// shutdown); the next run deletes those keys. The Result is never nil, even
+// with an error, so the counts of the committed batches are known.
 func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
 	return s.runOnce(ctx)
 }
 
 func (s *Service) runOnce(ctx context.Context) (*Result, error) {
-	return s.pass(context.WithoutCancel(ctx), ctx.Done(), ModeOnce)
+	return s.pass(ctx, nil)
 }
 
-// pass is one run. stop asks it to end after its current batch (SIGTERM,
-// Stop); ctx ending cuts the batch in progress, which rolls back (Stop's
-// deadline). Everything but the batches (the lease wait, the caps' count,
-// the dry run) stops at either. mode is what the run history records.
-func (s *Service) pass(ctx context.Context, stop <-chan struct{}, mode string) (*Result, error) {
+// pass is one run. stop asks it to end after its current batch (Stop, or
+// the end of Start's context); ctx ending also cuts the batch in progress,
+// which rolls back (SIGTERM in a one-shot run, Stop's deadline). Everything
+// but the batches (the lease wait, the caps' count, the dry run) stops at
+// either.
+func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, error) {
 	start := time.Now()
 	res := &Result{DryRun: s.cfg.DryRun, FlaggedByReason: map[string]int64{}, FinalBatchSize: s.cfg.BatchSize}
 	soft, cancel := stopContext(ctx, stop)
@@ -189,7 +190,7 @@ func (s *Service) pass(ctx context.Context, stop <-chan struct{}, mode string) (
 		res.Plan, err = s.dryRun(soft)
 		res.Complete = err == nil
 	} else {
-		err = s.reapWithLease(ctx, soft, res, start, mode)
+		err = s.reapWithLease(ctx, soft, res, start)
 	}
 	res.Duration = time.Since(start)
 	s.finish(res, err)
@@ -213,13 +214,13 @@ func stopContext(ctx context.Context, stop <-chan struct{}) (context.Context, co
 // reaps, and releases it at the end, recording the run in the history
 // (history.go). A run that finds another live run holding it does nothing
 // (res.LockHeld).
-func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start time.Time, mode string) (err error) {
+func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start time.Time) (err error) {
 	held, err := s.takeLease(soft, res)
 	if err != nil || !held {
-		s.recordUnleasedRun(ctx, mode, start, res, err)
+		s.recordUnleasedRun(ctx, start, res, err)
 		return err
 	}
-	run, err := s.startRun(ctx, mode, start)
+	run, err := s.startRun(ctx, start)
 	defer func() { s.endRun(ctx, run, res, err) }()
 	if err != nil {
 		res.StopReason = "error"
@@ -304,6 +305,13 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		}
 		b, err := s.deleteBatch(ctx, job, res)
 		if err != nil {
+			if ctx.Err() != nil {
+				// The batch was cut (SIGTERM in a one-shot run, Stop's
+				// deadline) and rolled back: the run was stopped, not
+				// failed, and the next run deletes those keys.
+				res.StopReason = "shutdown"
+				return nil
+			}
 			if size, err = s.batchFailed(soft, err, size, res); err != nil {
 				return err
 			}

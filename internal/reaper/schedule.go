@@ -33,7 +33,7 @@ func (s *Service) Start(ctx context.Context) error {
 		}
 		loop := lifecycle.Loop{
 			Pass: func(ctx context.Context) error {
-				res, err := s.pass(ctx, stop, ModeSchedule)
+				res, err := s.pass(ctx, stop)
 				s.refreshLastSuccess(ctx)
 				s.signals.passed.Signal(res)
 				return err // the run logged it in its summary
