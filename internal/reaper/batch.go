@@ -65,14 +65,15 @@ type batchResult struct {
 
 func (b batchResult) flagged() int64 { return b.flaggedUnfinished + b.flaggedGaveUp }
 
-// deleteBatch runs one batch in its own transaction: in the fast range form
-// first; if that deleted nothing although keys are left (errRangeEmpty),
-// in the form that orders by id too; and if either met a key another
-// transaction holds locked, in the form that skips locked keys. A stop
+// runBatch is the unit of a pass: one batch, in its own transaction. It
+// runs in the fast range form first; if that deleted nothing although keys
+// are left (errRangeEmpty), in the form that orders by id too; and if
+// either met a key another transaction holds locked, in the form that
+// skips locked keys. A stop
 // request does not cancel a running batch (it finishes within
 // --statement-timeout and the run stops after it); ctx ending and the
 // statement timeout do.
-func (s *Service) deleteBatch(ctx context.Context, job batchJob, res *Result) (batchResult, error) {
+func (s *Service) runBatch(ctx context.Context, job batchJob, res *Result) (batchResult, error) {
 	b, err := s.tryBatch(ctx, rangeForm, job)
 	if errors.Is(err, errRangeEmpty) {
 		s.metrics.orderedBatches.Inc()

@@ -303,7 +303,7 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 			flagged:        res.Flagged,
 			walCompression: res.WALCompression,
 		}
-		b, err := s.deleteBatch(ctx, job, res)
+		b, err := s.runBatch(ctx, job, res)
 		if err != nil {
 			if ctx.Err() != nil {
 				// The batch was cut (SIGTERM in a one-shot run, Stop's
