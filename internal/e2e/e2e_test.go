@@ -64,6 +64,10 @@ type env struct {
 	bouncer  *pgbouncertest.Bouncer
 	dbName   string
 	stopLoad func() int64
+
+	// alerts records the daemons' metrics and the faults' moments, for
+	// promtool to evaluate the alerts over (alerts_test.go).
+	alerts *alertRun
 }
 
 // checkSessions: a run leaves no session state behind. Only one reaper
@@ -126,6 +130,7 @@ func runFaults(t *testing.T, pooled bool) {
 	defer cancel()
 	e := setUp(ctx, t, pooled)
 	defer system.CloseIdleConnections()
+	e.startRecording(ctx)
 
 	// Traffic: riders who give up mid-request (a fifth of them) and retry
 	// after a 409 or 5xx; decliners among them.
@@ -147,8 +152,16 @@ func runFaults(t *testing.T, pooled bool) {
 		simDone <- st
 	}()
 
+	// The running system, before any fault (no alert may fire), then the
+	// old keys (the reaper's and the completers' give-up work).
+	e.healthyStart(ctx)
+	if err := e.seedOldKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+
 	killerStop := make(chan struct{})
 	killerDone := make(chan struct{})
+	e.alerts.mark("killer start")
 	go func() { defer close(killerDone); e.killer(killerStop) }()
 
 	e.script(ctx)
@@ -156,6 +169,7 @@ func runFaults(t *testing.T, pooled bool) {
 	stats := <-simDone
 	close(killerStop)
 	<-killerDone
+	e.alerts.mark("killer stop")
 	e.logf("traffic done: %s", stats)
 	if stats.Created == 0 || stats.GaveUp == 0 {
 		t.Errorf("traffic did not exercise the system: %s", stats)
@@ -175,6 +189,7 @@ func runFaults(t *testing.T, pooled bool) {
 	}
 	e.settle(ctx)
 	e.checkProcesses()
+	e.checkAlerts(ctx)
 
 	codes, err := e.daemons.Stop(15 * time.Second)
 	if err != nil {
@@ -277,9 +292,6 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	if err := e.installStagedLog(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.seedOldKeys(ctx); err != nil {
-		t.Fatal(err)
-	}
 
 	if e.front, err = newReplayFront(e.rr.APIURL, secret, 3500*time.Millisecond); err != nil {
 		t.Fatal(err)
@@ -360,9 +372,11 @@ FROM generate_series(1, 60) g`, user)
 }
 
 // killer SIGKILLs a random daemon every one to three seconds and starts it
-// again after a random pause, until stop is closed.
+// again after a random pause (the first killed enqueuer or completer: once
+// a scrape has seen it down), until stop is closed.
 func (e *env) killer(stop <-chan struct{}) {
 	all := e.daemons.All()
+	seenDown := false
 	for {
 		t := time.NewTimer(time.Duration(1000+rand.IntN(2000)) * time.Millisecond)
 		select {
@@ -378,12 +392,20 @@ func (e *env) killer(stop <-chan struct{}) {
 			e.chaos.Unlock()
 			continue
 		}
+		killed := time.Now()
 		pause := time.Duration(rand.IntN(600)) * time.Millisecond
 		time.Sleep(pause) // a daemon stays dead a random while, as under a real crash
+		if !seenDown && container(p) != "reaper" {
+			// Once, an enqueuer or completer stays down until a scrape has
+			// seen it down: the kill is then certainly visible to
+			// IdemdMetricsDown, not only likely (alerts_test.go).
+			e.scraped(context.Background(), "a killed daemon")
+			seenDown = true
+		}
 		if err := p.Start(); err != nil {
 			e.t.Errorf("restart %s: %v", p.Name, err)
 		}
-		e.logf("SIGKILL %s, restarted after %s", p.Name, pause)
+		e.logf("SIGKILL %s, restarted after %s", p.Name, time.Since(killed).Round(time.Millisecond))
 		e.chaos.Unlock()
 	}
 }
@@ -458,8 +480,14 @@ func (e *env) script(ctx context.Context) {
 }
 
 // insertPoison stages rows that can never be River jobs, among the
-// traffic's own: an unknown kind, an invalid queue and oversized args.
+// traffic's own: an unknown kind, an invalid queue and oversized args. The
+// killer is held off until they are dead-lettered and a scrape has seen the
+// enqueuers' counters: a SIGKILL before that would reset the count unseen,
+// and the fault under test here is the poison row.
 func (e *env) insertPoison(ctx context.Context) {
+	e.chaos.Lock()
+	defer e.chaos.Unlock()
+	e.alerts.mark("poison")
 	big := strings.Repeat("x", 8000)
 	rows := []struct{ sql string }{
 		{`INSERT INTO staged_jobs (job_name, job_args) VALUES ('e2e_no_such_kind', '{}') RETURNING id`},
@@ -474,6 +502,10 @@ func (e *env) insertPoison(ctx context.Context) {
 		e.poison = append(e.poison, id)
 	}
 	e.logf("poison staged rows %v", e.poison)
+	if err := e.poisonReasons(ctx); err != nil {
+		e.t.Error(err)
+	}
+	e.scraped(ctx, "poison rows dead-lettered")
 }
 
 // outage stops PostgreSQL, waits until the watched daemons' /readyz says
@@ -485,6 +517,7 @@ func (e *env) outage(ctx context.Context) {
 	e.chaos.Lock()
 	defer e.chaos.Unlock()
 	watched := []*system.Proc{e.daemons.Enqueuers[0], e.daemons.Completers[0], e.daemons.Reaper}
+	e.alerts.mark("outage start")
 	if err := e.cluster.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -503,6 +536,10 @@ func (e *env) outage(ctx context.Context) {
 			e.logf("%s /readyz false during the outage: %s", p.Name, why)
 		}
 	}
+	// An outage shorter than a scrape interval is invisible to Prometheus:
+	// this one lasts until a scrape has seen it.
+	e.scraped(ctx, "PostgreSQL outage")
+	e.alerts.mark("outage end")
 	if err := e.cluster.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -532,8 +569,13 @@ func (e *env) outage(ctx context.Context) {
 // clockSkew makes the signing side's clock run ten minutes ahead (past the
 // API's 5-minute window): replays must be refused with 401, and once the
 // clock is right the completers must get through again by themselves.
+//
+// The killer is held off until a scrape has seen the completers count the
+// 401s: a SIGKILL before that would reset the count unseen.
 func (e *env) clockSkew(ctx context.Context) {
 	t := e.t
+	e.chaos.Lock()
+	e.alerts.mark("skew start")
 	e.front.setMode(modeSkewed)
 	e.logf("replay signer clock +10 min")
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -543,6 +585,8 @@ func (e *env) clockSkew(ctx context.Context) {
 	}); err != nil {
 		t.Errorf("no replay was refused while the signer's clock was skewed: %v (%s)", err, e.front.summary())
 	}
+	e.scraped(ctx, "401s of the skewed clock")
+	e.chaos.Unlock()
 	if n := e.front.statusCount(modeSkewed, func(s int) bool { return s != http.StatusUnauthorized }); n > 0 {
 		t.Errorf("%d skewed replays were not refused with 401: %s", n, e.front.summary())
 	}
