@@ -50,7 +50,7 @@ const beginTimeout = 30 * time.Second
 // It fails with ErrKeyMissing, ErrKeyTooShort, ErrKeyTooLong, ErrKeyInvalid,
 // ErrParamsMismatch, ErrInProgress, or ErrConflict (after retries).
 func (s *Store) Begin(ctx context.Context, req Request) (*Key, error) {
-	if err := ValidateKey(req.Key); err != nil {
+	if err := s.validateKey(ctx, req.Key); err != nil {
 		return nil, err
 	}
 	canon, err := CanonicalParams(req.Params)

@@ -15,7 +15,6 @@ const ReplayedHeader = "Idempotent-Replayed"
 // {"error": "..."} envelope.
 const (
 	MsgKeyMissing     = "Please specify an idempotency key with the Idempotency-Key header."
-	MsgKeyTooLong     = "Idempotency-Key must be at most 255 characters long."
 	MsgKeyInvalid     = "Idempotency-Key must be UTF-8 text without control characters."
 	MsgParamsMismatch = "There was a mismatch between this request's parameters and the parameters of a previously stored request with the same Idempotency-Key."
 	MsgInProgress     = "An API request with the same Idempotency-Key is already in progress."
@@ -26,6 +25,12 @@ const (
 // MsgKeyTooShort is the message for a new key shorter than min.
 func MsgKeyTooShort(min int) string {
 	return "Idempotency-Key must be at least " + strconv.Itoa(min) + " characters long."
+}
+
+// MsgKeyTooLong is the message for a key longer than max: MaxKeyLength on
+// idemd's schema, the column's own limit on another (Store.MaxKeyLength).
+func MsgKeyTooLong(max int) string {
+	return "Idempotency-Key must be at most " + strconv.Itoa(max) + " characters long."
 }
 
 // StatusOf maps the package's errors to HTTP status codes:
@@ -64,7 +69,11 @@ func (s *Store) WriteError(w http.ResponseWriter, err error) {
 	case errors.Is(err, ErrKeyTooShort):
 		msg = MsgKeyTooShort(s.minKeyLen)
 	case errors.Is(err, ErrKeyTooLong):
-		msg = MsgKeyTooLong
+		max := s.MaxKeyLength()
+		if max == 0 {
+			max = MaxKeyLength
+		}
+		msg = MsgKeyTooLong(max)
 	case errors.Is(err, ErrKeyInvalid):
 		msg = MsgKeyInvalid
 	case errors.Is(err, ErrParamsMismatch):
@@ -85,8 +94,9 @@ func WriteJSONError(w http.ResponseWriter, status int, msg string) {
 	writeRaw(w, status, b)
 }
 
-// WriteOutcome writes a key's final response: the stored status and body,
-// byte for byte, whatever the status (a stored 500 is replayed as a 500).
+// WriteOutcome writes a key's final response: the stored status and body
+// (see Response for what is stored), whatever the status (a stored 500 is
+// replayed as a 500), with Content-Type application/json.
 func WriteOutcome(w http.ResponseWriter, out *Outcome) {
 	if out.Replayed {
 		w.Header().Set(ReplayedHeader, "true")

@@ -25,9 +25,12 @@
 package idem
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -106,9 +109,30 @@ type Store struct {
 	// has no store of its own; nonceDown tracks its outages for logging.
 	replayNonces *ReplayNonces
 	nonceDown    outage
+	// schema is the idempotency_keys shape found in the database (see
+	// schemaFor), nil until read; schemaMu serialises the first read.
+	schema   atomic.Pointer[schema]
+	schemaMu sync.Mutex
 }
 
-// New returns a Store on pool.
+// Open returns a Store on pool after reading the shape of the database's
+// idempotency_keys table: the type of response_body (TEXT on idemd's
+// schema; the article's JSONB is handled too, see Response) and the
+// longest key idempotency_key's type and CHECK constraints accept (see
+// Store.MaxKeyLength). It fails with an error wrapping ErrSchema, naming
+// the fix, when the table is missing or unusable, so an API finds out at
+// startup rather than on its first request.
+func Open(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) {
+	s := New(pool, opts)
+	if _, err := s.schemaFor(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// New returns a Store on pool without touching the database: the table's
+// shape (see Open) is read by the first Begin, which fails, and retries on
+// the next, until it can be read.
 func New(pool *pgxpool.Pool, opts Options) *Store {
 	s := &Store{pool: pool, lockTimeout: opts.LockTimeout, minKeyLen: opts.MinKeyLength, retries: opts.MaxSerializationRetries, logger: opts.Logger}
 	if s.lockTimeout <= 0 {

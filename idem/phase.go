@@ -56,33 +56,6 @@ func (p recoveryPoint) apply(ctx context.Context, tx pgx.Tx, k *Key) error {
 	return nil
 }
 
-type response struct {
-	status int
-	body   []byte
-}
-
-// Response finishes the key with a final status and body, stored and then
-// replayed byte for byte to every later request with the same key.
-func Response(status int, body []byte) Result { return response{status: status, body: body} }
-
-func (r response) apply(ctx context.Context, tx pgx.Tx, k *Key) error {
-	body := string(r.body)
-	tag, err := tx.Exec(ctx, `UPDATE idempotency_keys
-		SET locked_at = NULL, recovery_point = $3, response_code = $4, response_body = $5
-		WHERE id = $1 AND locked_at IS NOT DISTINCT FROM $2`, k.ID, k.LockedAt, RecoveryPointFinished, r.status, body)
-	if err != nil {
-		return err
-	}
-	if tag.RowsAffected() != 1 {
-		return ErrLockLost
-	}
-	k.RecoveryPoint = RecoveryPointFinished
-	k.LockedAt = nil
-	k.ResponseCode = &r.status
-	k.ResponseBody = &body
-	return nil
-}
-
 // ResponseError is an error a phase returns to answer the client without
 // finishing the key: the key is unlocked and stays at its recovery point, so
 // a retry continues from there (e.g. 503 while an upstream is down).
@@ -120,7 +93,7 @@ func (s *Store) Phase(ctx context.Context, k *Key, fn PhaseFunc) error {
 		if res == nil {
 			return errors.New("phase returned no result")
 		}
-		return res.apply(ctx, tx, k)
+		return s.apply(ctx, tx, k, res)
 	})
 	if err != nil {
 		*k = before

@@ -22,14 +22,14 @@ type replayUserKey struct{}
 // ReplayUserID returns the user a request was authenticated as by
 // ReplayAuth. An API's own authentication checks it first and, when set,
 // treats the request exactly as one from that user.
+//
+// Only ReplayAuth can set it, after verifying a signature: the context key
+// is unexported, so no other code in the API can forge a replay-
+// authenticated request. A test of an API's replay path signs a request
+// with a replayauth.Signer and sends it through ReplayAuth.
 func ReplayUserID(ctx context.Context) (int64, bool) {
 	id, ok := ctx.Value(replayUserKey{}).(int64)
 	return id, ok
-}
-
-// WithReplayUserID marks ctx as authenticated by the replay path (tests).
-func WithReplayUserID(ctx context.Context, userID int64) context.Context {
-	return context.WithValue(ctx, replayUserKey{}, userID)
 }
 
 // ReplayAuth returns middleware for idemd's completer. A request without the
@@ -85,7 +85,7 @@ func (s *Store) ReplayAuth(v *replayauth.Verifier) func(http.Handler) http.Handl
 				WriteJSONError(w, http.StatusUnauthorized, MsgReplayUnauthorized)
 				return
 			}
-			next.ServeHTTP(w, r.WithContext(WithReplayUserID(r.Context(), userID)))
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), replayUserKey{}, userID)))
 		})
 	}
 }
@@ -102,6 +102,12 @@ func (s *Store) verifyReplay(r *http.Request, v *replayauth.Verifier, header str
 	}
 	key := r.Header.Get(replayauth.IdempotencyKeyHeader)
 	if err := ValidateKey(key); err != nil {
+		return 0, err
+	}
+	if _, err := s.schemaFor(r.Context()); err != nil {
+		return 0, &replayLookupError{err: err}
+	}
+	if err := s.validateKey(r.Context(), key); err != nil {
 		return 0, err
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxReplayBody+1))

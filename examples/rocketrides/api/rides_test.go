@@ -292,7 +292,7 @@ func TestValidationErrors(t *testing.T) {
 	}{
 		{"missing key", "", validParams, 400, idem.MsgKeyMissing},
 		{"key too short", "xxx", validParams, 400, idem.MsgKeyTooShort(api.MinKeyLength)},
-		{"key too long", strings.Repeat("k", 256), validParams, 400, idem.MsgKeyTooLong},
+		{"key too long", strings.Repeat("k", 256), validParams, 400, idem.MsgKeyTooLong(idem.MaxKeyLength)},
 		{"missing params", newKey(), url.Values{}, 422, "Please specify parameter 'origin_lat'."},
 		{"missing one", newKey(), with("target_lon", ""), 422, "Please specify parameter 'target_lon'."},
 		{"not a float", newKey(), with("origin_lon", "abc"), 422, "Parameter 'origin_lon' must be a floating-point number."},
