@@ -127,11 +127,11 @@ func detectSchema(ctx context.Context, q interface {
 // pg_get_constraintdef prints it: "char_length(idempotency_key) <= 100",
 // with length or character_length, a cast of the column, < instead of <=,
 // and BETWEEN expanded into its two comparisons.
-var keyLengthBound = regexp.MustCompile(`(?:char_length|character_length|length)\(\(*idempotency_key\)*(?:::[a-z ]+(?:\(\d+\))?)?\)\s*(<=|<)\s*\(?(\d+)\)?`)
+var keyLengthBound = regexp.MustCompile(`\b(?:char_length|character_length|length)\(\(*idempotency_key\)*(?:::[a-z ]+(?:\(\d+\))?)?\)\s*(<=|<)\s*\(?(\d+)\)?`)
 
 // keyLengthBoundReversed is the same written the other way round:
 // "100 >= char_length(idempotency_key)".
-var keyLengthBoundReversed = regexp.MustCompile(`\(?(\d+)\)?\s*(>=|>)\s*\(*(?:char_length|character_length|length)\(\(*idempotency_key\)*(?:::[a-z ]+(?:\(\d+\))?)?\)`)
+var keyLengthBoundReversed = regexp.MustCompile(`\(?(\d+)\)?\s*(>=|>)\s*\(*\b(?:char_length|character_length|length)\(\(*idempotency_key\)*(?:::[a-z ]+(?:\(\d+\))?)?\)`)
 
 // checkMaxLength returns the longest key (in characters) a CHECK
 // constraint definition admits, when it bounds the key's length in a form
