@@ -28,6 +28,10 @@ type Command struct {
 // CommonConfig implements daemon.Command.
 func (c *Command) CommonConfig() *config.Common { return &c.Common }
 
+// LongRunning implements daemon.Command: without --once the completer runs
+// until SIGTERM and serves /metrics on the default address.
+func (c *Command) LongRunning() bool { return !c.Once }
+
 // FlagDefaults implements config.Defaulter: the flags' defaults are
 // DefaultSettings.
 func (c *Command) FlagDefaults() any { return DefaultSettings() }

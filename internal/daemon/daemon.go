@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"reflect"
 	"syscall"
 	"time"
 
@@ -41,20 +40,13 @@ type Command interface {
 	// work is done. Long-running commands must return within
 	// ShutdownTimeout of ctx being cancelled.
 	Run(ctx context.Context, env *Env) error
-}
-
-// LongRunner is implemented by a command that can say, once its flags are
-// parsed, whether this run keeps going until SIGTERM (a Deployment) or does
-// one piece of work and exits (a CronJob, an operator at a terminal). A
-// command that does not implement it is judged by idemd's flags: --once or
-// --dry-run asks for one run, and a command with a --schedule flag runs once
-// when it is empty (the reaper); anything else is long-running.
-//
-// Only a long-running run serves /healthz, /readyz and /metrics on the
-// default --http-addr (:9090); a one-shot run serves them only on an
-// address given explicitly (the flag or IDEMD_HTTP_ADDR), so it can run
-// next to a daemon that holds :9090.
-type LongRunner interface {
+	// LongRunning says, once the flags are parsed, whether this run keeps
+	// going until SIGTERM (a Deployment) or does one piece of work and
+	// exits (--once, --dry-run, a CronJob, an operator at a terminal). Only
+	// a long-running run serves /healthz, /readyz and /metrics on the
+	// default --http-addr (:9090); a one-shot run serves them only on an
+	// address given explicitly (the flag or IDEMD_HTTP_ADDR), so it can run
+	// next to a daemon that holds :9090.
 	LongRunning() bool
 }
 
@@ -178,26 +170,10 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 // long-running run; for a one-shot run only an address given explicitly,
 // else none.
 func opsAddr(cmd Command, kctx *kong.Context, addr string) string {
-	if longRunning(cmd, kctx) || config.Given(kctx, "http-addr") {
+	if cmd.LongRunning() || config.Given(kctx, "http-addr") {
 		return addr
 	}
 	return ""
-}
-
-// longRunning applies LongRunner's rule.
-func longRunning(cmd Command, kctx *kong.Context) bool {
-	if lr, ok := cmd.(LongRunner); ok {
-		return lr.LongRunning()
-	}
-	for _, f := range kctx.Flags() {
-		switch {
-		case (f.Name == "once" || f.Name == "dry-run") && f.Target.Kind() == reflect.Bool && f.Target.Bool():
-			return false
-		case f.Name == "schedule" && f.Target.Kind() == reflect.String && f.Target.String() == "":
-			return false
-		}
-	}
-	return true
 }
 
 // NewPool builds a pgx pool whose connections carry application_name (unless

@@ -33,6 +33,10 @@ type CLI struct {
 // CommonConfig implements daemon.Command.
 func (c *CLI) CommonConfig() *config.Common { return &c.Common }
 
+// LongRunning implements daemon.Command: without --once the enqueuer runs
+// until SIGTERM and serves /metrics on the default address.
+func (c *CLI) LongRunning() bool { return !c.Once }
+
 // Check lists every configuration problem.
 func (c *CLI) Check() []string {
 	p := c.Common.Check()

@@ -28,6 +28,11 @@ type Command struct {
 // CommonConfig implements daemon.Command.
 func (c *Command) CommonConfig() *config.Common { return &c.Common }
 
+// LongRunning implements daemon.Command: only --schedule keeps the reaper
+// running (a one-shot run serves no HTTP unless asked; --dry-run cannot be
+// combined with --schedule).
+func (c *Command) LongRunning() bool { return c.Schedule != "" }
+
 // FlagDefaults implements config.Defaulter: the flags' defaults are the
 // service's.
 func (c *Command) FlagDefaults() any { return DefaultSettings() }
