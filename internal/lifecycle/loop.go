@@ -6,7 +6,7 @@ import (
 )
 
 // Loop is the body every long-running service gives its Runner: one pass
-// (the service's runOnce) at start, then one whenever Wake delivers or the
+// (the service's runOnce) First after start, then one whenever Wake delivers or the
 // delay Next chose has passed, until stop is closed. A pass always runs to
 // its end: Loop only looks at stop between passes, and the pass itself
 // watches stop between its units (batches, requests).
@@ -21,11 +21,14 @@ type Loop struct {
 	Wake <-chan struct{}
 	// Passed, optional, is told of every successful pass (readiness).
 	Passed func(time.Time)
+	// First delays the first pass (zero: at once), for a service whose
+	// passes keep a schedule of their own (the reaper's cron times).
+	First time.Duration
 }
 
 // Run runs the loop; give it to Runner.Start.
 func (l Loop) Run(ctx context.Context, stop <-chan struct{}) {
-	timer := time.NewTimer(0)
+	timer := time.NewTimer(l.First)
 	defer timer.Stop()
 	failures := 0
 	for {

@@ -76,3 +76,29 @@ func TestLoopNextDelay(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// With First set, the first pass waits for it, or for a wake-up.
+func TestLoopFirstDelay(t *testing.T) {
+	wake := make(chan struct{})
+	passes := make(chan struct{}, 1)
+	l := Loop{
+		Pass:  func(context.Context) error { passes <- struct{}{}; return nil },
+		Next:  func(error, int) time.Duration { return time.Hour },
+		Wake:  wake,
+		First: time.Hour,
+	}
+	var r Runner
+	if err := r.Start(context.Background(), l.Run); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-passes:
+		t.Fatal("a pass ran before First or a wake-up")
+	default:
+	}
+	wake <- struct{}{}
+	<-passes
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

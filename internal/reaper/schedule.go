@@ -26,12 +26,11 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	err := s.runner.Start(ctx, func(work context.Context, stop <-chan struct{}) {
 		s.refreshLastSuccess(work)
-		// As cron did: the first run is at the schedule's first time, not
-		// when the process starts, so a restart does not reap off-schedule.
-		if !waitUntil(work, stop, s.schedule.Next(time.Now())) {
-			return
-		}
 		loop := lifecycle.Loop{
+			// As cron did: the first run is at the schedule's first time,
+			// not when the process starts, so a restart does not reap
+			// off-schedule.
+			First: time.Until(s.schedule.Next(time.Now())),
 			Pass: func(ctx context.Context) error {
 				res, err := s.pass(ctx, stop)
 				s.refreshLastSuccess(ctx)
@@ -70,19 +69,4 @@ func (s *Service) Stop(ctx context.Context) error {
 func maxPassAge(sched cron.Schedule, now time.Time, maxRuntime time.Duration) time.Duration {
 	next := sched.Next(now)
 	return 2*sched.Next(next).Sub(next) + maxRuntime
-}
-
-// waitUntil waits until t, and reports false if the work was asked to stop
-// (or cancelled) first.
-func waitUntil(ctx context.Context, stop <-chan struct{}, t time.Time) bool {
-	timer := time.NewTimer(time.Until(t))
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return true
-	case <-stop:
-		return false
-	case <-ctx.Done():
-		return false
-	}
 }
