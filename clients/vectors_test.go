@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"idemd/idem/replayauth"
+	"idemd/internal/replaytest"
 )
 
 // vectorsPath is the published vectors file, relative to this package.
@@ -106,7 +107,7 @@ func (b *build) sign(ts int64, nonce string, r replayauth.Request, secrets ...st
 	if len(secrets) == 0 {
 		secrets = b.v.Secrets
 	}
-	return signer(b.t, secrets...).SignAt(ts, nonce, r)
+	return replaytest.SignAt(signer(b.t, secrets...), ts, nonce, r)
 }
 
 func (b *build) step(now float64, header string, r request, expect string) *build {

@@ -13,6 +13,7 @@ import (
 
 	"idemd/idem"
 	"idemd/idem/replayauth"
+	"idemd/internal/replaytest"
 )
 
 func replayFixture(t *testing.T) (*idem.Store, *replayauth.Signer, *httptest.Server) {
@@ -108,7 +109,7 @@ func TestReplayAuthRejects(t *testing.T) {
 	body := []byte(`{}`)
 	otherSecret, _ := replayauth.NewSecret([]byte(strings.Repeat("x", 32)))
 	forger, _ := replayauth.NewSigner(otherSecret)
-	old := signer.WithClock(func() time.Time { return time.Now().Add(-time.Hour) })
+	old := replaytest.SignerWithClock(signer, func() time.Time { return time.Now().Add(-time.Hour) })
 
 	valid := sign(t, signer, "POST", "/things", 7, "open-key", body)
 	cases := []struct {

@@ -17,6 +17,7 @@ import (
 
 	"idemd/idem"
 	"idemd/idem/replayauth"
+	"idemd/internal/replaytest"
 	"idemd/internal/dbtest"
 )
 
@@ -147,7 +148,7 @@ func TestReplayNonceRefusedByAnotherInstance(t *testing.T) {
 		if code := mustPost(t, c.first.srv, sig, body); code != http.StatusUnauthorized {
 			t.Fatalf("%s: the same signature again on the first instance: %d, want 401", c.name, code)
 		}
-		p, err := replayauth.Parse(sig)
+		p, err := replaytest.Parse(sig)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +170,7 @@ func TestConcurrentReplaysAcrossInstancesAcceptedOnce(t *testing.T) {
 	nonces := make([]string, n)
 	for i := range sigs {
 		sigs[i] = sign(t, signer, "POST", "/things", 7, "open-key", body)
-		p, err := replayauth.Parse(sigs[i])
+		p, err := replaytest.Parse(sigs[i])
 		if err != nil {
 			t.Fatal(err)
 		}

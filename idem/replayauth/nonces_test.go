@@ -39,12 +39,12 @@ func TestVerifierHasNoNonceCeiling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v = v.WithClock(func() time.Time { return now })
+	v = v.withClock(func() time.Time { return now })
 	signer := mustSigner(t, s)
 	req := Request{Method: "POST", Path: "/rides", UserID: 3, IdempotencyKey: "k"}
 	const n = 120_000 // more than the old ceiling of 100,000
 	for i := range n {
-		h := signer.SignAt(now.Unix(), fmt.Sprintf("n%d", i), req)
+		h := signer.signAt(now.Unix(), fmt.Sprintf("n%d", i), req)
 		if _, err := v.Verify(ctxb(), h, req); err != nil {
 			t.Fatalf("signature %d of %d, all within one window: %v", i+1, n, err)
 		}
@@ -54,7 +54,7 @@ func TestVerifierHasNoNonceCeiling(t *testing.T) {
 	}
 	// Every one of them is still refused as a replay.
 	for _, i := range []int{0, n / 2, n - 1} {
-		h := signer.SignAt(now.Unix(), fmt.Sprintf("n%d", i), req)
+		h := signer.signAt(now.Unix(), fmt.Sprintf("n%d", i), req)
 		if _, err := v.Verify(ctxb(), h, req); !errors.Is(err, ErrReplayed) {
 			t.Fatalf("replay of nonce %d: %v, want ErrReplayed", i, err)
 		}
@@ -137,9 +137,9 @@ func TestVerifyFailsClosedOnNonceStoreError(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	v, _ := NewVerifier(0, s)
 	down := errors.New("connection refused")
-	v = v.WithClock(func() time.Time { return now }).WithNonceStore(failingStore{down})
+	v = v.withClock(func() time.Time { return now }).WithNonceStore(failingStore{down})
 	req := Request{Method: "POST", Path: "/rides", UserID: 4, IdempotencyKey: "k"}
-	uid, err := v.Verify(ctxb(), mustSigner(t, s).SignAt(now.Unix(), "n", req), req)
+	uid, err := v.Verify(ctxb(), mustSigner(t, s).signAt(now.Unix(), "n", req), req)
 	if uid != 0 || !errors.Is(err, ErrNonceStore) || !errors.Is(err, down) {
 		t.Fatalf("uid %d err %v, want 0 and ErrNonceStore wrapping the store's error", uid, err)
 	}
@@ -148,7 +148,7 @@ func TestVerifyFailsClosedOnNonceStoreError(t *testing.T) {
 	}
 	// A forged signature never reaches the store: it is ErrMismatch, so a
 	// forger can neither fill the store nor learn that it is down.
-	forged := mustSigner(t, secrets(t, []string{strings.Repeat("x", 32)})...).SignAt(now.Unix(), "f", req)
+	forged := mustSigner(t, secrets(t, []string{strings.Repeat("x", 32)})...).signAt(now.Unix(), "f", req)
 	if _, err := v.Verify(ctxb(), forged, req); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("forged: %v, want ErrMismatch", err)
 	}
@@ -163,8 +163,8 @@ func TestVerifiersShareNonceStore(t *testing.T) {
 	store := &recordingStore{used: map[string]time.Time{}}
 	a, _ := NewVerifier(0, s)
 	b, _ := NewVerifier(0, s)
-	a = a.WithClock(func() time.Time { return now }).WithNonceStore(store)
-	b = b.WithClock(func() time.Time { return now }).WithNonceStore(store)
+	a = a.withClock(func() time.Time { return now }).WithNonceStore(store)
+	b = b.withClock(func() time.Time { return now }).WithNonceStore(store)
 	if a.NonceStore() != store || b.NonceStore() != store {
 		t.Fatal("NonceStore does not return the store given")
 	}
@@ -173,7 +173,7 @@ func TestVerifiersShareNonceStore(t *testing.T) {
 	}
 	req := Request{Method: "POST", Path: "/rides", UserID: 5, IdempotencyKey: "k"}
 	ts := now.Add(-time.Minute)
-	h := mustSigner(t, s).SignAt(ts.Unix(), "shared", req)
+	h := mustSigner(t, s).signAt(ts.Unix(), "shared", req)
 	if _, err := a.Verify(ctxb(), h, req); err != nil {
 		t.Fatalf("first use on a: %v", err)
 	}
@@ -186,16 +186,16 @@ func TestVerifiersShareNonceStore(t *testing.T) {
 }
 
 // A verifier's own memory expires nonces by the verifier's clock (the one
-// WithClock sets), not the wall clock: a verifier living in the past still
+// withClock sets), not the wall clock: a verifier living in the past still
 // refuses a replay within its window.
 func TestDefaultMemoryFollowsVerifierClock(t *testing.T) {
 	s := secrets(t, []string{strings.Repeat("k", 32)})[0]
 	past := time.Unix(1_500_000_000, 0) // 2017: long expired by the wall clock
 	c := newClock(past)
 	v, _ := NewVerifier(0, s)
-	v = v.WithClock(c.now)
+	v = v.withClock(c.now)
 	req := Request{Method: "POST", Path: "/rides", UserID: 6, IdempotencyKey: "k"}
-	h := mustSigner(t, s).SignAt(past.Unix(), "old", req)
+	h := mustSigner(t, s).signAt(past.Unix(), "old", req)
 	if _, err := v.Verify(ctxb(), h, req); err != nil {
 		t.Fatalf("first use: %v", err)
 	}

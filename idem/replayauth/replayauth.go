@@ -157,8 +157,9 @@ func NewSigner(secrets ...Secret) (*Signer, error) {
 	return &Signer{secrets: secrets, now: time.Now}, nil
 }
 
-// WithClock returns a copy of the signer using now (tests, skew simulation).
-func (s *Signer) WithClock(now func() time.Time) *Signer {
+// withClock returns a copy of the signer using now (tests, through
+// idemd/internal/replaytest).
+func (s *Signer) withClock(now func() time.Time) *Signer {
 	c := *s
 	c.now = now
 	return &c
@@ -170,11 +171,13 @@ func (s *Signer) Sign(r Request) (string, error) {
 	if _, err := rand.Read(nb); err != nil {
 		return "", fmt.Errorf("replayauth: nonce: %w", err)
 	}
-	return s.SignAt(s.now().Unix(), hex.EncodeToString(nb), r), nil
+	return s.signAt(s.now().Unix(), hex.EncodeToString(nb), r), nil
 }
 
-// SignAt returns the header value for r at a given timestamp and nonce.
-func (s *Signer) SignAt(ts int64, nonce string, r Request) string {
+// signAt returns the header value for r at a given timestamp and nonce:
+// for the test vectors and idemd's own tests (idemd/internal/replaytest),
+// never for a real signature, whose nonce must be fresh.
+func (s *Signer) signAt(ts int64, nonce string, r Request) string {
 	c := Canonical(ts, nonce, r)
 	var b strings.Builder
 	fmt.Fprintf(&b, "t=%d,n=%s,u=%d", ts, nonce, r.UserID)
@@ -185,17 +188,19 @@ func (s *Signer) SignAt(ts int64, nonce string, r Request) string {
 	return b.String()
 }
 
-// Parsed is a decoded header.
-type Parsed struct {
+// parsed is a decoded header.
+type parsed struct {
 	Timestamp int64
 	Nonce     string
 	UserID    int64
 	V1        [][]byte
 }
 
-// Parse decodes a header value without checking it.
-func Parse(h string) (Parsed, error) {
-	var p Parsed
+// parse decodes a header value without checking it. Unexported: its
+// UserID is whatever the sender wrote, and only Verify says whether to
+// believe it.
+func parse(h string) (parsed, error) {
+	var p parsed
 	if h == "" {
 		return p, ErrMissing
 	}
@@ -269,9 +274,9 @@ func NewVerifier(skew time.Duration, secrets ...Secret) (*Verifier, error) {
 	return &Verifier{secrets: secrets, skew: skew, now: time.Now, mem: NewMemoryNonces(nil)}, nil
 }
 
-// WithClock returns a verifier sharing the nonce store but using now for
-// the skew window.
-func (v *Verifier) WithClock(now func() time.Time) *Verifier {
+// withClock returns a verifier sharing the nonce store but using now for
+// the skew window (tests, through idemd/internal/replaytest).
+func (v *Verifier) withClock(now func() time.Time) *Verifier {
 	c := *v
 	c.now = now
 	return &c
@@ -296,7 +301,7 @@ func (v *Verifier) NonceStore() NonceStore { return v.nonces }
 // its expiry. An error of the nonce store fails closed: Verify returns an
 // error wrapping ErrNonceStore and the store's error, never an acceptance.
 func (v *Verifier) Verify(ctx context.Context, header string, r Request) (int64, error) {
-	p, err := Parse(header)
+	p, err := parse(header)
 	if err != nil {
 		return 0, err
 	}

@@ -92,7 +92,7 @@ func TestVectors(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := signer.SignAt(v.Timestamp, v.Nonce, req); got != v.Header {
+			if got := signer.signAt(v.Timestamp, v.Nonce, req); got != v.Header {
 				t.Fatalf("header:\n got %s\nwant %s", got, v.Header)
 			}
 			if len(v.Steps) == 0 {
@@ -110,7 +110,7 @@ func TestVectors(t *testing.T) {
 				sec, frac := math.Modf(st.Now)
 				now := time.Unix(int64(sec), int64(math.Round(frac*1e9)))
 				r := Request{Method: st.Request.Method, Path: st.Request.Path, IdempotencyKey: st.Request.Key, Body: []byte(st.Request.Body)}
-				uid, err := ver.WithClock(func() time.Time { return now }).Verify(context.Background(), st.Header, r)
+				uid, err := ver.withClock(func() time.Time { return now }).Verify(context.Background(), st.Header, r)
 				if !errors.Is(err, want) || (want == nil) != (err == nil) {
 					t.Fatalf("step %d: got %v, want %s", i, err, st.Expect)
 				}
@@ -129,14 +129,14 @@ func TestRejections(t *testing.T) {
 	base := time.Unix(1_800_000_000, 0)
 	req := Request{Method: "POST", Path: "/rides", UserID: 7, IdempotencyKey: "key-1", Body: []byte(`{"origin_lat":1}`)}
 
-	sign := func(s *Signer, at time.Time, nonce string, r Request) string { return s.SignAt(at.Unix(), nonce, r) }
+	sign := func(s *Signer, at time.Time, nonce string, r Request) string { return s.signAt(at.Unix(), nonce, r) }
 	signer, _ := NewSigner(cur)
 	newVerifier := func(ss ...Secret) *Verifier {
 		v, err := NewVerifier(DefaultSkew, ss...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return v.WithClock(func() time.Time { return base })
+		return v.withClock(func() time.Time { return base })
 	}
 
 	cases := []struct {
@@ -178,9 +178,9 @@ func TestReplayedNonceRejected(t *testing.T) {
 	s := secrets(t, []string{strings.Repeat("k", 40)})[0]
 	now := time.Unix(1_800_000_000, 0)
 	v, _ := NewVerifier(0, s)
-	v = v.WithClock(func() time.Time { return now })
+	v = v.withClock(func() time.Time { return now })
 	req := Request{Method: "POST", Path: "/rides", UserID: 1, IdempotencyKey: "k"}
-	h := mustSigner(t, s).SignAt(now.Unix(), "once", req)
+	h := mustSigner(t, s).signAt(now.Unix(), "once", req)
 	if _, err := v.Verify(context.Background(), h, req); err != nil {
 		t.Fatalf("first use: %v", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"idemd/idem/replayauth"
+	"idemd/internal/replaytest"
 )
 
 // Modes of the replay front, which the suite switches between faults.
@@ -105,7 +106,7 @@ func (f *replayFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sig := r.Header.Get(replayauth.Header)
 	key := r.Header.Get(replayauth.IdempotencyKeyHeader)
-	parsed, perr := replayauth.Parse(sig)
+	parsed, perr := replaytest.Parse(sig)
 	slot := fmt.Sprintf("%d/%s", parsed.UserID, key)
 
 	ctx := r.Context()
@@ -114,7 +115,7 @@ func (f *replayFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if perr == nil {
 			// The same request signed ten minutes in the future: what a
 			// completer whose clock runs ahead sends.
-			sig = f.signer.SignAt(parsed.Timestamp+int64((10*time.Minute)/time.Second), parsed.Nonce, replayauth.Request{
+			sig = replaytest.SignAt(f.signer, parsed.Timestamp+int64((10*time.Minute)/time.Second), parsed.Nonce, replayauth.Request{
 				Method: r.Method, Path: r.URL.Path, UserID: parsed.UserID, IdempotencyKey: key, Body: body,
 			})
 		}
