@@ -217,9 +217,14 @@ func TestObservability(t *testing.T) {
 		t.Fatal("no alerts rendered")
 	}
 
+	// The package that defines each metric prefix: idemd_<prefix>_...
+	pkgs := map[string]string{
+		"enqueuer": "enqueuer", "completer": "completer", "reaper": "reaper",
+		"river": "riverstats", // exported by whichever daemon runs internal/riverstats
+	}
 	code := map[string]string{}
-	for _, daemon := range []string{"enqueuer", "completer", "reaper"} {
-		code[daemon] = goSource(t, filepath.Join("..", "internal", daemon))
+	for prefix, pkg := range pkgs {
+		code[prefix] = goSource(t, filepath.Join("..", "internal", pkg))
 	}
 	// Syntax (PromQL, durations, templates) is promtool's to judge
 	// (TestAlertRules); these checks are idemd's own contract.
@@ -254,14 +259,14 @@ func TestObservability(t *testing.T) {
 			continue
 		}
 		if !strings.Contains(src, `"`+name+`"`) {
-			t.Errorf("metric %s is listed in docs/operations.md but internal/%s does not define it", name, daemon)
+			t.Errorf("metric %s is listed in docs/operations.md but internal/%s does not define it", name, pkgs[daemon])
 		}
 	}
 	// And every metric the daemons define is documented.
 	for daemon, src := range code {
-		for _, m := range regexp.MustCompile(`Name:\s*"(idemd_[a-z0-9_]+)"`).FindAllStringSubmatch(src, -1) {
+		for _, m := range regexp.MustCompile(`(?:Name:\s*|NewDesc\()"(idemd_[a-z0-9_]+)"`).FindAllStringSubmatch(src, -1) {
 			if !contract[m[1]] {
-				t.Errorf("internal/%s defines %s, which docs/operations.md's Metrics section does not list", daemon, m[1])
+				t.Errorf("internal/%s defines %s, which docs/operations.md's Metrics section does not list", pkgs[daemon], m[1])
 			}
 		}
 	}

@@ -1,0 +1,70 @@
+package riverstats
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"idemd/internal/config"
+)
+
+// Settings are the exporter's knobs, as flags of the command that runs it
+// (each with its IDEMD_ variable). Their defaults are DefaultSettings.
+type Settings struct {
+	Interval         time.Duration `name:"river-stats-interval" default:"${river_stats_interval}" help:"How often the replica holding the river-stats lease counts River's jobs by queue and state; the others try to take the lease as often."`
+	LeaseTTL         time.Duration `name:"river-stats-lease-ttl" default:"${river_stats_lease_ttl}" help:"The river-stats lease expires this long after its holder's last pass: a replica that dies is replaced as exporter within this plus --river-stats-interval. Longer than --river-stats-interval plus --river-stats-statement-timeout."`
+	StatementTimeout time.Duration `name:"river-stats-statement-timeout" default:"${river_stats_statement_timeout}" help:"statement_timeout of the counting query (SET LOCAL)."`
+}
+
+// DefaultSettings returns the settings with every default filled in. It is
+// the only place a default is written.
+func DefaultSettings() Settings {
+	return Settings{
+		Interval:         30 * time.Second,
+		LeaseTTL:         2 * time.Minute,
+		StatementTimeout: 10 * time.Second,
+	}
+}
+
+// Check returns every problem with the settings, each named by its flag.
+func (s *Settings) Check() []string {
+	var p []string
+	if s.Interval <= 0 {
+		p = append(p, "--river-stats-interval must be positive")
+	}
+	if s.StatementTimeout <= 0 {
+		p = append(p, "--river-stats-statement-timeout must be positive")
+	}
+	// A live holder renews at every pass; a pass takes at most the
+	// statement timeout. Anything shorter hands the lease around between
+	// live replicas.
+	if s.Interval > 0 && s.StatementTimeout > 0 && s.LeaseTTL <= s.Interval+s.StatementTimeout {
+		p = append(p, fmt.Sprintf("--river-stats-lease-ttl %s must be longer than --river-stats-interval %s plus --river-stats-statement-timeout %s: the holder renews it once a pass",
+			config.FormatDuration(s.LeaseTTL), config.FormatDuration(s.Interval), config.FormatDuration(s.StatementTimeout)))
+	}
+	return p
+}
+
+// Config is what New needs: the settings and the process's shared
+// resources.
+type Config struct {
+	Settings
+
+	Pool     *pgxpool.Pool
+	Logger   *zap.Logger
+	Registry prometheus.Registerer // nil: the collector is not registered
+}
+
+func (c *Config) check() error {
+	p := c.Settings.Check()
+	if c.Pool == nil {
+		p = append(p, "a database pool is required")
+	}
+	if len(p) > 0 {
+		return &config.Error{Problems: p}
+	}
+	return nil
+}

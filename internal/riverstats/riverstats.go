@@ -1,0 +1,296 @@
+// Package riverstats exports the queue depth River itself does not: jobs
+// in river_job by queue and state, and how long the oldest available job of
+// each queue has waited for a worker (idemd_river_jobs,
+// idemd_river_oldest_available_age_seconds).
+//
+// Every replica of the daemon that runs it starts an exporter, and one of
+// them at a time counts: each pass takes (or renews) the river-stats lease
+// in idemd_leases (internal/lease). The holder queries and exports; every
+// other replica exports nothing for these series and
+// idemd_river_stats_exporter 0, so Prometheus sees one set of numbers and
+// the database answers one query per interval whatever the replica count.
+// A holder that stops releases the lease, and another replica takes it at
+// its next pass; one that dies leaves it to expire within --river-stats-lease-ttl.
+//
+// Only the states of work not yet done are counted (available, pending,
+// retryable, running, scheduled): they are what a queue's depth is, and
+// their part of River's index is small. Finalized jobs (completed,
+// cancelled, discarded) are history that River's cleaner deletes; counting
+// them would read a day of completed jobs every pass.
+package riverstats
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"idemd/internal/backoff"
+	"idemd/internal/lease"
+	"idemd/internal/lifecycle"
+)
+
+// LeaseName is the exporter's row in idemd_leases.
+const LeaseName = "river-stats"
+
+// States are the river_job states counted, in the order they are exported.
+var States = []string{"available", "pending", "retryable", "running", "scheduled"}
+
+// statsSQL counts the live jobs by queue and state and finds each
+// (queue, state)'s earliest scheduled_at. Its WHERE is on the leading
+// column of River's river_job_prioritized_fetching_index (state, queue,
+// priority, scheduled_at, id), which also holds every column it reads: the
+// plan is a scan of the index's live-state ranges, never of the finalized
+// rows (TestStatsQueryPlan). @now replaces the database clock in tests.
+const statsSQL = `
+SELECT queue, state::text, count(*),
+       extract(epoch FROM greatest(coalesce(@now::timestamptz, now()) - min(scheduled_at), interval '0'))::float8
+FROM river_job
+WHERE state IN ('available', 'pending', 'retryable', 'running', 'scheduled')
+GROUP BY queue, state`
+
+// QueueStats is one queue's part of a pass.
+type QueueStats struct {
+	Queue string
+	// Jobs by state, every state of States present (0 when none).
+	Jobs map[string]int64
+	// OldestAvailableAge is how long the oldest available job has been due
+	// (now minus its scheduled_at); 0 when none is available.
+	OldestAvailableAge time.Duration
+}
+
+// Result is what one pass did. It is never nil.
+type Result struct {
+	// Exporting: this replica holds the lease and exports Queues.
+	Exporting bool
+	// Holder is the lease's holder when another replica has it ("" when it
+	// is in the middle of a pass and could not be read).
+	Holder string
+	// TookOverFrom names the holder whose expired lease this pass took.
+	TookOverFrom string
+	// Queues, sorted by name: every queue with live jobs now or at an
+	// earlier pass of this holding.
+	Queues   []QueueStats
+	Duration time.Duration
+}
+
+// Service is the exporter.
+type Service struct {
+	cfg     Config
+	logger  *zap.Logger
+	holder  string
+	metrics *metrics
+	runner  lifecycle.Runner
+
+	// pinnedNow replaces the database's now() in the query; tests use it
+	// for exact ages. Production leaves it nil.
+	pinnedNow *time.Time
+
+	// Owned by the pass (one at a time): the queues seen since this
+	// replica took the lease, kept at 0 once drained.
+	known     map[string]bool
+	exporting bool
+}
+
+// New validates cfg and builds a Service. A bad configuration returns a
+// *config.Error listing every problem.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	m, err := newMetrics(cfg.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{
+		cfg: cfg, logger: cfg.Logger.With(zap.String("component", "river-stats")),
+		holder: lease.Holder(LeaseName), metrics: m, runner: lifecycle.Runner{Name: "river-stats"},
+		known: map[string]bool{},
+	}, nil
+}
+
+// Start is New followed by Service.Start: what a command's Run calls.
+func Start(ctx context.Context, cfg Config) (*Service, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return s, s.Start(ctx)
+}
+
+// Start runs a pass now and then every --river-stats-interval until Stop
+// or until ctx ends.
+func (s *Service) Start(ctx context.Context) error {
+	loop := lifecycle.Loop{
+		Pass: func(ctx context.Context) error {
+			_, err := s.runOnce(ctx)
+			return err
+		},
+		Next: func(err error, failures int) time.Duration {
+			if err != nil {
+				return min(backoff.Delay(failures, time.Second, s.cfg.Interval, nil), s.cfg.Interval)
+			}
+			return s.cfg.Interval
+		},
+	}
+	return s.runner.Start(ctx, func(ctx context.Context, stop <-chan struct{}) {
+		loop.Run(ctx, stop)
+		s.release(ctx)
+	})
+}
+
+// Stop lets the current pass finish until ctx's deadline, releases the
+// lease (another replica takes it at its next pass) and returns when
+// nothing of the exporter runs.
+func (s *Service) Stop(ctx context.Context) error { return s.runner.Stop(ctx) }
+
+// RunOnce does one pass: take or renew the lease, and count if it is ours.
+func (s *Service) RunOnce(ctx context.Context) (*Result, error) { return s.runOnce(ctx) }
+
+func (s *Service) runOnce(ctx context.Context) (*Result, error) {
+	start := time.Now()
+	res := &Result{}
+	err := s.pass(ctx, res)
+	res.Duration = time.Since(start)
+	switch {
+	case err != nil:
+		s.metrics.passes.WithLabelValues(passError).Inc()
+	case res.Exporting:
+		s.metrics.passes.WithLabelValues(passExported).Inc()
+	default:
+		s.metrics.passes.WithLabelValues(passStandby).Inc()
+	}
+	return res, err
+}
+
+func (s *Service) pass(ctx context.Context, res *Result) error {
+	a, err := lease.Acquire(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
+	if err != nil {
+		s.stopExporting("the river-stats lease could not be renewed", err)
+		return fmt.Errorf("river-stats: %w", err)
+	}
+	if !a.Acquired {
+		res.Holder = a.PrevHolder
+		s.stopExporting("another replica holds the river-stats lease", nil, zap.String("holder", a.PrevHolder))
+		return nil
+	}
+	if a.TookOver(s.holder) {
+		res.TookOverFrom = a.PrevHolder
+	}
+	rows, err := s.query(ctx)
+	if err != nil {
+		// Numbers that can no longer be refreshed are not exported.
+		s.stopExporting("counting River's jobs failed", err)
+		return err
+	}
+	if !s.exporting {
+		s.logger.Info("this replica took the river-stats lease and exports River's queue stats",
+			zap.String("previous_holder", a.PrevHolder), zap.Bool("took_over_expired", res.TookOverFrom != ""))
+	}
+	s.exporting = true
+	res.Exporting = true
+	res.Queues = buildStats(rows, s.known)
+	for _, q := range res.Queues {
+		s.known[q.Queue] = true
+	}
+	s.metrics.set(res.Queues)
+	return nil
+}
+
+// stopExporting drops the exported numbers (and forgets the queues) when
+// this replica stops being the exporter, logging why once.
+func (s *Service) stopExporting(why string, err error, fields ...zap.Field) {
+	s.metrics.set(nil)
+	clear(s.known)
+	if s.exporting {
+		if err != nil {
+			fields = append(fields, zap.Error(err))
+		}
+		s.logger.Info("this replica stopped exporting River's queue stats: "+why, fields...)
+	}
+	s.exporting = false
+}
+
+// statsRow is one row of statsSQL.
+type statsRow struct {
+	Queue, State string
+	Count        int64
+	OldestSecs   float64
+}
+
+func (s *Service) query(ctx context.Context) ([]statsRow, error) {
+	var rows []statsRow
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		// Local to the transaction, so nothing outlives it on a pooled
+		// server connection.
+		if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", fmt.Sprint(s.cfg.StatementTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		r, err := tx.Query(ctx, statsSQL, pgx.NamedArgs{"now": s.pinnedNow})
+		if err != nil {
+			return err
+		}
+		rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[statsRow])
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("river-stats: count river_job: %w", err)
+	}
+	return rows, nil
+}
+
+// buildStats turns the query's rows into one QueueStats per queue: every
+// queue in rows or in known (seen earlier, now drained: all 0), every state
+// of States, and the oldest available job's age. Pure, so the rule is
+// tested without a database.
+func buildStats(rows []statsRow, known map[string]bool) []QueueStats {
+	byQueue := map[string]*QueueStats{}
+	get := func(q string) *QueueStats {
+		if byQueue[q] == nil {
+			jobs := make(map[string]int64, len(States))
+			for _, st := range States {
+				jobs[st] = 0
+			}
+			byQueue[q] = &QueueStats{Queue: q, Jobs: jobs}
+		}
+		return byQueue[q]
+	}
+	for q := range known {
+		get(q)
+	}
+	for _, r := range rows {
+		qs := get(r.Queue)
+		if _, ok := qs.Jobs[r.State]; !ok {
+			continue // a state this version does not count
+		}
+		qs.Jobs[r.State] += r.Count
+		if r.State == "available" && r.Count > 0 {
+			qs.OldestAvailableAge = max(0, time.Duration(r.OldestSecs*float64(time.Second)))
+		}
+	}
+	out := make([]QueueStats, 0, len(byQueue))
+	for _, q := range slices.Sorted(maps.Keys(byQueue)) {
+		out = append(out, *byQueue[q])
+	}
+	return out
+}
+
+// release gives the lease up so another replica takes over at its next
+// pass instead of after the TTL. On a fresh context: the work's may be
+// cancelled. Failing, the lease expires by itself.
+func (s *Service) release(ctx context.Context) {
+	s.stopExporting("stopping", nil)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := lease.Release(rctx, s.cfg.Pool, LeaseName, s.holder); err != nil {
+		s.logger.Warn("releasing the river-stats lease failed; it expires by itself",
+			zap.Duration("lease_ttl", s.cfg.LeaseTTL), zap.Error(err))
+	}
+}
