@@ -45,8 +45,11 @@ const (
 	RecoveryPointFinished = "finished"
 )
 
-// Bounds on the key, from the schema's CHECK constraint.
+// Bounds on the key.
 const (
+	// MaxKeyLength is the limit of idemd's schema (its CHECK constraint).
+	// A Store on a narrower column, the article's 100, enforces that
+	// instead: see Store.MaxKeyLength.
 	MaxKeyLength = 255
 	// DefaultMinKeyLength is deliberately 1: a minimum length is a policy of
 	// the API (the article used 20), see Options.MinKeyLength.
@@ -204,8 +207,10 @@ type Request struct {
 	Params any
 }
 
-// ValidateKey checks the header value's presence and maximum length, which
-// need no database. The minimum length is checked by Begin for new keys.
+// ValidateKey checks the header value's presence, characters and
+// MaxKeyLength, which need no database. Begin also checks the store's own
+// limit (Store.MaxKeyLength, lower on the article's schema) before any
+// query, and the minimum length for new keys.
 func ValidateKey(key string) error {
 	switch {
 	case key == "":

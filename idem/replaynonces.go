@@ -40,8 +40,6 @@ type ReplayNoncesOptions struct {
 	// Grace past expires_at before a row may be deleted
 	// (DefaultReplayNonceGrace when zero). Ages use the database clock.
 	Grace time.Duration
-	// Now is the clock that schedules cleanups (time.Now when nil; tests).
-	Now func() time.Time
 	// Logger receives cleanup failures, once per outage, and the recovery.
 	Logger *slog.Logger
 }
@@ -88,7 +86,7 @@ var _ replayauth.NonceStore = (*ReplayNonces)(nil)
 
 // NewReplayNonces returns the store on pool.
 func NewReplayNonces(pool *pgxpool.Pool, opts ReplayNoncesOptions) *ReplayNonces {
-	n := &ReplayNonces{pool: pool, interval: opts.CleanupInterval, batch: opts.CleanupBatch, grace: opts.Grace, now: opts.Now, logger: opts.Logger}
+	n := &ReplayNonces{pool: pool, interval: opts.CleanupInterval, batch: opts.CleanupBatch, grace: opts.Grace, now: time.Now, logger: opts.Logger}
 	if n.interval <= 0 {
 		n.interval = DefaultReplayNonceCleanupInterval
 	}
@@ -97,9 +95,6 @@ func NewReplayNonces(pool *pgxpool.Pool, opts ReplayNoncesOptions) *ReplayNonces
 	}
 	if n.grace <= 0 {
 		n.grace = DefaultReplayNonceGrace
-	}
-	if n.now == nil {
-		n.now = time.Now
 	}
 	if n.logger == nil {
 		n.logger = slog.New(slog.DiscardHandler)

@@ -273,9 +273,9 @@ func TestReplayNoncesCleanupDeletesExpiredOnly(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	clk := &testClock{t: time.Unix(1_800_000_000, 0)}
 	const batch = 100
-	store := idem.NewReplayNonces(pool, idem.ReplayNoncesOptions{
-		CleanupInterval: time.Minute, CleanupBatch: batch, Grace: time.Minute, Now: clk.now,
-	})
+	store := idem.NewReplayNoncesWithClock(pool, idem.ReplayNoncesOptions{
+		CleanupInterval: time.Minute, CleanupBatch: batch, Grace: time.Minute,
+	}, clk.now)
 	// Ages are the database's: expiries relative to its clock.
 	var dbNow time.Time
 	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
