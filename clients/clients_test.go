@@ -1,0 +1,140 @@
+package clients
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"idemd/clients/clienttest"
+	"idemd/idem"
+	"idemd/idem/replayauth"
+	"idemd/internal/dbtest"
+	"idemd/internal/replaytest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// langTimeout bounds one language's whole test run (a few seconds here).
+const langTimeout = 3 * time.Minute
+
+// testSecret is the secret the languages' PostgreSQL tests sign with.
+const testSecret = "0123456789abcdef0123456789abcdef"
+
+// shared is one language's database, with a nonce Go's verifier recorded
+// in it before the language's tests run.
+type shared struct {
+	db      clienttest.DB
+	pool    *pgxpool.Pool // as the API's role
+	goNonce string
+	goTS    int64
+}
+
+func newShared(t *testing.T) *shared {
+	t.Helper()
+	db := clienttest.NewAPIDatabase(t)
+	pool, err := pgxpool.New(context.Background(), db.APIURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	s := &shared{db: db, pool: pool, goNonce: "go-" + hex.EncodeToString(b), goTS: time.Now().Unix()}
+	// Go's verifier accepts a signature and records its nonce in
+	// idemd_replay_nonces, as a Go replica of the API would.
+	uid, err := s.goVerifier(t, s.goTS).Verify(context.Background(), s.sign(t, s.goNonce), s.request())
+	if err != nil || uid != 42 {
+		t.Fatalf("Go verifier: uid %d, err %v", uid, err)
+	}
+	return s
+}
+
+func (s *shared) request() replayauth.Request {
+	return replayauth.Request{Method: "POST", Path: "/orders", UserID: 42, IdempotencyKey: "k"}
+}
+
+func (s *shared) sign(t *testing.T, nonce string) string {
+	return replaytest.SignAt(signer(t, testSecret), s.goTS, nonce, s.request())
+}
+
+func (s *shared) goVerifier(t *testing.T, now int64) *replayauth.Verifier {
+	v, err := replayauth.NewVerifier(0, sec(t, testSecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return replaytest.VerifierWithClock(v, func() time.Time { return time.Unix(now, 0) }).
+		WithNonceStore(idem.NewReplayNonces(s.pool, idem.ReplayNoncesOptions{}))
+}
+
+// env is what every language's PostgreSQL tests read.
+func (s *shared) env() []string {
+	return []string{
+		"IDEMD_TEST_DATABASE_URL=" + s.db.APIURL,
+		"IDEMD_GO_NONCE=" + s.goNonce,
+		"IDEMD_GO_NONCE_TS=" + strconv.FormatInt(s.goTS, 10),
+	}
+}
+
+// refusedByGo checks that nonces a language's store recorded are refused
+// by Go's verifier on the same table: one replay protection across
+// replicas in different languages.
+func (s *shared) refusedByGo(t *testing.T, nonces ...string) {
+	t.Helper()
+	for _, n := range nonces {
+		_, err := s.goVerifier(t, s.goTS).Verify(context.Background(), s.sign(t, n), s.request())
+		if !errors.Is(err, replayauth.ErrReplayed) {
+			t.Errorf("nonce %q recorded by the other language: Go's verifier answered %v, want ErrReplayed", n, err)
+		}
+	}
+}
+
+// TestPython runs clients/python's unittest suite (vectors, WSGI and ASGI
+// middleware, the PostgreSQL store through psycopg2) with Debian's python3.
+func TestPython(t *testing.T) {
+	py := clienttest.Python(t)
+	s := newShared(t)
+	dir := filepath.Join(clienttest.Root(t), "clients", "python")
+	out := clienttest.Run(t, dir, s.env(), langTimeout, py, "-m", "unittest", "discover", "-v", "-s", "tests", "-t", "tests")
+	mustNotSkipPostgres(t, out, "skipped 'IDEMD_TEST_DATABASE_URL")
+	s.refusedByGo(t, "py-once", "py-verifier")
+}
+
+// TestRuby runs clients/ruby's minitest suite (vectors, Rack middleware,
+// the PostgreSQL store through ruby-pg) with Debian's ruby.
+func TestRuby(t *testing.T) {
+	rb := clienttest.Ruby(t)
+	s := newShared(t)
+	dir := filepath.Join(clienttest.Root(t), "clients", "ruby")
+	out := clienttest.Run(t, dir, s.env(), langTimeout, rb, "-Ilib", "-Itest", "test/all.rb", "--verbose")
+	mustNotSkipPostgres(t, out, "IDEMD_TEST_DATABASE_URL needed")
+	s.refusedByGo(t, "rb-once", "rb-verifier")
+}
+
+// TestNode runs clients/node's node:test suite (vectors, Express/connect
+// middleware, the PostgreSQL store through a psql-backed query function).
+func TestNode(t *testing.T) {
+	node := clienttest.Node(t)
+	psql := clienttest.Psql(t)
+	s := newShared(t)
+	dir := filepath.Join(clienttest.Root(t), "clients", "node")
+	env := append(s.env(), "IDEMD_PSQL="+psql)
+	out := clienttest.Run(t, dir, env, langTimeout, node, "--test",
+		"test/vectors.test.js", "test/middleware.test.js", "test/postgres.test.js")
+	mustNotSkipPostgres(t, out, "# SKIP IDEMD_TEST_DATABASE_URL")
+	s.refusedByGo(t, "js-once", "js-verifier")
+}
+
+func mustNotSkipPostgres(t *testing.T, out, marker string) {
+	t.Helper()
+	if strings.Contains(out, marker) {
+		t.Fatalf("the PostgreSQL tests skipped although the database was given")
+	}
+}
