@@ -139,7 +139,7 @@ function int64(v) {
 const trimASCII = (s) => s.replace(/^[ \t\n\v\f\r]+|[ \t\n\v\f\r]+$/g, '');
 
 // Decodes a header value (a string, or a Buffer of its bytes) without
-// checking it: { timestamp: BigInt, nonce: Buffer, userId: BigInt, v1: [Buffer] }.
+// checking it (not exported, as Go's: nothing in it is verified): { timestamp: BigInt, nonce: Buffer, userId: BigInt, v1: [Buffer] }.
 function parse(header) {
   // One character per byte, so lengths are Go's byte lengths.
   const h = Buffer.isBuffer(header) ? header.toString('latin1') : bytes(header).toString('latin1');
@@ -580,7 +580,6 @@ module.exports = {
   readSecretFiles,
   canonical,
   sign,
-  parse,
   Verifier,
   MemoryNonceStore,
   PostgresNonceStore,

@@ -36,7 +36,7 @@ __all__ = [
     "USER_ID_KEY", "MSG_UNAUTHORIZED", "MSG_INTERNAL",
     "ReplayError", "Missing", "Malformed", "Expired", "Mismatch", "Replayed", "NonceStoreError",
     "KeyLookupError", "Refused",
-    "Secret", "read_secret_files", "canonical", "sign", "parse", "Verifier",
+    "Secret", "read_secret_files", "canonical", "sign", "Verifier",
     "MemoryNonceStore", "PostgresNonceStore", "PostgresKeyLookup", "validate_key",
     "ReplayAuthWSGI", "ReplayAuthASGI",
 ]
@@ -193,9 +193,10 @@ def _int64(v):
     return n
 
 
-def parse(header):
+def _parse(header):
     """Decodes a header value (str or bytes) without checking it:
-    (timestamp, nonce bytes, user id, [32-byte signatures])."""
+    (timestamp, nonce bytes, user id, [32-byte signatures]). Private, as
+    Go's: nothing in it is verified."""
     h = _b(header)
     if not h:
         raise Missing("signature header missing")
@@ -465,7 +466,7 @@ class Verifier:
         self._memory = MemoryNonceStore(clock)
 
     def _check(self, header, method, path, idempotency_key, body):
-        ts, nonce, uid, v1 = parse(header)
+        ts, nonce, uid, v1 = _parse(header)
         key, path = _b(idempotency_key), _b(path)
         if b"\n" in key or b"\r" in key or b"\n" in path or b"\r" in path:
             raise Malformed("signature header malformed")

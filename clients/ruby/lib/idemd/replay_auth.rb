@@ -165,7 +165,8 @@ module Idemd
     # Parsed header: timestamp, nonce (binary String), user id, signatures.
     Parsed = Struct.new(:timestamp, :nonce, :user_id, :v1)
 
-    # Decodes a header value without checking it.
+    # Decodes a header value without checking it. Private, as Go's:
+    # nothing in it is verified.
     def parse(header)
       h = header.to_s.b
       raise Missing, "signature header missing" if h.empty?
@@ -200,6 +201,9 @@ module Idemd
 
       Parsed.new(ts, nonce, uid, v1)
     end
+
+    private_class_method :parse, :int64
+    private_constant :Parsed
 
     def secure_compare(a, b)
       return false unless a.bytesize == b.bytesize
@@ -421,7 +425,7 @@ module Idemd
       # Returns the signed user id or raises a ReplayAuth::Error. The nonce
       # is recorded only after the MAC and the window check pass.
       def verify(header, method, path, key, body = "")
-        parsed = ReplayAuth.parse(header)
+        parsed = ReplayAuth.send(:parse, header)
         k = key.to_s.b
         pa = path.to_s.b
         raise Malformed, "signature header malformed" if k.match?(/[\r\n]/n) || pa.match?(/[\r\n]/n)
