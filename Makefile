@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-.PHONY: build image test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-pgbouncer ensure-buildah
+.PHONY: build image test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-pgbouncer ensure-buildah ensure-runtimes
 
 build:
 	@mkdir -p $(BIN)
@@ -27,6 +27,11 @@ ensure-pgbouncer:
 ensure-buildah:
 	@scripts/ensure-buildah.sh
 
+# Debian's ruby, python3 and node for the other-language clients' tests
+# (clients/, internal/e2e/polyglot).
+ensure-runtimes:
+	@scripts/ensure-runtimes.sh
+
 # The container image, built offline (FROM scratch, nothing pulled) as
 # $(IMAGE); deploy/Dockerfile builds the same image where a registry is
 # reachable.
@@ -39,12 +44,12 @@ image: ensure-buildah
 # test command: the package tests, then the end-to-end fault suite.
 test: unit e2e
 
-unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-buildah
+unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-buildah ensure-runtimes
 	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
 
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,
 # severed connections (internal/e2e, build tag e2e).
-e2e: ensure-postgres ensure-pgbouncer
+e2e: ensure-postgres ensure-pgbouncer ensure-runtimes
 	$(GO) test -tags e2e -count=1 -timeout 15m ./internal/e2e/...
 
 lint:

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Makes sure Debian's language runtimes for the other-language clients are
+# there: clients' Go tests (TestRuby, TestPython, TestNode) and the
+# cross-language end-to-end test (internal/e2e/polyglot) run them, and with
+# CI=true a missing one fails the tests.
+#
+#   ruby + ruby-pg              Rack middleware tests; minitest ships with ruby
+#   python3 + python3-psycopg2  WSGI/ASGI tests and the end-to-end API; the
+#                               tests use Debian's /usr/bin/python3 ahead of
+#                               any other python3 on PATH (pyenv)
+#   nodejs                      Express/connect middleware tests (node:test);
+#                               a node already on PATH is used as it is
+#   postgresql-client           psql, the Node tests' PostgreSQL driver
+#
+# Only what is missing is installed, one package at a time through
+# install-debian-quietly.sh. On this machine kind, from nothing: about 40 s
+# (ruby, ruby-pg, python3-psycopg2); nothing when everything is there.
+set -euo pipefail
+here=$(dirname "$0")
+
+install() {
+  echo "ensure-runtimes: installing Debian's $1" >&2
+  "$here/install-debian-quietly.sh" "$1" "$1"
+}
+
+if ! command -v ruby >/dev/null || ! ruby -e 'require "pg"; require "minitest"; require "openssl"' 2>/dev/null; then
+  install ruby
+  install ruby-pg
+fi
+if ! /usr/bin/python3 -c 'import psycopg2' 2>/dev/null; then
+  install python3-psycopg2
+fi
+if ! command -v node >/dev/null; then
+  install nodejs
+fi
+if ! command -v psql >/dev/null; then
+  install postgresql-client
+fi
+
+ok=1
+ruby -e 'require "pg"; require "minitest"; require "openssl"' || { echo "ensure-runtimes: ruby with pg and minitest missing" >&2; ok=0; }
+/usr/bin/python3 -c 'import psycopg2' || { echo "ensure-runtimes: Debian's python3 with psycopg2 missing" >&2; ok=0; }
+node -e 'if (+process.versions.node.split(".")[0] < 18) process.exit(1)' || { echo "ensure-runtimes: node 18 or later missing" >&2; ok=0; }
+command -v psql >/dev/null || { echo "ensure-runtimes: psql missing" >&2; ok=0; }
+[ "$ok" = 1 ] || exit 1
+echo "ensure-runtimes: $(ruby -e 'print RUBY_VERSION') ruby, $(/usr/bin/python3 -c 'import sys; print(sys.version.split()[0])') python3, $(node --version) node" >&2
