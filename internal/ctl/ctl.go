@@ -3,7 +3,6 @@ package ctl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -67,14 +66,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 	g := &Globals{Pool: base.Pool, Logger: base.Logger, Stdout: stdout}
 	kctx.BindTo(base.Ctx, (*context.Context)(nil))
-	if err := kctx.Run(g); err != nil {
-		var cerr *config.Error
-		if errors.As(err, &cerr) {
-			fmt.Fprintf(stderr, "idemctl: %v\n", err)
-			return daemon.ExitConfig
-		}
+	err := daemon.SchemaHint(kctx.Run(g))
+	if err != nil {
 		fmt.Fprintf(stderr, "idemctl: %v\n", err)
-		return daemon.ExitRuntime
 	}
-	return daemon.ExitOK
+	return daemon.ExitCode(err)
 }

@@ -152,18 +152,31 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 		}()
 	}
 
-	if err := cmd.Run(ctx, env); err != nil {
-		var cerr *config.Error
-		if errors.As(err, &cerr) {
-			fmt.Fprintf(stderr, "%s: %v\n", name, err)
-			return ExitConfig
-		}
-		if !alreadyLogged(err) {
-			logger.Error("failed", zap.Error(err))
-		}
+	runErr := cmd.Run(ctx, env)
+	exit := ExitCode(runErr)
+	switch {
+	case exit == ExitConfig:
+		fmt.Fprintf(stderr, "%s: %v\n", name, runErr)
+	case runErr != nil && !alreadyLogged(runErr):
+		logger.Error("failed", zap.Error(runErr))
+	}
+	return exit
+}
+
+// ExitCode is the one mapping from a command's error to its exit code, for
+// the daemons and idemctl alike: nil is 0, a *config.Error (bad flags or
+// usage) is 2, anything else is a runtime failure, 1, which a CronJob or a
+// restart may retry.
+func ExitCode(err error) int {
+	var cerr *config.Error
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.As(err, &cerr):
+		return ExitConfig
+	default:
 		return ExitRuntime
 	}
-	return ExitOK
 }
 
 // opsAddr is the address the ops server listens on: --http-addr for a
