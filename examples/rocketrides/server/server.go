@@ -57,6 +57,9 @@ type Command struct {
 // CommonConfig implements daemon.Command.
 func (c *Command) CommonConfig() *config.Common { return &c.Common }
 
+// LongRunning implements daemon.Command: the API serves until SIGTERM.
+func (c *Command) LongRunning() bool { return true }
+
 // Check lists every configuration problem.
 func (c *Command) Check() []string {
 	p := c.Common.Check()
