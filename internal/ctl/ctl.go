@@ -42,6 +42,7 @@ type Globals struct {
 // MigrateCmd applies migrations.
 type MigrateCmd struct {
 	LockTimeout time.Duration `name:"lock-timeout" default:"5m" help:"How long to wait for a concurrent migration to finish."`
+	Adopt       AdoptFlags    `embed:"" prefix:"adopt-"` // adopt.go
 }
 
 // Run applies the migrations.
@@ -51,7 +52,7 @@ func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	fmt.Fprintf(g.Stdout, "migrate: applied %d River and %d idemd migrations\n", len(res.RiverVersions), len(res.IdemdVersions))
-	return nil
+	return m.Adopt.run(ctx, g, m.LockTimeout)
 }
 
 // Main runs idemctl and returns its exit code.

@@ -64,40 +64,11 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 		logger = slog.New(slog.DiscardHandler)
 	}
 
-	// The lock lives on its own connection, outside the pool: migrators
-	// waiting for it must not hold pool connections the winner needs.
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	release, err := holdLock(ctx, pool, opts.LockTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("migrate: open lock connection: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing also ends the lock's transaction
-
-	var lockTx pgx.Tx
-	if err := acquireLock(ctx, func(ctx context.Context) (bool, error) {
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return false, err
-		}
-		var ok bool
-		// The simple protocol: an extended-protocol portal would outlive
-		// the statement and keep its snapshot (and so an xmin) for the
-		// whole transaction, and CREATE INDEX CONCURRENTLY waits for that.
-		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", pgx.QueryExecModeSimpleProtocol, LockKey).Scan(&ok); err != nil || !ok {
-			_ = tx.Rollback(ctx)
-			return false, err
-		}
-		lockTx = tx
-		return true, nil
-	}, opts.LockTimeout); err != nil {
 		return nil, err
 	}
-	defer func() {
-		// On a fresh context: the caller's may be cancelled. If the
-		// rollback fails, closing the connection ends the transaction.
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = lockTx.Rollback(unlockCtx)
-	}()
+	defer release()
 
 	res := &Result{}
 
@@ -132,6 +103,47 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 	}
 	return res, nil
 }
+
+// holdLock takes LockKey (see Up) and returns the function that releases
+// it.
+func holdLock(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (func(), error) {
+	// The lock lives on its own connection, outside the pool: migrators
+	// waiting for it must not hold pool connections the winner needs.
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("migrate: open lock connection: %w", err)
+	}
+
+	var lockTx pgx.Tx
+	if err := acquireLock(ctx, func(ctx context.Context) (bool, error) {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return false, err
+		}
+		var ok bool
+		// The simple protocol: an extended-protocol portal would outlive
+		// the statement and keep its snapshot (and so an xmin) for the
+		// whole transaction, and CREATE INDEX CONCURRENTLY waits for that.
+		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", pgx.QueryExecModeSimpleProtocol, LockKey).Scan(&ok); err != nil || !ok {
+			_ = tx.Rollback(ctx)
+			return false, err
+		}
+		lockTx = tx
+		return true, nil
+	}, timeout); err != nil {
+		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing also ends any transaction
+		return nil, err
+	}
+	return func() {
+		// On a fresh context: the caller's may be cancelled. If the
+		// rollback fails, closing the connection ends the transaction.
+		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = lockTx.Rollback(unlockCtx)
+		conn.Close(unlockCtx) //nolint:errcheck // closing also ends the lock's transaction
+	}, nil
+}
+
 
 // Files returns the embedded idemd migrations.
 func Files() fs.FS { return migrations.FS }

@@ -1,0 +1,63 @@
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"idemd/internal/config"
+	"idemd/internal/logging"
+	"idemd/internal/migrate"
+)
+
+// AdoptFlags are `idemctl migrate`'s flags for the explicit adoption of a
+// database that has the article's schema (docs/operations.md, "Adopting a
+// database that has the article's schema"). Embedded in MigrateCmd with
+// the prefix "adopt-".
+type AdoptFlags struct {
+	ArticleSchema bool          `name:"article-schema" help:"After migrating, move idempotency_keys.response_body from the article's JSONB to idemd's TEXT online (new column, trigger, batched backfill, verify, then a catalogue-only swap; safe to interrupt and rerun). Without it, migrate only reports a JSONB column."`
+	BatchSize     int           `name:"batch-size" default:"1000" help:"Rows per backfill transaction of --adopt-article-schema."`
+	Pause         time.Duration `name:"pause" default:"10ms" help:"Pause between backfill batches of --adopt-article-schema."`
+	LockTimeout   time.Duration `name:"lock-timeout" default:"2s" help:"Longest wait for the table's lock in --adopt-article-schema's two short exclusive steps (how long API statements may queue behind it); a timed-out wait is retried."`
+	LockWait      time.Duration `name:"lock-wait" default:"5m" help:"How long --adopt-article-schema retries a lock that timed out before giving up."`
+}
+
+// run adopts when asked; otherwise it says so when the database still has
+// the article's JSONB response_body, and changes nothing.
+func (a *AdoptFlags) run(ctx context.Context, g *Globals, migrateLockTimeout time.Duration) error {
+	if !a.ArticleSchema {
+		typ, err := migrate.ResponseBodyType(ctx, g.Pool)
+		if err != nil {
+			return err
+		}
+		if typ == "jsonb" || typ == "json" {
+			fmt.Fprintf(g.Stdout, "migrate: idempotency_keys.response_body is %s (the article's schema): replays are the stored JSON's text, not byte for byte; "+
+				"`idemctl migrate --adopt-article-schema` moves it to TEXT online (docs/operations.md)\n", typ)
+		}
+		return nil
+	}
+	var problems []string
+	if a.BatchSize <= 0 {
+		problems = append(problems, fmt.Sprintf("--adopt-batch-size must be positive, got %d", a.BatchSize))
+	}
+	if a.Pause < 0 || a.LockTimeout <= 0 || a.LockWait <= 0 {
+		problems = append(problems, "--adopt-pause must not be negative, --adopt-lock-timeout and --adopt-lock-wait must be positive")
+	}
+	if len(problems) > 0 {
+		return &config.Error{Problems: problems}
+	}
+	res, err := migrate.AdoptArticleSchema(ctx, g.Pool, migrate.AdoptOptions{
+		BatchSize: a.BatchSize, Pause: a.Pause, LockTimeout: a.LockTimeout, LockWait: a.LockWait,
+		MigrateLockTimeout: migrateLockTimeout, Logger: logging.Slog(g.Logger),
+	})
+	if err != nil {
+		return err
+	}
+	if res.From == "text" {
+		fmt.Fprintln(g.Stdout, "migrate: adopt: response_body is already TEXT; nothing to do")
+		return nil
+	}
+	fmt.Fprintf(g.Stdout, "migrate: adopt: response_body moved from %s to TEXT (%d rows backfilled in %d batches, %d lock attempts%s)\n",
+		res.From, res.Backfilled, res.Batches, res.LockAttempts, map[bool]string{true: ", resumed", false: ""}[res.Resumed])
+	return nil
+}

@@ -1,0 +1,63 @@
+package ctl_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"idemd/internal/articletest"
+	"idemd/internal/dbtest"
+	"idemd/internal/migrate"
+)
+
+// `idemctl migrate` on a database with the article's JSONB response_body
+// says so and leaves it; only --adopt-article-schema changes it.
+func TestMigrateAdoptArticleSchema(t *testing.T) {
+	u := dbtest.MigratorURL(articletest.NewDatabase(t))
+	pool, err := pgxpool.New(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	typ := func() string {
+		t.Helper()
+		typ, err := migrate.ResponseBodyType(context.Background(), pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return typ
+	}
+	db := []string{"--database-url", u, "--log-level", "warn"}
+
+	code, out, errs := run(t, append(db, "migrate")...)
+	if code != 0 || !strings.Contains(out, "response_body is jsonb") || !strings.Contains(out, "--adopt-article-schema") {
+		t.Fatalf("migrate: exit %d\n%s%s", code, out, errs)
+	}
+	if typ() != "jsonb" {
+		t.Fatal("plain migrate changed response_body")
+	}
+
+	code, out, errs = run(t, append(db, "migrate", "--adopt-article-schema", "--adopt-batch-size", "0")...)
+	if code != 2 || !strings.Contains(errs, "--adopt-batch-size") {
+		t.Fatalf("bad batch size: exit %d\n%s%s", code, out, errs)
+	}
+
+	code, out, errs = run(t, append(db, "migrate", "--adopt-article-schema", "--adopt-batch-size", "10")...)
+	if code != 0 || !strings.Contains(out, "moved from jsonb to TEXT") {
+		t.Fatalf("adopt: exit %d\n%s%s", code, out, errs)
+	}
+	if typ() != "text" {
+		t.Fatal("response_body is not TEXT after adoption")
+	}
+
+	code, out, errs = run(t, append(db, "migrate", "--adopt-article-schema")...)
+	if code != 0 || !strings.Contains(out, "already TEXT") {
+		t.Fatalf("adopt again: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, errs = run(t, append(db, "migrate")...)
+	if code != 0 || strings.Contains(out, "response_body is") {
+		t.Fatalf("migrate after adoption: exit %d\n%s%s", code, out, errs)
+	}
+}
