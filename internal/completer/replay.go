@@ -2,6 +2,7 @@ package completer
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"io"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"idemd/idem/replayauth"
@@ -39,8 +42,10 @@ func (s *Service) process(ctx context.Context, k claimedKey, leaseDeadline time.
 		return s.settle(ctx, log, k, deferred(noteCancel))
 	}
 
+	tc := replayTrace()
+	log = log.With(zap.String("trace_id", tc.TraceID().String()))
 	start := time.Now()
-	rep := s.send(ctx, k)
+	rep := s.send(ctx, k, tc)
 	s.metrics.duration.Observe(time.Since(start).Seconds())
 
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
@@ -134,7 +139,25 @@ func (s *Service) waitRate(ctx context.Context) error {
 	}
 }
 
-func (s *Service) send(ctx context.Context, k claimedKey) reply {
+// replayTrace is the trace context of one replay attempt: a new trace, a
+// new span id, sampled. The completer records no spans itself; the
+// traceparent header starts a trace for the API's handling of the replay
+// (a parent-based sampler keeps it), and the trace id is on the completer's
+// log lines about the attempt, so one finds the other.
+func replayTrace() trace.SpanContext {
+	var cfg trace.SpanContextConfig
+	for !cfg.TraceID.IsValid() {
+		_, _ = rand.Read(cfg.TraceID[:]) // never fails (crypto/rand)
+	}
+	for !cfg.SpanID.IsValid() {
+		_, _ = rand.Read(cfg.SpanID[:])
+	}
+	cfg.TraceFlags = trace.FlagsSampled
+	return trace.NewSpanContext(cfg)
+}
+
+// send replays k's stored request, with tc as its W3C traceparent.
+func (s *Service) send(ctx context.Context, k claimedKey, tc trace.SpanContext) reply {
 	body, ctype, err := encodeBody(s.cfg.Encoding, k.Params)
 	if err != nil {
 		return reply{err: err}
@@ -158,6 +181,7 @@ func (s *Service) send(ctx context.Context, k claimedKey) reply {
 	req.Header.Set(replayauth.IdempotencyKeyHeader, k.Key)
 	req.Header.Set(replayauth.Header, sig)
 	req.Header.Set("User-Agent", "idemd-completer")
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(rctx, tc), propagation.HeaderCarrier(req.Header))
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return reply{err: err}
