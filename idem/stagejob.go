@@ -18,7 +18,8 @@ type StageOptions struct {
 	MaxAttempts int
 	ScheduledAt time.Time
 	Tags        []string
-	// Metadata is a JSON object stored on the River job.
+	// Metadata is a JSON object stored on the River job. StageJob adds the
+	// trace context of its ctx to it (see StageJob).
 	Metadata json.RawMessage
 }
 
@@ -30,6 +31,12 @@ type StageOptions struct {
 // Validation of kind, queue and sizes is the enqueuer's: a row it cannot
 // insert goes to staged_jobs_dead with the reason instead of failing the
 // API's transaction here.
+//
+// When ctx carries an OpenTelemetry span (the request's), the job's
+// metadata gets its W3C trace context as top-level "traceparent" (and
+// "tracestate") strings, where River's otelriver middleware reads it when
+// the job is worked: the work span links to the span that staged the job.
+// Metadata that already has either key is left as the caller wrote it.
 func StageJob(ctx context.Context, tx pgx.Tx, kind string, args any, opts *StageOptions) (int64, error) {
 	if kind == "" {
 		return 0, errors.New("idem: stage job: empty kind")
@@ -43,11 +50,15 @@ func StageJob(ctx context.Context, tx pgx.Tx, kind string, args any, opts *Stage
 		o = *opts
 	}
 	var metadata *string
-	if len(o.Metadata) > 0 {
-		if !json.Valid(o.Metadata) {
-			return 0, fmt.Errorf("idem: stage job %s: metadata is not valid JSON", kind)
-		}
-		m := string(o.Metadata)
+	if len(o.Metadata) > 0 && !json.Valid(o.Metadata) {
+		return 0, fmt.Errorf("idem: stage job %s: metadata is not valid JSON", kind)
+	}
+	md, err := withTraceContext(ctx, o.Metadata)
+	if err != nil {
+		return 0, fmt.Errorf("idem: stage job %s: trace context: %w", kind, err)
+	}
+	if len(md) > 0 {
+		m := string(md)
 		metadata = &m
 	}
 	var id int64
