@@ -17,8 +17,8 @@ import (
 
 	"idemd/idem"
 	"idemd/idem/replayauth"
-	"idemd/internal/replaytest"
 	"idemd/internal/dbtest"
+	"idemd/internal/replaytest"
 )
 
 // apiInstance is one replica of an API: its own pool on the shared

@@ -144,7 +144,6 @@ func holdLock(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (f
 	}, nil
 }
 
-
 // Files returns the embedded idemd migrations.
 func Files() fs.FS { return migrations.FS }
 
