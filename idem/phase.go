@@ -23,8 +23,10 @@ type noOp struct{}
 func NoOp() Result { return noOp{} }
 
 func (noOp) apply(ctx context.Context, tx pgx.Tx, k *Key) error {
-	// Still confirm the lock inside the transaction: under SERIALIZABLE this
-	// read also makes a concurrent takeover of the key conflict with us.
+	// Still confirm the lock inside the transaction. The phase's key lock
+	// has already checked it; under the article's protocol (no key lock)
+	// this read is what makes a concurrent takeover of the key conflict
+	// with us.
 	var held bool
 	if err := tx.QueryRow(ctx, `SELECT locked_at IS NOT DISTINCT FROM $2 FROM idempotency_keys WHERE id = $1`, k.ID, k.LockedAt).Scan(&held); err != nil {
 		return err
@@ -75,30 +77,71 @@ func (e *ResponseError) Error() string {
 func (e *ResponseError) Unwrap() error { return e.Err }
 
 // PhaseFunc is the body of an atomic phase. It may be run more than once
-// (serialization retries), so it must do nothing outside tx that is not
-// itself idempotent: upstream calls carry k.UpstreamIdempotencyKey.
+// (serialization failures and deadlocks are retried), so it must do nothing
+// outside tx that is not itself idempotent: upstream calls carry
+// k.UpstreamIdempotencyKey.
+//
+// It runs at the store's Isolation with the key row locked. Under
+// ReadCommitted every statement sees the data committed when it starts:
+// rows of the API's own that the phase reads and then writes based on what
+// it read must be locked by the phase (SELECT ... FOR UPDATE) or changed in
+// one statement (UPDATE ... SET n = n - 1 WHERE n > 0); rows that belong to
+// this key alone are already safe behind the key's lock.
 type PhaseFunc func(ctx context.Context, tx pgx.Tx, k *Key) (Result, error)
 
-// Phase runs fn and applies its result in one SERIALIZABLE transaction,
-// retrying serialization failures. On any failure the key is unlocked
+// Phase runs fn and applies its result in one transaction at the store's
+// Isolation. The transaction first locks the key row (SELECT ... FOR
+// UPDATE) and checks that this request still holds the key at the recovery
+// point it is at: two requests that got hold of one key (a lock taken over
+// after LockTimeout) can never run phases at the same time, and the one
+// that lost the key stops with ErrLockLost before fn runs. Serialization
+// failures and deadlocks are retried. On any failure the key is unlocked
 // before the error is returned (ErrConflict when retries ran out).
 func (s *Store) Phase(ctx context.Context, k *Key, fn PhaseFunc) error {
 	before := *k
-	err := s.serializable(ctx, "phase "+k.RecoveryPoint, func(tx pgx.Tx) error {
-		*k = before // a retried attempt starts from the same key state
-		res, err := fn(ctx, tx, k)
-		if err != nil {
-			return err
-		}
-		if res == nil {
-			return errors.New("phase returned no result")
-		}
-		return s.apply(ctx, tx, k, res)
+	err := s.retry(ctx, "phase "+k.RecoveryPoint, func() error {
+		return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: s.isolation.txIsoLevel()}, func(tx pgx.Tx) error {
+			*k = before // a retried attempt starts from the same key state
+			if s.isolation != ArticleSerializable {
+				if err := lockKey(ctx, tx, k); err != nil {
+					return err
+				}
+			}
+			res, err := fn(ctx, tx, k)
+			if err != nil {
+				return err
+			}
+			if res == nil {
+				return errors.New("phase returned no result")
+			}
+			return s.apply(ctx, tx, k, res) // response.go: a Response gets the store's schema
+		})
 	})
 	if err != nil {
 		*k = before
 		s.Unlock(ctx, k)
 		return err
+	}
+	return nil
+}
+
+// lockKey locks the key's row for the rest of the phase's transaction and
+// checks this request still holds the key (its locked_at is ours) at the
+// recovery point it expects. Until the transaction ends, nothing else can
+// take the key over, unlock, move or finish it: those are all UPDATEs of
+// this row, and they wait.
+func lockKey(ctx context.Context, tx pgx.Tx, k *Key) error {
+	var held bool
+	err := tx.QueryRow(ctx, `SELECT locked_at IS NOT DISTINCT FROM $2 AND recovery_point = $3
+		FROM idempotency_keys WHERE id = $1 FOR UPDATE`, k.ID, k.LockedAt, k.RecoveryPoint).Scan(&held)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLockLost // deleted: nobody holds it any more
+	}
+	if err != nil {
+		return err
+	}
+	if !held {
+		return ErrLockLost
 	}
 	return nil
 }
@@ -125,12 +168,14 @@ func (s *Store) Unlock(ctx context.Context, k *Key) {
 // keyUniqueIndex is the article's unique index on (user_id, idempotency_key).
 const keyUniqueIndex = "idempotency_keys_user_id_idempotency_key"
 
-// serializable runs fn in a SERIALIZABLE transaction, re-running it on
-// serialization failures, deadlocks and unique violations (two requests
-// inserting one key) up to the configured retries, then ErrConflict.
-func (s *Store) serializable(ctx context.Context, op string, fn func(pgx.Tx) error) error {
+// retry runs fn, re-running it on serialization failures, deadlocks and
+// unique violations of the key index (two requests inserting one key
+// under the article's protocol) up to the configured retries, then
+// ErrConflict. fn runs its own transaction (a phase) or autocommitted
+// statements (Begin's claim).
+func (s *Store) retry(ctx context.Context, op string, fn func() error) error {
 	for attempt := 0; ; attempt++ {
-		err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
+		err := fn()
 		if err == nil {
 			return nil
 		}
@@ -177,5 +222,5 @@ func retryable(err error) bool {
 func isProtocolErr(err error) bool {
 	var re *ResponseError
 	return errors.As(err, &re) || errors.Is(err, ErrKeyTooShort) || errors.Is(err, ErrParamsMismatch) ||
-		errors.Is(err, ErrInProgress) || errors.Is(err, ErrLockLost)
+		errors.Is(err, ErrInProgress) || errors.Is(err, ErrLockLost) || errors.Is(err, ErrConflict)
 }

@@ -328,9 +328,11 @@ func TestSerializationFailureRetriedThenConflict(t *testing.T) {
 
 // TestRealSerializationConflict makes two phases of different keys read and
 // then write the same rows so PostgreSQL's SSI aborts one; the package must
-// retry it transparently.
+// retry it transparently. SERIALIZABLE phases are the store's option for
+// phase logic that relies on it (TestReadCommittedPhasesMustLockTheirRows
+// is the same pattern under the default).
 func TestRealSerializationConflict(t *testing.T) {
-	s, pool := newStore(t, idem.Options{})
+	s, pool := newStore(t, idem.Options{Isolation: idem.Serializable})
 	ctx := context.Background()
 	// The application's own table, created as the migrator so the default
 	// privileges grant it to the runtime role the store runs as.
