@@ -11,11 +11,14 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 	"github.com/stripe/stripe-go/v82"
 	"go.uber.org/zap"
 
@@ -41,14 +44,39 @@ type Config struct {
 	MinKeyLength     int           // default MinKeyLength
 	LockTimeout      time.Duration // default idem.DefaultLockTimeout
 	StripeHTTPClient *http.Client  // default a dedicated client with a 30 s timeout
+	// Isolation of the phases (default idem.ReadCommitted: the phases lock
+	// the key row and touch no row another key's request writes).
+	Isolation idem.Isolation
+	// ReceiptJobs is how a paid ride's receipt job is created: staged for
+	// idemd's enqueuer (the default), inserted into River directly with
+	// InsertTx (River must be set), or not at all. The last two exist for
+	// the load benchmark's anchors (internal/e2e/load).
+	ReceiptJobs ReceiptJobs
+	River       *river.Client[pgx.Tx]
 }
 
+// ReceiptJobs is how the receipt job is created in the ride's last phase.
+type ReceiptJobs string
+
+const (
+	// ReceiptJobsStaged stages it with idem.StageJob (idemd's enqueuer
+	// moves it into River).
+	ReceiptJobsStaged ReceiptJobs = "staged"
+	// ReceiptJobsRiver inserts it with River's InsertTx in the phase's
+	// transaction: what a Go API would do without idemd.
+	ReceiptJobsRiver ReceiptJobs = "river"
+	// ReceiptJobsNone creates no job.
+	ReceiptJobsNone ReceiptJobs = "none"
+)
+
 type server struct {
-	store  *idem.Store
-	pool   *pgxpool.Pool
-	stripe *stripe.Client
-	faults *Faults
-	log    *zap.Logger
+	store       *idem.Store
+	pool        *pgxpool.Pool
+	stripe      *stripe.Client
+	faults      *Faults
+	log         *zap.Logger
+	receiptJobs ReceiptJobs
+	river       *river.Client[pgx.Tx]
 }
 
 // New returns the API's handler.
@@ -63,8 +91,21 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.StripeKey == "" {
 		problems = append(problems, "StripeKey is required")
 	}
+	switch cfg.ReceiptJobs {
+	case "", ReceiptJobsStaged, ReceiptJobsNone:
+	case ReceiptJobsRiver:
+		if cfg.River == nil {
+			problems = append(problems, "River is required with ReceiptJobs river")
+		}
+	default:
+		problems = append(problems, fmt.Sprintf("ReceiptJobs %q: want staged, river or none", cfg.ReceiptJobs))
+	}
 	if len(problems) > 0 {
 		return nil, errors.New("rocketrides: config: " + strings.Join(problems, "; "))
+	}
+	receiptJobs := cfg.ReceiptJobs
+	if receiptJobs == "" {
+		receiptJobs = ReceiptJobsStaged
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -83,7 +124,7 @@ func New(cfg Config) (http.Handler, error) {
 		HTTPClient: hc,
 		// Retries belong to the protocol (client, completer), each with the
 		// same upstream key; retrying inside a phase would only hold the
-		// SERIALIZABLE transaction open longer.
+		// phase's transaction (and the key's row lock) open longer.
 		MaxNetworkRetries: stripe.Int64(0),
 		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
 	})
@@ -94,12 +135,15 @@ func New(cfg Config) (http.Handler, error) {
 		store: idem.New(cfg.Pool, idem.Options{
 			MinKeyLength: minLen,
 			LockTimeout:  cfg.LockTimeout,
+			Isolation:    cfg.Isolation,
 			Logger:       zapSlog(log),
 		}),
-		pool:   cfg.Pool,
-		stripe: sc,
-		faults: cfg.Faults,
-		log:    log,
+		pool:        cfg.Pool,
+		stripe:      sc,
+		faults:      cfg.Faults,
+		log:         log,
+		receiptJobs: receiptJobs,
+		river:       cfg.River,
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /rides", s.authenticate(http.HandlerFunc(s.createRide)))

@@ -41,7 +41,11 @@ type fixture struct {
 	stripeBase string
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { t.Helper(); return newFixtureWith(t, nil) }
+
+// newFixtureWith is newFixture with the API's configuration changed by
+// configure.
+func newFixtureWith(t *testing.T, configure func(*api.Config)) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
@@ -80,10 +84,14 @@ func newFixture(t *testing.T) *fixture {
 	}
 	stripeHTTP := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(stripeHTTP.CloseIdleConnections)
-	h, err := api.New(api.Config{
+	cfg := api.Config{
 		Pool: pool, StripeURL: stripeSrv.URL, StripeKey: "sk_test_fake", Replay: verifier,
 		Faults: f.faults, StripeHTTPClient: stripeHTTP,
-	})
+	}
+	if configure != nil {
+		configure(&cfg)
+	}
+	h, err := api.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

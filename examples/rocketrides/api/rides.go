@@ -108,10 +108,10 @@ type rideFlow struct {
 	params   RideParams
 	originIP string
 	// charge is the charge a previous attempt of the charge phase got from
-	// Stripe, kept across serialization retries of that phase: asking again
-	// would return the same charge (same upstream key), only later, and the
-	// Stripe round trip inside the SERIALIZABLE transaction is what makes
-	// it conflict in the first place.
+	// Stripe, kept across retries of that phase (serialization failures,
+	// deadlocks): asking again would return the same charge (same upstream
+	// key), only later, and a Stripe round trip inside the transaction is
+	// what makes a SERIALIZABLE phase conflict in the first place.
 	charge       *stripe.Charge
 	chargeRideID int64
 }
@@ -198,12 +198,18 @@ func (f *rideFlow) sendReceipt(ctx context.Context, tx pgx.Tx, k *idem.Key) (ide
 	if err != nil {
 		return nil, err
 	}
-	// Staged in this phase's transaction: the receipt job exists exactly
+	// Created in this phase's transaction: the receipt job exists exactly
 	// when the ride is finished.
-	if _, err := idem.StageJob(ctx, tx, receipts.Kind, receipts.Args{
-		Amount: RideAmount, Currency: RideCurrency, UserID: f.user.ID, RideID: rideID,
-	}, nil); err != nil {
-		return nil, err
+	args := receipts.Args{Amount: RideAmount, Currency: RideCurrency, UserID: f.user.ID, RideID: rideID}
+	switch f.s.receiptJobs {
+	case ReceiptJobsStaged:
+		if _, err := idem.StageJob(ctx, tx, receipts.Kind, args, nil); err != nil {
+			return nil, err
+		}
+	case ReceiptJobsRiver:
+		if _, err := f.s.river.InsertTx(ctx, tx, args, nil); err != nil {
+			return nil, fmt.Errorf("send receipt: river insert: %w", err)
+		}
 	}
 	body, _ := json.Marshal(RideCreated{Message: MsgOK, RideID: rideID})
 	return idem.Response(http.StatusCreated, body), nil

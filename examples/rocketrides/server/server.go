@@ -51,6 +51,8 @@ type Command struct {
 	FaultRate                float64       `name:"fault-rate" default:"0" help:"Fraction of requests failed at --fault-at (0..1)."`
 	FaultKind                string        `name:"fault-kind" default:"internal" enum:"internal,serialization" help:"Injected fault: internal (500) or serialization (409 after retries)."`
 	Receipts                 bool          `name:"receipts" default:"true" negatable:"" help:"Run the send_ride_receipt River worker."`
+	ReceiptJobs              string        `name:"receipt-jobs" default:"staged" enum:"staged,river,none" help:"How a paid ride's receipt job is created: staged (idem.StageJob, moved into River by idemd's enqueuer), river (River's InsertTx in the phase's transaction, no idemd), none (no job). river and none are the load benchmark's anchors."`
+	Isolation                string        `name:"isolation" default:"read-committed" enum:"read-committed,serializable,article-serializable" help:"Isolation of the idempotency phases (docs/api-authors.md, Isolation); article-serializable is the article's protocol, the load benchmark's anchor."`
 	ReceiptWorkers           int           `name:"receipt-workers" default:"10" help:"Receipt worker concurrency."`
 }
 
@@ -144,8 +146,21 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 		}
 	}
 
+	// The River client: the receipt worker, and the inserts of
+	// --receipt-jobs river (an insert-only client when the worker is off).
+	var rc *river.Client[pgx.Tx]
+	if c.Receipts || c.ReceiptJobs == string(api.ReceiptJobsRiver) {
+		var err error
+		if rc, err = newRiverClient(env.Pool, log, c.Receipts, c.ReceiptWorkers); err != nil {
+			return err
+		}
+	}
+	isolation := map[string]idem.Isolation{
+		"read-committed": idem.ReadCommitted, "serializable": idem.Serializable, "article-serializable": idem.ArticleSerializable,
+	}[c.Isolation]
 	h, err := api.New(api.Config{
 		Pool: env.Pool, StripeURL: stripeURL, StripeKey: stripeKey, Replay: verifier, Logger: log, Faults: faults,
+		Isolation: isolation, ReceiptJobs: api.ReceiptJobs(c.ReceiptJobs), River: rc,
 	})
 	if err != nil {
 		return err
@@ -173,9 +188,9 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 	}
 
 	if c.Receipts {
-		rc, err := startReceipts(ctx, env.Pool, log, c.ReceiptWorkers)
-		if err != nil {
-			return err
+		// Started on a context that outlives SIGTERM, so Stop can drain.
+		if err := rc.Start(context.WithoutCancel(ctx)); err != nil {
+			return fmt.Errorf("receipts: start river: %w", err)
 		}
 		stops = append(stops, rc.Stop)
 	}
@@ -184,20 +199,19 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 	return nil
 }
 
-func startReceipts(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, workers int) (*river.Client[pgx.Tx], error) {
-	ws := river.NewWorkers()
-	receipts.Register(ws, pool)
-	rc, err := river.NewClient[pgx.Tx](riverpgxv5.New(pool), &river.Config{
-		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: workers}},
-		Workers: ws,
-		Logger:  logging.Slog(log),
-	})
+// newRiverClient returns the River client of the receipt worker (workers
+// workers) or, with work false, an insert-only client.
+func newRiverClient(pool *pgxpool.Pool, log *zap.Logger, work bool, workers int) (*river.Client[pgx.Tx], error) {
+	cfg := &river.Config{Logger: logging.Slog(log)}
+	if work {
+		ws := river.NewWorkers()
+		receipts.Register(ws, pool)
+		cfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: workers}}
+		cfg.Workers = ws
+	}
+	rc, err := river.NewClient[pgx.Tx](riverpgxv5.New(pool), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("receipts: river client: %w", err)
-	}
-	// Started on a context that outlives SIGTERM, so Stop can drain.
-	if err := rc.Start(context.WithoutCancel(ctx)); err != nil {
-		return nil, fmt.Errorf("receipts: start river: %w", err)
 	}
 	return rc, nil
 }
