@@ -265,3 +265,43 @@ func TestUnstorableBody(t *testing.T) {
 }
 
 func ptr(s string) *string { return &s }
+
+// On a json column (not jsonb) a JSON body is kept as written; any other
+// body is stored as a JSON string, as on jsonb.
+func TestJSONColumnResponses(t *testing.T) {
+	u := articletest.NewDatabase(t)
+	ctx := context.Background()
+	mig, err := pgxpool.New(ctx, dbtest.MigratorURL(u))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mig.Close()
+	if _, err := mig.Exec(ctx, `ALTER TABLE idempotency_keys ALTER COLUMN response_body TYPE json`); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := idem.Open(ctx, pool, idem.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, c := range map[string][2]string{
+		"json":      {`{"zeta": 1,   "a":"\u0000"}`, `{"zeta": 1,   "a":"\u0000"}`},
+		"plaintext": {"not json", `"not json"`},
+	} {
+		first, err := finishWith(t, s, key, 200, []byte(c[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		replay, err := finishWith(t, s, key, 200, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(first.Body) != c[1] || string(replay.Body) != c[1] {
+			t.Fatalf("%s: first %q, replay %q, want %q", key, first.Body, replay.Body, c[1])
+		}
+	}
+}
