@@ -11,7 +11,8 @@
 //     ErrParamsMismatch) and must not be locked by a live request (else
 //     ErrInProgress), and is then locked by one conditional UPDATE. A
 //     finished key is returned unlocked and its stored response is replayed
-//     byte for byte.
+//     (byte for byte on idemd's schema; on the article's JSONB column, the
+//     stored JSON's text: see Response).
 //  2. Phases: each phase runs in its own transaction, READ COMMITTED by
 //     default (Options.Isolation), which first locks the key row (SELECT ...
 //     FOR UPDATE) and checks the request still holds the key at the

@@ -177,9 +177,11 @@ func (s *Store) schemaFor(ctx context.Context) (*schema, error) {
 		return nil, err
 	}
 	s.schema.Store(sc)
-	if sc.body != bodyText || sc.maxKey != MaxKeyLength {
-		s.logger.Info("idem: idempotency_keys has the article's shape; replays are the stored JSON's text, not byte for byte, until `idemctl migrate --adopt-article-schema` (docs/operations.md)",
+	if sc.jsonBody() {
+		s.logger.Info("idem: idempotency_keys.response_body is JSON (the article's schema): responses are the stored JSON's text, not byte for byte, until `idemctl migrate --adopt-article-schema` (docs/operations.md)",
 			"response_body", sc.body, "max_key_length", sc.maxKey)
+	} else if sc.maxKey != MaxKeyLength {
+		s.logger.Info("idem: idempotency_key is narrower than idemd's schema; longer keys get 400", "max_key_length", sc.maxKey)
 	}
 	return sc, nil
 }
