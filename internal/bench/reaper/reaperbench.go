@@ -1,8 +1,11 @@
 // Package reaperbench measures the reaper against its two anchors on one
 // freshly loaded table: the article's delete loop (DELETE ... WHERE id IN
 // (SELECT id ... WHERE created_at < X LIMIT 1000), no created_at index) and
-// one single DELETE (the raw limit). It also times an idle pass and the p99
-// of a concurrent single-row insert workload with and without the reaper.
+// one single DELETE (the raw limit). The same three run again on the schema
+// with the article's rides table referencing the keys (ON DELETE SET NULL),
+// and the reaper's run there is compared with the anchors on that schema.
+// It also times an idle pass and the p99 of a concurrent single-row insert
+// workload with and without the reaper.
 //
 // Run creates (and drops) its own database, so the project's report can
 // call it against any server it may write to.
@@ -47,8 +50,9 @@ type Options struct {
 	// LatencyRounds: the insert comparison is repeated on this many fresh
 	// loads and pooled. Default 5.
 	LatencyRounds int
-	// SkipRides skips the run with the article's rides table (ON DELETE SET
-	// NULL, one ride per two keys), which costs one more load.
+	// SkipRides skips the runs with the article's rides table (ON DELETE SET
+	// NULL, one ride per two keys): the reaper, the article's loop and the
+	// single DELETE on that schema, three more loads per throughput round.
 	SkipRides bool
 	// LatencyOnly measures only the concurrent insert p99 (for tuning the
 	// batch size and pause against it; the ratios need the full run).
@@ -71,6 +75,10 @@ type Row struct {
 	// UnderTest marks the reaper with the settings under test, the row the
 	// throughput targets are checked against.
 	UnderTest bool
+	// Rides marks a run on the schema with the article's rides table
+	// referencing the keys (ON DELETE SET NULL); its ratios are against the
+	// anchors run on that same schema.
+	Rides bool
 	// Ratios against the anchors (keys/s over the anchor's keys/s).
 	VsArticle float64
 	VsSingle  float64
@@ -217,11 +225,11 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 			return nil, err
 		}
 		keep(row)
-		if row, err = b.articleRound(ctx, r, first); err != nil {
+		if row, err = b.articleRound(ctx, r, first, false); err != nil {
 			return nil, err
 		}
 		keep(row)
-		if row, err = b.singleDelete(ctx, r); err != nil {
+		if row, err = b.singleDelete(ctx, r, false); err != nil {
 			return nil, err
 		}
 		keep(row)
@@ -235,20 +243,35 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 			keep(row)
 		}
 	}
+
+	// 4. The reaper with the article's rides table referencing the keys,
+	// and both anchors on that same schema: every key deleted sets its
+	// ride's reference to NULL, for the anchors as for the reaper, so the
+	// ratios compare like with like. Fastest of ThroughputRounds each, as
+	// above.
+	if !b.opts.SkipRides {
+		for range b.opts.ThroughputRounds {
+			if err := b.load(ctx, r, true); err != nil {
+				return nil, err
+			}
+			row, err := b.timeReaper(ctx, "reaper, "+ridesFK, nil)
+			if err != nil {
+				return nil, err
+			}
+			row.Rides = true
+			keep(row)
+			if row, err = b.articleRound(ctx, r, false, true); err != nil {
+				return nil, err
+			}
+			keep(row)
+			if row, err = b.singleDelete(ctx, r, true); err != nil {
+				return nil, err
+			}
+			keep(row)
+		}
+	}
 	for _, name := range order {
 		r.Rows = append(r.Rows, best[name])
-	}
-
-	// 4. The reaper with the article's rides table referencing the keys.
-	if !b.opts.SkipRides {
-		if err := b.load(ctx, r, true); err != nil {
-			return nil, err
-		}
-		row, err := b.timeReaper(ctx, "reaper, rides ON DELETE SET NULL", nil)
-		if err != nil {
-			return nil, err
-		}
-		r.Rows = append(r.Rows, row)
 	}
 
 	// 5. Insert p99 without and with the reaper, on a freshly loaded table.
@@ -259,21 +282,22 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 
-	var article, single float64
+	// The anchors of each schema: with and without the rides foreign key.
+	article, single := map[bool]float64{}, map[bool]float64{}
 	for _, row := range r.Rows {
 		switch {
 		case strings.HasPrefix(row.Name, "article"):
-			article = row.KeysPerSec
+			article[row.Rides] = row.KeysPerSec
 		case strings.HasPrefix(row.Name, "single"):
-			single = row.KeysPerSec
+			single[row.Rides] = row.KeysPerSec
 		}
 	}
 	for i := range r.Rows {
-		if article > 0 {
-			r.Rows[i].VsArticle = r.Rows[i].KeysPerSec / article
+		if a := article[r.Rows[i].Rides]; a > 0 {
+			r.Rows[i].VsArticle = r.Rows[i].KeysPerSec / a
 		}
-		if single > 0 {
-			r.Rows[i].VsSingle = r.Rows[i].KeysPerSec / single
+		if s := single[r.Rows[i].Rides]; s > 0 {
+			r.Rows[i].VsSingle = r.Rows[i].KeysPerSec / s
 		}
 	}
 	return r, nil
@@ -307,10 +331,14 @@ func (b *bench) reaperRound(ctx context.Context, r *Report, idle bool) (Row, err
 	return row, nil
 }
 
+// ridesFK names the runs on the schema with the rides foreign key.
+const ridesFK = "rides ON DELETE SET NULL"
+
 // articleRound times the article's loop on a fresh load without the
-// created_at index; with idle, also its idle passes.
-func (b *bench) articleRound(ctx context.Context, r *Report, idle bool) (Row, error) {
-	if err := b.load(ctx, r, false); err != nil {
+// created_at index; with idle, also its idle passes; with rides, on the
+// schema with the rides foreign key.
+func (b *bench) articleRound(ctx context.Context, r *Report, idle, rides bool) (Row, error) {
+	if err := b.load(ctx, r, rides); err != nil {
 		return Row{}, err
 	}
 	if _, err := b.pool.Exec(ctx, "DROP INDEX idempotency_keys_created_at"); err != nil {
@@ -340,12 +368,22 @@ func (b *bench) articleRound(ctx context.Context, r *Report, idle bool) (Row, er
 	if _, err := b.pool.Exec(ctx, b.indexDefs["idempotency_keys_created_at"]); err != nil {
 		return Row{}, fmt.Errorf("reaperbench: recreate created_at index: %w", err)
 	}
-	return row, nil
+	return onRides(row, rides), nil
 }
 
-// singleDelete times one DELETE of every key past retention on a fresh load.
-func (b *bench) singleDelete(ctx context.Context, r *Report) (Row, error) {
-	if err := b.load(ctx, r, false); err != nil {
+// onRides names and marks a run on the schema with the rides foreign key.
+func onRides(row Row, rides bool) Row {
+	if rides {
+		row.Name += ", " + ridesFK
+		row.Rides = true
+	}
+	return row
+}
+
+// singleDelete times one DELETE of every key past retention on a fresh
+// load; with rides, on the schema with the rides foreign key.
+func (b *bench) singleDelete(ctx context.Context, r *Report, rides bool) (Row, error) {
+	if err := b.load(ctx, r, rides); err != nil {
 		return Row{}, err
 	}
 	var row Row
@@ -360,8 +398,8 @@ func (b *bench) singleDelete(ctx context.Context, r *Report) (Row, error) {
 			return fmt.Errorf("reaperbench: single delete: %w", err)
 		}
 		d := time.Since(start)
-		b.logf("single DELETE: %d keys in %s", tag.RowsAffected(), d)
-		row = newRow("single DELETE (raw limit)", tag.RowsAffected(), d)
+		b.logf("single DELETE (rides: %v): %d keys in %s", rides, tag.RowsAffected(), d)
+		row = onRides(newRow("single DELETE (raw limit)", tag.RowsAffected(), d), rides)
 		row.WALBytes, err = b.walSince(ctx, lsn)
 		return err
 	})
@@ -818,6 +856,7 @@ func (r *Report) String() string {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%s\t%.2fx\t%.2fx\n", row.Name, row.Deleted, row.Duration.Round(time.Millisecond), row.KeysPerSec, mb(row.WALBytes), row.VsArticle, row.VsSingle)
 	}
 	_ = tw.Flush()
+	fmt.Fprintf(&sb, "(rows with %s are compared with the anchors run on that schema)\n", ridesFK)
 	fmt.Fprintf(&sb, "\nidle pass (nothing to reap), table vacuumed: reaper %s, article loop %s\n", r.IdleReaper.Round(10*time.Microsecond), r.IdleArticle.Round(10*time.Microsecond))
 	fmt.Fprintf(&sb, "idle pass right after deleting the old half, before vacuum: reaper %s, article loop %s\n", r.IdleReaperDirty.Round(10*time.Microsecond), r.IdleArticleDirty.Round(10*time.Microsecond))
 	fmt.Fprintf(&sb, "single-row inserts at %d/s, %d rounds pooled, reaper with wal_compression %s:\n%s", r.InsertRate, r.LatencyRounds, walName(r.Settings.WALCompression, r.ServerWALCompression), &r.Insert)
