@@ -14,10 +14,13 @@ authentication) goes through the recovery points
     started        -> insert the order                       -> order_created
     order_created  -> stage send_order_receipt, answer 201   -> finished
 
-each phase one SERIALIZABLE transaction that moves the key on, checking the
-key's locked_at is still this request's. The job is staged in staged_jobs
-inside the last phase's transaction, with River's optional columns, so it
-exists exactly when the response does; idemd's enqueuer moves it to River.
+as Go's idem does by default: Begin claims the key with autocommitted
+atomic statements, and each phase is one READ COMMITTED transaction that
+first locks the key row (SELECT ... FOR UPDATE), checks locked_at is still
+this request's, does its work and moves the key on. The job is staged in
+staged_jobs inside the last phase's transaction, with River's optional
+columns, so it exists exactly when the response does; idemd's enqueuer
+moves it to River.
 
 With --test-control, PUT /_test/faults sets faults for the end-to-end test
 (internal/e2e/polyglot): [{"at": "order_created", "action": "fail" |
@@ -58,8 +61,8 @@ MSG_IN_PROGRESS = "An API request with the same Idempotency-Key is already in pr
 MSG_CONFLICT = "Conflict detected with a concurrent request. Please retry with the same Idempotency-Key."
 MSG_INTERNAL = ra.MSG_INTERNAL
 
-KEY_UNIQUE_INDEX = "idempotency_keys_user_id_idempotency_key"
-RETRIES = 5
+RETRIES = 5  # deadlocks and serialization failures, per phase
+CLAIM_ROUNDS = 8  # Begin's rounds while the key changes under it
 
 
 class HTTPError(Exception):
@@ -155,66 +158,90 @@ class API:
         finally:
             self.pool.putconn(conn)
 
-    def serializable(self, fn):
-        """Runs fn(cursor) in a SERIALIZABLE transaction, again on a
-        serialization failure, a deadlock or a concurrent insert of the
-        same key, with jittered backoff; then 409."""
+    def transaction(self, fn):
+        """Runs fn(cursor) in one READ COMMITTED transaction, again on a
+        deadlock or serialization failure, with jittered backoff; then 409."""
         for attempt in range(RETRIES + 1):
             conn = self.pool.getconn()
             try:
-                conn.isolation_level = psycopg2.extensions.ISOLATION_LEVEL_SERIALIZABLE
+                conn.isolation_level = psycopg2.extensions.ISOLATION_LEVEL_READ_COMMITTED
                 with conn, conn.cursor() as cur:
                     return fn(cur)
             except (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected):
                 pass
-            except psycopg2.errors.UniqueViolation as e:
-                if e.diag.constraint_name != KEY_UNIQUE_INDEX:
-                    raise
             finally:
                 self.pool.putconn(conn)
             time.sleep(random.uniform(0, min(0.1, 0.002 * 2 ** attempt)))
         raise HTTPError(409, MSG_CONFLICT)
 
+    def row(self, sql, params):
+        """One autocommitted statement; its first row or None."""
+        conn = self.pool.getconn()
+        try:
+            conn.isolation_level = psycopg2.extensions.ISOLATION_LEVEL_READ_COMMITTED
+            with conn, conn.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchone() if cur.description else None
+        finally:
+            self.pool.putconn(conn)
+
     # -- The protocol ------------------------------------------------------
 
     def begin(self, user_id, key, method, path, canon, fp):
-        """Lock-or-insert the key (idem's Begin). Returns the key row as a
-        dict; a finished key comes back unlocked, for replay."""
-        def tx(cur):
-            cur.execute("""SELECT id, recovery_point, request_fingerprint, response_code, response_body,
-                               locked_at IS NOT NULL AND locked_at > now() - make_interval(secs => %s)
-                           FROM idempotency_keys WHERE user_id = %s AND idempotency_key = %s""",
-                        (self.lock_timeout, user_id, key))
-            row = cur.fetchone()
-            if row is None:
-                cur.execute("""INSERT INTO idempotency_keys
-                                   (idempotency_key, user_id, locked_at, last_run_at, request_method,
-                                    request_path, request_params, request_fingerprint, recovery_point,
-                                    upstream_idempotency_key)
-                               VALUES (%s, %s, now(), now(), %s, %s, %s::jsonb, %s, 'started', %s)
-                               RETURNING id, locked_at""",
-                            (key, user_id, method, path, canon, fp, str(uuid.uuid4())))
-                kid, locked_at = cur.fetchone()
-                return {"id": kid, "recovery_point": "started", "locked_at": locked_at}
-            kid, point, stored_fp, code, body, locked = row
+        """Claims the key (idem's Begin) with autocommitted statements, each
+        atomic on its own: insert it locked, or take the existing one if it
+        is unfinished and unlocked. Returns the key as a dict; a finished
+        key comes back unlocked, for replay."""
+        for _ in range(CLAIM_ROUNDS):
+            r = self.row("""INSERT INTO idempotency_keys
+                                (idempotency_key, user_id, locked_at, last_run_at, request_method,
+                                 request_path, request_params, request_fingerprint, recovery_point,
+                                 upstream_idempotency_key)
+                            VALUES (%s, %s, now(), now(), %s, %s, %s::jsonb, %s, 'started', %s)
+                            ON CONFLICT (user_id, idempotency_key) DO NOTHING
+                            RETURNING id, recovery_point, locked_at""",
+                         (key, user_id, method, path, canon, fp, str(uuid.uuid4())))
+            if r is not None:
+                return {"id": r[0], "recovery_point": r[1], "locked_at": r[2]}
+            r = self.row("""SELECT id, recovery_point, request_fingerprint, response_code, response_body,
+                                   locked_at IS NOT NULL AND locked_at > now() - make_interval(secs => %s)
+                            FROM idempotency_keys WHERE user_id = %s AND idempotency_key = %s""",
+                         (self.lock_timeout, user_id, key))
+            if r is None:
+                continue  # deleted since the insert found it: insert again
+            kid, point, stored_fp, code, body, locked = r
             if stored_fp is not None and stored_fp != fp:
                 raise HTTPError(422, MSG_PARAMS_MISMATCH)
-            if locked:
-                raise HTTPError(409, MSG_IN_PROGRESS)
             if point == "finished":
                 return {"id": kid, "recovery_point": point, "response_code": code, "response_body": body}
-            cur.execute("""UPDATE idempotency_keys SET locked_at = now(), last_run_at = now(),
-                               request_fingerprint = COALESCE(request_fingerprint, %s),
-                               upstream_idempotency_key = COALESCE(upstream_idempotency_key, %s)
-                           WHERE id = %s RETURNING locked_at""", (fp, str(uuid.uuid4()), kid))
-            return {"id": kid, "recovery_point": point, "locked_at": cur.fetchone()[0]}
-        return self.serializable(tx)
+            if locked:
+                raise HTTPError(409, MSG_IN_PROGRESS)
+            # PostgreSQL re-checks this WHERE after a concurrent writer
+            # commits: of two requests taking one key, one gets the row.
+            r = self.row("""UPDATE idempotency_keys SET locked_at = now(), last_run_at = now(),
+                                request_fingerprint = COALESCE(request_fingerprint, %s),
+                                upstream_idempotency_key = COALESCE(upstream_idempotency_key, %s)
+                            WHERE id = %s AND recovery_point <> 'finished'
+                              AND (locked_at IS NULL OR locked_at <= now() - make_interval(secs => %s))
+                            RETURNING recovery_point, locked_at""",
+                         (fp, str(uuid.uuid4()), kid, self.lock_timeout))
+            if r is not None:
+                return {"id": kid, "recovery_point": r[0], "locked_at": r[1]}
+            # Someone else changed the key meanwhile: look again.
+        raise HTTPError(409, MSG_CONFLICT)
 
     def phase(self, k, fn):
-        """One atomic phase: fn(cur, k) does the work and returns the new
-        recovery point or a (status, body) response, applied to the key in
-        the same transaction only while locked_at is still ours."""
+        """One atomic phase: the key row locked and checked to be still
+        ours at its recovery point, then fn(cur, k) does the work and
+        returns the new recovery point or a (status, body) response,
+        applied to the key in the same transaction."""
         def tx(cur):
+            cur.execute("""SELECT locked_at = %s AND recovery_point = %s
+                           FROM idempotency_keys WHERE id = %s FOR UPDATE""",
+                        (k["locked_at"], k["recovery_point"], k["id"]))
+            held = cur.fetchone()
+            if not held or not held[0]:
+                raise LockLost()
             res = fn(cur, k)
             if isinstance(res, tuple):
                 status, body = res
@@ -229,7 +256,9 @@ class API:
                 raise LockLost()
             return res
         try:
-            res = self.serializable(tx)
+            res = self.transaction(tx)
+        except LockLost:
+            raise  # the key is another request's now: leave its lock alone
         except Exception:
             self.unlock(k)
             raise

@@ -312,6 +312,32 @@ func TestPythonAPI(t *testing.T) {
 		}
 	}
 
+	// Eight identical requests at once: one holds the key, the others get
+	// 409 (in progress) or its stored 201; one order.
+	race := key("race", 0)
+	var (
+		rmu      sync.Mutex
+		statuses = map[int]int{}
+		rwg      sync.WaitGroup
+	)
+	for range 8 {
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			r := s.order(9, race, "mug", 1, 10*time.Second)
+			rmu.Lock()
+			statuses[r.status]++
+			rmu.Unlock()
+		}()
+	}
+	rwg.Wait()
+	if statuses[http.StatusCreated] == 0 || statuses[http.StatusCreated]+statuses[http.StatusConflict] != 8 {
+		t.Fatalf("eight identical requests: statuses %v, want 201s and 409s only, at least one 201", statuses)
+	}
+	if n := s.scalar(`SELECT count(*) FROM orders o JOIN idempotency_keys k ON k.id = o.key_id WHERE k.idempotency_key = $1`, race); n != 1 {
+		t.Fatalf("eight identical requests made %d orders, want 1", n)
+	}
+
 	// --- Abandoned: clients that give up after a 500 at each recovery
 	// point (the key is unlocked there).
 	abandoned := map[string]int{} // key -> user
@@ -371,7 +397,7 @@ func TestPythonAPI(t *testing.T) {
 
 	// --- The replay path, before the completer runs: forged and replayed
 	// signatures are refused, by status and by the nonces recorded.
-	target := keys[4] // fail-started-…-00, unfinished, unlocked
+	target := keys[5] // fail-started-…-00, unfinished, unlocked
 	user := int64(abandoned[target])
 	var params string
 	if err := admin.QueryRow(context.Background(), `SELECT request_params::text FROM idempotency_keys WHERE idempotency_key = $1`, target).Scan(&params); err != nil {
