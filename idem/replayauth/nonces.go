@@ -59,13 +59,15 @@ func (m *MemoryNonces) useAt(nonce string, expires, now time.Time) bool {
 	defer m.mu.Unlock()
 	if !now.Before(m.nextSweep) {
 		for k, exp := range m.seen {
-			if !now.Before(exp) {
+			if now.After(exp) {
 				delete(m.seen, k)
 			}
 		}
 		m.nextSweep = now.Add(MemorySweepInterval)
 	}
-	if exp, ok := m.seen[nonce]; ok && now.Before(exp) {
+	// A signature still passes the window at exactly its expiry (the
+	// window is inclusive), so the nonce is remembered through that instant.
+	if exp, ok := m.seen[nonce]; ok && !now.After(exp) {
 		return false
 	}
 	m.seen[nonce] = expires

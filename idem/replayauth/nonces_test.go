@@ -80,9 +80,9 @@ func TestMemoryNoncesExpireByTime(t *testing.T) {
 	if mustUse(t, m, "a", t0.Add(window)) {
 		t.Fatal("use of a one second before it expires accepted")
 	}
-	// Expired: its signature can no longer pass the window, and the nonce
-	// may be recorded again.
-	c.set(t0.Add(window))
+	// Expired: its signature can no longer pass the window (which includes
+	// its last instant), and the nonce may be recorded again.
+	c.set(t0.Add(window + time.Nanosecond))
 	if !mustUse(t, m, "a", c.now().Add(window)) {
 		t.Fatal("use of a after it expired refused")
 	}
@@ -205,5 +205,22 @@ func TestDefaultMemoryFollowsVerifierClock(t *testing.T) {
 	c.set(past.Add(DefaultSkew + time.Second))
 	if _, err := v.Verify(ctxb(), h, req); !errors.Is(err, ErrExpired) {
 		t.Fatalf("after the window: %v, want ErrExpired", err)
+	}
+}
+
+// At exactly its expiry a signature still passes the window, so its nonce
+// must still be refused then; one instant later it may be forgotten.
+func TestMemoryNoncesRememberThroughTheExpiryInstant(t *testing.T) {
+	m := NewMemoryNonces(nil)
+	t0 := time.Unix(1_700_000_000, 0)
+	exp := t0.Add(DefaultSkew)
+	if !m.useAt("n", exp, t0) {
+		t.Fatal("first use refused")
+	}
+	if m.useAt("n", exp, exp) {
+		t.Fatal("nonce accepted again at the instant its signature still passes the window")
+	}
+	if !m.useAt("n", exp.Add(2*MemorySweepInterval), exp.Add(time.Nanosecond).Add(MemorySweepInterval)) {
+		t.Fatal("nonce still refused after its expiry")
 	}
 }
