@@ -20,8 +20,20 @@ type Defaulter interface {
 }
 
 // Vars turns a struct of defaults into kong variables, one per field that
-// has a name tag (embedded structs included), keyed by the flag's name with
-// - turned into _.
+// has a name tag, keyed by the flag's name with - turned into _. It walks
+// the structs kong flattens into flags, as kong does: anonymous embedded
+// structs, and named struct fields tagged embed:"" (another package's
+// Settings beside the command's own), each with its prefix:"..." tag put
+// before the names of the flags inside it. A defaults struct with several
+// packages' settings has the command's embedding, e.g. the completer's:
+//
+//	struct {
+//		Settings `embed:""`
+//		Stats    dbstats.Settings `embed:""`
+//	}{DefaultSettings(), dbstats.DefaultSettings()}
+//
+// Two fields giving the same variable are an error: one would silently
+// take the other's default.
 func Vars(defaults any) (kong.Vars, error) {
 	v := reflect.ValueOf(defaults)
 	for v.Kind() == reflect.Pointer {
@@ -31,33 +43,47 @@ func Vars(defaults any) (kong.Vars, error) {
 		return nil, fmt.Errorf("config: defaults: %T is not a struct", defaults)
 	}
 	vars := kong.Vars{}
-	if err := addVars(vars, v); err != nil {
+	if err := addVars(vars, v, ""); err != nil {
 		return nil, err
 	}
 	return vars, nil
 }
 
-func addVars(vars kong.Vars, v reflect.Value) error {
+func addVars(vars kong.Vars, v reflect.Value, prefix string) error {
 	t := v.Type()
 	for i := range t.NumField() {
 		f, fv := t.Field(i), v.Field(i)
-		if !f.IsExported() {
+		// An embedded struct of an unexported type still has its
+		// exported fields promoted, as kong reads them.
+		if !f.IsExported() && !f.Anonymous {
 			continue
+		}
+		_, embed := f.Tag.Lookup("embed")
+		if f.Anonymous || embed {
+			for fv.Kind() == reflect.Pointer && !fv.IsNil() {
+				fv = fv.Elem()
+			}
+			if fv.Kind() == reflect.Struct && f.Tag.Get("name") == "" {
+				if err := addVars(vars, fv, prefix+f.Tag.Get("prefix")); err != nil {
+					return err
+				}
+				continue
+			}
 		}
 		name := f.Tag.Get("name")
 		if name == "" {
-			if f.Anonymous && fv.Kind() == reflect.Struct {
-				if err := addVars(vars, fv); err != nil {
-					return err
-				}
-			}
 			continue
 		}
+		name = prefix + name
 		s, err := formatDefault(fv, f.Tag.Get("sep"))
 		if err != nil {
 			return fmt.Errorf("config: default of --%s: %w", name, err)
 		}
-		vars[strings.ReplaceAll(name, "-", "_")] = s
+		key := strings.ReplaceAll(name, "-", "_")
+		if _, dup := vars[key]; dup {
+			return fmt.Errorf("config: defaults: two fields give the default of --%s", name)
+		}
+		vars[key] = s
 	}
 	return nil
 }
