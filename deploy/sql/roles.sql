@@ -7,8 +7,10 @@
 --
 --   psql "postgres://admin@db.internal:5432/app" -v ON_ERROR_STOP=1 -f deploy/sql/roles.sql
 --
--- Run it before the first `idemctl migrate`, and once more after it (so the
--- API group role gets its grants on idemd's tables, which exist only then).
+-- Run it before the first `idemctl migrate`, and once more after it and
+-- after every later `idemctl migrate` (so the API group role gets its grants
+-- on idemd's tables, which exist only then, and the audit table is made
+-- append-only for the runtime role).
 -- It is idempotent: running it again changes nothing. Then give the login
 -- roles a password (or your provider's IAM login):
 --
@@ -18,8 +20,11 @@
 -- Roles:
 --   idemd_migrator  `idemctl migrate`. Owns idemd's and River's tables,
 --                   sequences, functions and indexes; CREATE on schema public.
---   idemd_runtime   enqueuer, completer, reaper, and idemctl status/review.
+--   idemd_runtime   enqueuer, completer, reaper, and idemctl (status,
+--                   review, keys, dead, console).
 --                   SELECT/INSERT/UPDATE/DELETE on the migrator's tables,
+--                   except the audit table idemd_operator_actions: only
+--                   SELECT/INSERT there (append-only, see $existing$ below).
 --                   USAGE/SELECT on its sequences, EXECUTE on its functions.
 --                   No CREATE on the database or any schema, owns nothing.
 --   idemd_api       NOLOGIN group for the API that uses idemd (package idem):
@@ -127,6 +132,23 @@ BEGIN
     -- (SELECT for their WHERE); it never updates a row.
     IF to_regclass('public.idemd_replay_nonces') IS NOT NULL THEN
         GRANT SELECT, INSERT, DELETE ON public.idemd_replay_nonces TO idemd_api;
+    END IF;
+
+    -- The operators' audit table (migration 00017) is append-only for the
+    -- runtime role, which idemctl and the console run as: an action is
+    -- recorded with INSERT in the transaction that performs it and read
+    -- back with SELECT, and no idemd component updates or deletes a record,
+    -- so a compromised or buggy daemon cannot rewrite who did what. The
+    -- default privileges above cannot except one table: the migration that
+    -- creates it grants the runtime UPDATE and DELETE like every other
+    -- table's, and this REVOKE, after the GRANT loop above, takes them back.
+    -- That is why this file is run again after every `idemctl migrate`; a
+    -- fresh install (this file, migrate, this file) is append-only from the
+    -- start. Only the migrator (the owner) can still change the records.
+    -- The API group has never been granted anything on it.
+    IF to_regclass('public.idemd_operator_actions') IS NOT NULL THEN
+        REVOKE UPDATE, DELETE, TRUNCATE ON public.idemd_operator_actions FROM idemd_runtime, idemd_api;
+        GRANT SELECT, INSERT ON public.idemd_operator_actions TO idemd_runtime;
     END IF;
 END
 $existing$;

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	rolesql "idemd/deploy/sql"
 	"idemd/idem"
 	"idemd/internal/dbtest"
 )
@@ -75,6 +76,9 @@ SELECT c.relname, pg_get_userbyid(c.relowner),
 			t.Fatal(err)
 		}
 		seen[name] = true
+		if name == "idemd_operator_actions" {
+			continue // append-only: TestOperatorActionsAreAppendOnly
+		}
 		if owner != dbtest.MigratorRole || !dml || truncate {
 			t.Errorf("table %s: owner %s, runtime DML %v, TRUNCATE %v; want owner %s, DML, no TRUNCATE", name, owner, dml, truncate, dbtest.MigratorRole)
 		}
@@ -82,11 +86,86 @@ SELECT c.relname, pg_get_userbyid(c.relowner),
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"idempotency_keys", "staged_jobs", "staged_jobs_dead", "idempotency_key_reviews", "idemd_leases", "idemd_replay_nonces", "idemd_reaper_runs", "river_job"} {
+	for _, want := range []string{"idempotency_keys", "staged_jobs", "staged_jobs_dead", "idempotency_key_reviews", "idemd_leases", "idemd_replay_nonces", "idemd_reaper_runs", "idemd_operator_actions", "river_job"} {
 		if !seen[want] {
 			t.Errorf("table %s missing from the migrated database", want)
 		}
 	}
+}
+
+// The operators' audit table is append-only for the runtime role (what
+// idemctl and the console run as): it may INSERT a record and SELECT them,
+// never UPDATE, DELETE or TRUNCATE one; the API group has nothing on it. A
+// database where the table was created after roles.sql last ran (the
+// default privileges granted the runtime full DML, as on an upgrade by
+// `idemctl migrate` alone) is append-only again once roles.sql runs.
+func TestOperatorActionsAreAppendOnly(t *testing.T) {
+	ctx := context.Background()
+	dbURL := dbtest.NewDatabase(t)
+	rt, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	admin, err := pgx.Connect(ctx, dbtest.AdminURL(t, dbURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+
+	check := func(when string) {
+		t.Helper()
+		var id int64
+		if err := rt.QueryRow(ctx, `INSERT INTO idemd_operator_actions (actor, action, via, key_id, note)
+VALUES ('alice', 'key_retry', 'idemctl', 1, 'API bug fixed') RETURNING id`).Scan(&id); err != nil {
+			t.Fatalf("%s: INSERT as %s: %v", when, dbtest.RuntimeRole, err)
+		}
+		var actor string
+		if err := rt.QueryRow(ctx, `SELECT actor FROM idemd_operator_actions WHERE id = $1`, id).Scan(&actor); err != nil || actor != "alice" {
+			t.Fatalf("%s: SELECT as %s: %q, %v", when, dbtest.RuntimeRole, actor, err)
+		}
+		for _, q := range []string{
+			`UPDATE idemd_operator_actions SET actor = 'mallory'`,
+			`DELETE FROM idemd_operator_actions`,
+			`TRUNCATE idemd_operator_actions`,
+		} {
+			_, err := rt.Exec(ctx, q)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+				t.Errorf("%s: %s as %s: %v, want insufficient_privilege (42501)", when, q, dbtest.RuntimeRole, err)
+			}
+		}
+		var n int
+		if err := rt.QueryRow(ctx, `SELECT count(*) FROM idemd_operator_actions WHERE actor = 'alice'`).Scan(&n); err != nil || n == 0 {
+			t.Fatalf("%s: records after the refused statements: %d, %v", when, n, err)
+		}
+		var apiAny bool
+		if err := admin.QueryRow(ctx, `SELECT has_table_privilege($1, 'idemd_operator_actions', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE')`,
+			dbtest.APIRole).Scan(&apiAny); err != nil || apiAny {
+			t.Errorf("%s: %s has privileges on idemd_operator_actions: %v, %v", when, dbtest.APIRole, apiAny, err)
+		}
+	}
+	check("fresh install (roles.sql, migrate, roles.sql)")
+
+	// As if migration 00017 ran after roles.sql last did: the default
+	// privileges grant the runtime every DML privilege on a new table.
+	mig, err := pgx.Connect(ctx, dbtest.MigratorURL(dbURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mig.Close(ctx)
+	if _, err := mig.Exec(ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON idemd_operator_actions TO `+dbtest.RuntimeRole); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Exec(ctx, `UPDATE idemd_operator_actions SET note = note`); err != nil {
+		t.Fatalf("setup: the runtime's UPDATE after the grant: %v", err)
+	}
+	// roles.sql again, as operations.md says after every migrate; only the
+	// file's SQL (no passwords), as the database's admin.
+	if _, err := admin.Exec(ctx, rolesql.Roles); err != nil {
+		t.Fatalf("deploy/sql/roles.sql again: %v", err)
+	}
+	check("after a migration and roles.sql again")
 }
 
 // A table a later migration adds (created by the migrator, as `idemctl
