@@ -110,11 +110,34 @@ func TestReviewListAndResolve(t *testing.T) {
 	if code, _, errs := run(t, append(db, "review", "resolve", id, "--note", "again", "--by", "bob")...); code != 1 || !strings.Contains(errs, "already resolved by alice") {
 		t.Fatalf("second resolve: exit %d, %s", code, errs)
 	}
-	if code, _, errs := run(t, append(db, "review", "resolve", "999999", "--note", "x")...); code != 1 || !strings.Contains(errs, "no review 999999") {
+	if code, _, errs := run(t, append(db, "review", "resolve", "999999", "--note", "x", "--by", "alice")...); code != 1 || !strings.Contains(errs, "no review 999999") {
 		t.Fatalf("resolve unknown: exit %d, %s", code, errs)
 	}
-	if code, _, errs := run(t, append(db, "review", "resolve", id)...); code != 2 || !strings.Contains(errs, "--note is required") {
+	if code, _, errs := run(t, append(db, "review", "resolve", id, "--by", "alice")...); code != 2 || !strings.Contains(errs, "--note is required") {
 		t.Fatalf("resolve without note: exit %d, %s", code, errs)
+	}
+
+	// No identity: refused (exit 2) before anything is touched, whatever
+	// $USER is; the OS user is never recorded as who resolved a review.
+	gid := strconv.FormatInt(gaveUp, 10)
+	t.Setenv("USER", "root")
+	t.Setenv("IDEMD_OPERATOR", "")
+	for _, by := range [][]string{nil, {"--by", "  "}} {
+		code, _, errs := run(t, append(append(db, "review", "resolve", gid, "--note", "retried by hand"), by...)...)
+		if code != 2 || !strings.Contains(errs, "--by (or IDEMD_OPERATOR) is required") {
+			t.Fatalf("resolve with --by %q: exit %d, %s", by, code, errs)
+		}
+	}
+	if n := count(t, pool, "SELECT count(*) FROM idempotency_key_reviews WHERE id = $1 AND resolved_at IS NULL", gaveUp); n != 1 {
+		t.Fatal("a refused resolve changed the review")
+	}
+	// IDEMD_OPERATOR is the configured identity, as for keys retry.
+	t.Setenv("IDEMD_OPERATOR", "carol")
+	if code, out, errs := run(t, append(db, "review", "resolve", gid, "--note", "retried by hand")...); code != 0 || !strings.Contains(out, "resolved by carol") {
+		t.Fatalf("resolve as IDEMD_OPERATOR: exit %d\n%s%s", code, out, errs)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM idempotency_key_reviews WHERE id = $1 AND resolved_by = 'carol'", gaveUp); n != 1 {
+		t.Fatal("IDEMD_OPERATOR not recorded as resolved_by")
 	}
 
 	// Open list no longer shows it; resolved list shows who and the note.
@@ -122,7 +145,7 @@ func TestReviewListAndResolve(t *testing.T) {
 	if strings.Contains(out, "k-old") {
 		t.Fatalf("resolved review still listed as open:\n%s", out)
 	}
-	_, out, _ = run(t, append(db, "review", "list", "--state", "resolved")...)
+	_, out, _ = run(t, append(db, "review", "list", "--state", "resolved", "--reason", review.ReasonUnfinishedAtRetention)...)
 	if !strings.Contains(out, "alice") || !strings.Contains(out, "refunded by hand") || strings.Contains(out, "k-gave-up") {
 		t.Fatalf("resolved list:\n%s", out)
 	}

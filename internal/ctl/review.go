@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/user"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -133,7 +131,10 @@ func writeReviewTable(w io.Writer, reviews []Review, withResolution bool) error 
 type ReviewResolveCmd struct {
 	ID   int64  `arg:"" name:"id" help:"The review's id (the ID column of review list)."`
 	Note string `name:"note" help:"What was done about the key. Required."`
-	By   string `name:"by" help:"Who resolved it. Default: the current OS user ($USER)."`
+	// By is required, as for keys retry and dead requeue (Operator): the
+	// OS user is never assumed, since "root" or "ubuntu" on a shared
+	// bastion tells no one who resolved the review.
+	By string `name:"by" env:"IDEMD_OPERATOR" help:"Who resolved it, recorded with the resolution (env IDEMD_OPERATOR). Required; the OS user is never assumed."`
 }
 
 // Validate reports every problem with the resolve arguments (exit 2).
@@ -145,28 +146,18 @@ func (c *ReviewResolveCmd) Validate() error {
 	if strings.TrimSpace(c.Note) == "" {
 		p = append(p, "--note is required: say what was done about the key")
 	}
-	if strings.TrimSpace(c.By) == "" && currentUser() == "" {
-		p = append(p, "--by is required: the current OS user is unknown")
+	if strings.TrimSpace(c.By) == "" {
+		p = append(p, "--by (or IDEMD_OPERATOR) is required: who resolved the review is recorded, and the OS user is never assumed")
 	}
 	return problems(p)
-}
-
-func currentUser() string {
-	if u := os.Getenv("USER"); u != "" {
-		return u
-	}
-	if u, err := user.Current(); err == nil {
-		return u.Username
-	}
-	return ""
 }
 
 // Run resolves the review, refusing one already resolved so a note is never
 // overwritten.
 func (c *ReviewResolveCmd) Run(ctx context.Context, g *Globals) error {
 	by := strings.TrimSpace(c.By)
-	if by == "" {
-		by = currentUser()
+	if by == "" { // Validate refuses this; a caller that skipped it too
+		return errors.New("review resolve: --by (or IDEMD_OPERATOR) is required")
 	}
 	var resolvedAt time.Time
 	err := g.Pool.QueryRow(ctx, `
