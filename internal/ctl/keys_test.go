@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"idemd/internal/console"
+	"idemd/internal/ctl"
 	"idemd/internal/review"
 )
 
@@ -208,5 +209,29 @@ func TestReviewListOutputFlag(t *testing.T) {
 	}
 	if code, out, _ := run(t, append(db, "review", "list", "-o", "text")...); code != 0 || !strings.Contains(out, "RECOVERY_POINT") {
 		t.Fatalf("-o text: exit %d\n%s", code, out)
+	}
+}
+
+// TestStatusOutputFlag: status takes -o json and --output json as aliases
+// of its --format, like review list; its default stays the text table.
+func TestStatusOutputFlag(t *testing.T) {
+	url, pool := setup(t)
+	db := []string{"--database-url", url}
+	addKey(t, pool, "k-status-o", "started", "1 hour")
+	for _, args := range [][]string{{"-o", "json"}, {"--output", "json"}, {"--format", "json"}} {
+		var st ctl.Status
+		code, out, errs := run(t, append(append(db, "status"), args...)...)
+		if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || len(st.UnfinishedKeys) != 1 || st.UnfinishedKeys[0].Name != "started" {
+			t.Fatalf("%v: exit %d %v\n%s%s", args, code, err, out, errs)
+		}
+	}
+	for _, args := range [][]string{nil, {"-o", "text"}, {"--format", "table"}} {
+		code, out, errs := run(t, append(append(db, "status"), args...)...)
+		if code != 0 || !strings.HasPrefix(out, "status at ") || !strings.Contains(out, "COMPLETER: unfinished keys by recovery point") {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errs)
+		}
+	}
+	if code, _, errs := run(t, append(db, "status", "-o", "yaml")...); code != 2 || !strings.Contains(errs, "yaml") {
+		t.Fatalf("-o yaml: exit %d, %s", code, errs)
 	}
 }

@@ -19,7 +19,7 @@ type StatusCmd struct {
 	// the reaper's (FlagDefaults).
 	Retention  time.Duration `name:"retention" default:"${retention}" help:"The reaper's --retention: count the keys a run would delete now."`
 	LockWindow time.Duration `name:"lock-window" default:"${lock_window}" help:"The reaper's --lock-window: a key locked more recently is in flight and not counted."`
-	Format     string        `name:"format" default:"table" enum:"table,json" help:"Output: table or json."`
+	Format     string        `name:"format" short:"o" aliases:"output" default:"table" enum:"table,text,json" help:"Output: table (text) or json; -o json as on every read command."`
 }
 
 // FlagDefaults implements config.Defaulter: status's --retention and
