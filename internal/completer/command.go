@@ -2,6 +2,7 @@ package completer
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.uber.org/zap"
@@ -9,6 +10,7 @@ import (
 	"idemd/idem/replayauth"
 	"idemd/internal/config"
 	"idemd/internal/daemon"
+	"idemd/internal/dbstats"
 )
 
 // Description is the completer's --help summary.
@@ -19,6 +21,10 @@ const Description = "Drive abandoned idempotency keys to finished by replaying t
 type Command struct {
 	config.Common `embed:""`
 	Settings      `embed:""`
+	// Stats are the database-wide gauges' exporter's flags (--db-stats-*):
+	// the long-running completer, the daemon that always runs, also runs
+	// internal/dbstats, one replica at a time exporting.
+	Stats dbstats.Settings `embed:""`
 
 	AuthSecretFile         string `name:"auth-secret-file" help:"File holding the current replay signing secret (>= 32 bytes). Required."`
 	AuthSecretFilePrevious string `name:"auth-secret-file-previous" help:"File holding the previous secret during a rotation; replays are then signed with both."`
@@ -33,13 +39,20 @@ func (c *Command) CommonConfig() *config.Common { return &c.Common }
 func (c *Command) LongRunning() bool { return !c.Once }
 
 // FlagDefaults implements config.Defaulter: the flags' defaults are
-// DefaultSettings.
-func (c *Command) FlagDefaults() any { return DefaultSettings() }
+// DefaultSettings and the exporter's dbstats.DefaultSettings, embedded as
+// in Command.
+func (c *Command) FlagDefaults() any {
+	return struct {
+		Settings `embed:""`
+		Stats    dbstats.Settings `embed:""`
+	}{DefaultSettings(), dbstats.DefaultSettings()}
+}
 
 // Check reports every problem with the flags at once (exit 2), including
 // unreadable or too-short secret files. It never prints a secret.
 func (c *Command) Check() []string {
 	p := append(c.Common.Check(), c.Settings.Check()...)
+	p = append(p, c.Stats.Check()...)
 	if c.AuthSecretFile == "" {
 		p = append(p, "--auth-secret-file is required")
 	} else if _, err := replayauth.ReadSecretFiles(c.AuthSecretFile); err != nil {
@@ -53,7 +66,9 @@ func (c *Command) Check() []string {
 	return p
 }
 
-// Run does one pass (--once), or runs until SIGTERM.
+// Run does one pass (--once), or runs until SIGTERM: then the database-wide
+// gauges' exporter (internal/dbstats) runs beside the service, started
+// before it and stopped after it, both within --shutdown-timeout.
 func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 	secrets, err := replayauth.ReadSecretFiles(c.AuthSecretFile, c.AuthSecretFilePrevious)
 	if err != nil {
@@ -90,5 +105,29 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 		}
 		return nil
 	}
-	return daemon.RunService(ctx, svc, c.ShutdownTimeout)
+	return c.runWithStats(ctx, env, svc)
+}
+
+// runWithStats runs the service until ctx ends with the exporter beside it:
+// the exporter starts first and stops last, so the gauges cover the
+// service's whole life; on ctx's end both stop within one
+// --shutdown-timeout.
+func (c *Command) runWithStats(ctx context.Context, env *daemon.Env, svc *Service) error {
+	stats, err := dbstats.New(dbstats.Config{Settings: c.Stats, Pool: env.Pool, Logger: env.Logger, Registry: env.Registry})
+	if err != nil {
+		return err
+	}
+	if err := stats.Start(ctx); err != nil {
+		return err
+	}
+	serr := svc.Start(ctx)
+	if serr == nil {
+		<-ctx.Done()
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.ShutdownTimeout)
+	defer cancel()
+	if serr == nil {
+		serr = svc.Stop(sctx)
+	}
+	return errors.Join(serr, stats.Stop(sctx))
 }

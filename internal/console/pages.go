@@ -42,7 +42,14 @@ func parsePages() (map[string]*template.Template, error) {
 			}
 			return ""
 		},
-		"secs":   func(s float64) string { return ageText(time.Duration(s * float64(time.Second))) },
+		"secs": func(s float64) string { return ageText(time.Duration(s * float64(time.Second))) },
+		// took is how long a run from start to end took; "-" without an end.
+		"took": func(start time.Time, end *time.Time) string {
+			if end == nil {
+				return "-"
+			}
+			return ageText(end.Sub(start))
+		},
 		"str":    func(s *string) string { return deref(s) },
 		"num":    func(i *int32) string { return intText(i) },
 		"json":   func(raw []byte) string { return pretty(raw) },

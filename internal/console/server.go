@@ -21,6 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"idemd/internal/runhistory"
 )
 
 // Backend is what the web console reads and does through internal/ctl, so
@@ -48,7 +50,11 @@ type Overview struct {
 	Retention              string           `json:"retention"`
 	KeysPastRetention      int64            `json:"keys_past_retention"`
 	OldestKeyPastRetention *time.Time       `json:"oldest_key_past_retention_at"`
-	OpenReviews            []GroupCount     `json:"open_reviews"`
+	// The reaper's run history (internal/runhistory), newest first, and
+	// when its last complete run ended (nil: none recorded).
+	ReaperRuns        []runhistory.Run `json:"reaper_runs"`
+	LastReaperSuccess *time.Time       `json:"last_reaper_success_at"`
+	OpenReviews       []GroupCount     `json:"open_reviews"`
 }
 
 // GroupCount is a count and the oldest timestamp of one group.

@@ -11,6 +11,7 @@ import (
 	"idemd/internal/completer"
 	"idemd/internal/config"
 	"idemd/internal/reaper"
+	"idemd/internal/runhistory"
 )
 
 // StatusCmd shows what the daemons have left to do.
@@ -64,12 +65,12 @@ type Status struct {
 	KeysPastRetention      int64      `json:"keys_past_retention"`
 	KeysToFlag             int64      `json:"keys_to_flag"`
 	OldestKeyPastRetention *time.Time `json:"oldest_key_past_retention_at"`
-	// The reaper's run history (reaper.LastRuns), newest first: the runs
+	// The reaper's run history (runhistory.LastRuns), newest first: the runs
 	// of the CronJob, manual runs and --schedule reapers alike, a killed
 	// run as interrupted. LastReaperSuccess is when the last complete run
 	// ended (nil: none in the history).
-	ReaperRuns        []reaper.Run `json:"reaper_runs"`
-	LastReaperSuccess *time.Time   `json:"last_reaper_success_at"`
+	ReaperRuns        []runhistory.Run `json:"reaper_runs"`
+	LastReaperSuccess *time.Time       `json:"last_reaper_success_at"`
 
 	// Humans: open reviews by reason.
 	OpenReviews []GroupCount `json:"open_reviews"`
@@ -146,10 +147,10 @@ func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
 		return fmt.Errorf("status: keys past retention: %w", err)
 	}
 	st.KeysPastRetention, st.KeysToFlag, st.OldestKeyPastRetention = plan.Deletes, plan.Flags, plan.Oldest
-	if st.ReaperRuns, err = reaper.LastRuns(ctx, tx, statusReaperRuns); err != nil {
+	if st.ReaperRuns, err = runhistory.LastRuns(ctx, tx, statusReaperRuns); err != nil {
 		return fmt.Errorf("status: reaper runs: %w", err)
 	}
-	if st.LastReaperSuccess, err = reaper.LastSuccess(ctx, tx); err != nil {
+	if st.LastReaperSuccess, err = runhistory.LastSuccess(ctx, tx); err != nil {
 		return fmt.Errorf("status: reaper runs: %w", err)
 	}
 	if st.OpenReviews, err = groupCounts(ctx, tx, statusReviewsSQL); err != nil {
@@ -167,7 +168,7 @@ const statusReaperRuns = 5
 
 // runSummary describes a reaper run in one line: when it started, how long
 // it took, what it did, and its error.
-func runSummary(r *reaper.Run, since func(time.Time) string) string {
+func runSummary(r *runhistory.Run, since func(time.Time) string) string {
 	s := "started " + since(r.StartedAt) + " ago"
 	if r.FinishedAt != nil {
 		s += ", took " + r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond).String()

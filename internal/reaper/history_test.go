@@ -5,20 +5,19 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
 	"idemd/internal/dbtest"
-	"idemd/internal/testwait"
+	"idemd/internal/runhistory"
 )
 
 // lastRun is the newest run of the history.
-func lastRun(t *testing.T, pool *pgxpool.Pool) Run {
+func lastRun(t *testing.T, pool *pgxpool.Pool) runhistory.Run {
 	t.Helper()
-	runs, err := LastRuns(context.Background(), pool, 1)
+	runs, err := runhistory.LastRuns(context.Background(), pool, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +48,7 @@ func TestRunHistoryRecordsARun(t *testing.T) {
 		t.Fatalf("%d rows in the run history, want 1", n)
 	}
 	r := lastRun(t, pool)
-	if r.Mode != ModeOnce || r.Result != ResultComplete || r.Deleted != deleted || r.Flagged != flagged || r.Error != "" || r.Holder != svc.holder {
+	if r.Mode != runhistory.ModeOnce || r.Result != runhistory.ResultComplete || r.Deleted != deleted || r.Flagged != flagged || r.Error != "" || r.Holder != svc.holder {
 		t.Fatalf("run recorded as %+v; the tables say %d deleted, %d flagged", r, deleted, flagged)
 	}
 	if deleted != 30 || flagged != 10 {
@@ -58,7 +57,7 @@ func TestRunHistoryRecordsARun(t *testing.T) {
 	if r.FinishedAt == nil || r.StartedAt.Before(before) || r.FinishedAt.Before(r.StartedAt) {
 		t.Fatalf("run started %v and finished %v; the test began at %v", r.StartedAt, r.FinishedAt, before)
 	}
-	last, err := LastSuccess(ctx, pool)
+	last, err := runhistory.LastSuccess(ctx, pool)
 	if err != nil || last == nil || !last.Equal(*r.FinishedAt) {
 		t.Fatalf("LastSuccess = %v, %v; want the run's end %v", last, err, r.FinishedAt)
 	}
@@ -76,7 +75,7 @@ func TestRunHistoryRecordsFailures(t *testing.T) {
 	if _, err := capped.runOnce(ctx); !errors.Is(err, ErrCapExceeded) {
 		t.Fatalf("capped run: %v", err)
 	}
-	if r := lastRun(t, pool); r.Result != ResultError || !strings.Contains(r.Error, "--max-deletes") || r.Deleted != 0 || r.FinishedAt == nil {
+	if r := lastRun(t, pool); r.Result != runhistory.ResultError || !strings.Contains(r.Error, "--max-deletes") || r.Deleted != 0 || r.FinishedAt == nil {
 		t.Fatalf("the capped run is recorded as %+v", r)
 	}
 
@@ -85,10 +84,10 @@ func TestRunHistoryRecordsFailures(t *testing.T) {
 	if _, err := blocked.runOnce(ctx); err == nil {
 		t.Fatal("the blocked run succeeded")
 	}
-	if r := lastRun(t, pool); r.Result != ResultError || !strings.Contains(r.Error, "rides_idempotency_key_id_fkey") || r.Deleted != 5 || r.Flagged != 1 {
+	if r := lastRun(t, pool); r.Result != runhistory.ResultError || !strings.Contains(r.Error, "rides_idempotency_key_id_fkey") || r.Deleted != 5 || r.Flagged != 1 {
 		t.Fatalf("the blocked run is recorded as %+v", r)
 	}
-	if last, err := LastSuccess(ctx, pool); err != nil || last != nil {
+	if last, err := runhistory.LastSuccess(ctx, pool); err != nil || last != nil {
 		t.Fatalf("LastSuccess after two failed runs = %v, %v; want none", last, err)
 	}
 }
@@ -106,80 +105,35 @@ func TestRunHistoryWhileARunHoldsTheLease(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { _, err := first.runOnce(ctx); done <- err }()
 	<-locked
-	if r := lastRun(t, pool); r.Result != ResultRunning || r.FinishedAt != nil || r.Holder != first.holder {
+	if r := lastRun(t, pool); r.Result != runhistory.ResultRunning || r.FinishedAt != nil || r.Holder != first.holder {
 		t.Fatalf("the run holding the lease reads as %+v", r)
 	}
 	second := newService(t, pool, nil)
 	if res, err := second.runOnce(ctx); err != nil || !res.LockHeld {
 		t.Fatalf("second run: %+v, %v", res, err)
 	}
-	if r := lastRun(t, pool); r.Result != ResultLockHeld || r.Holder != second.holder || r.Deleted != 0 || r.FinishedAt == nil {
+	if r := lastRun(t, pool); r.Result != runhistory.ResultLockHeld || r.Holder != second.holder || r.Deleted != 0 || r.FinishedAt == nil {
 		t.Fatalf("the run that found the lease held reads as %+v", r)
 	}
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	runs, err := LastRuns(ctx, pool, 10)
+	runs, err := runhistory.LastRuns(ctx, pool, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(runs) != 2 || runs[1].Holder != first.holder || runs[1].Result != ResultComplete || runs[1].Deleted != 9 {
+	if len(runs) != 2 || runs[1].Holder != first.holder || runs[1].Result != runhistory.ResultComplete || runs[1].Deleted != 9 {
 		t.Fatalf("history %+v; want the lock_held run, then the first run complete with 9 keys", runs)
 	}
 }
 
-// TestRunHistoryIsBounded: each run keeps the newest 1000 runs of the last
-// 30 days and deletes the rest.
-func TestRunHistoryIsBounded(t *testing.T) {
+// TestScheduleRecordsItsRuns: a --schedule reaper's runs are in the
+// history in mode schedule. (The history's last success, whichever process
+// ran it, is exported by internal/dbstats, not by the reaper.)
+func TestScheduleRecordsItsRuns(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `
-INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, holder)
-SELECT now() - interval '1 day' + g * interval '1 second', now() - interval '1 day' + g * interval '1 second', 'once', 'complete', 'old-runs'
-FROM generate_series(1, $1::int + 5) g`, historyKeep); err != nil {
-		t.Fatal(err)
-	}
-	newest := queryInt(t, pool, "SELECT max(id) FROM idemd_reaper_runs")
-	svc := newService(t, pool, nil)
-	if _, err := svc.runOnce(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// The run's own row and the newest 999 before it.
-	if n, oldest := queryInt(t, pool, "SELECT count(*) FROM idemd_reaper_runs"), queryInt(t, pool, "SELECT min(id) FROM idemd_reaper_runs"); n != historyKeep || oldest != newest-historyKeep+2 {
-		t.Fatalf("%d runs kept from id %d; want %d from id %d", n, oldest, historyKeep, newest-historyKeep+2)
-	}
-
-	// Runs older than 30 days go, however few there are.
-	if _, err := pool.Exec(ctx, `UPDATE idemd_reaper_runs SET started_at = now() - interval '31 days' WHERE id IN (
-    SELECT id FROM idemd_reaper_runs WHERE holder = 'old-runs' ORDER BY id DESC LIMIT 10)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := svc.runOnce(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := queryInt(t, pool, "SELECT count(*) FROM idemd_reaper_runs WHERE started_at < now() - interval '30 days'"); n != 0 {
-		t.Fatalf("%d runs older than 30 days kept", n)
-	}
-	if n := queryInt(t, pool, "SELECT count(*) FROM idemd_reaper_runs"); n != historyKeep-10 {
-		t.Fatalf("%d runs kept, want %d (1000, minus the 10 too old, with the new run's row in place of the oldest)", n, historyKeep-10)
-	}
-}
-
-// TestScheduleExportsTheHistorysLastSuccess: a --schedule reaper exports
-// the history's last success when it starts (a run of another process, a
-// CronJob's, counts) and after each of its runs.
-func TestScheduleExportsTheHistorysLastSuccess(t *testing.T) {
-	pool := dbtest.NewPool(t)
-	ctx := context.Background()
-	const gauge = "idemd_reaper_history_last_success_timestamp_seconds"
-	var cronJobEnd time.Time
-	if err := pool.QueryRow(ctx, `
-INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, holder)
-VALUES (now() - interval '2 hours', now() - interval '2 hours' + interval '5 seconds', 'once', 'complete', 'reaper/cronjob-pod/1/ab')
-RETURNING finished_at`).Scan(&cronJobEnd); err != nil {
-		t.Fatal(err)
-	}
 	reg := prometheus.NewPedanticRegistry()
 	s := testSettings()
 	s.Schedule = "@hourly"
@@ -187,22 +141,6 @@ RETURNING finished_at`).Scan(&cronJobEnd); err != nil {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sched := &dueOnce{}
-	sched.asked.Store(true) // no run before the test says so
-	svc.schedule = sched
-	if err := svc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	exported := func() float64 { return gatherValues(t, reg)[gauge][""] }
-	testwait.Until(t, time.Minute, "the CronJob's success to be exported", func() bool { return exported() != 0 })
-	if got, want := exported(), float64(cronJobEnd.UnixNano())/1e9; got != want {
-		t.Fatalf("%s = %v at start, want the CronJob run's end %v", gauge, got, want)
-	}
-	if err := svc.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	// After a run of its own.
 	svc.schedule = &dueOnce{}
 	svc.signals.passed.Init()
 	if err := svc.Start(ctx); err != nil {
@@ -212,13 +150,16 @@ RETURNING finished_at`).Scan(&cronJobEnd); err != nil {
 		t.Fatalf("scheduled run: %+v", res)
 	}
 	r := lastRun(t, pool)
-	if r.Mode != ModeSchedule || r.Result != ResultComplete {
+	if r.Mode != runhistory.ModeSchedule || r.Result != runhistory.ResultComplete {
 		t.Fatalf("the scheduled run is recorded as %+v", r)
 	}
-	if got, want := exported(), float64(r.FinishedAt.UnixNano())/1e9; got != want {
-		t.Fatalf("%s = %v after the run, want its end %v", gauge, got, want)
+	if last, err := runhistory.LastSuccess(ctx, pool); err != nil || last == nil || !last.Equal(*r.FinishedAt) {
+		t.Fatalf("LastSuccess = %v, %v; want the scheduled run's end %v", last, err, r.FinishedAt)
 	}
 	if err := svc.Stop(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if _, ok := gatherValues(t, reg)["idemd_reaper_history_last_success_timestamp_seconds"]; ok {
+		t.Error("the reaper exports the history's last success; internal/dbstats owns that gauge")
 	}
 }

@@ -6,15 +6,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"idemd/internal/review"
+	"idemd/internal/runhistory"
 )
 
 // Run outcomes, the values of the result label of idemd_reaper_runs_total.
+// Every outcome but a dry run's is also a result of the run history, whose
+// words they are (internal/runhistory).
 const (
-	outcomeComplete   = "complete"   // everything eligible was reaped
-	outcomeIncomplete = "incomplete" // stopped by --max-runtime or shutdown; the next run continues
-	outcomeLockHeld   = "lock_held"  // another live run held the lease
-	outcomeDryRun     = "dry_run"    // nothing changed
-	outcomeError      = "error"      // failed; see the log
+	outcomeComplete   = runhistory.ResultComplete   // everything eligible was reaped
+	outcomeIncomplete = runhistory.ResultIncomplete // stopped by --max-runtime or shutdown; the next run continues
+	outcomeLockHeld   = runhistory.ResultLockHeld   // another live run held the lease
+	outcomeDryRun     = "dry_run"                   // nothing changed
+	outcomeError      = runhistory.ResultError      // failed; see the log
 )
 
 // runResults lists every outcome above: each gets its series at 0 when the
@@ -33,8 +36,6 @@ type metrics struct {
 	batchDuration  prometheus.Histogram
 	lastSuccess    *unsetGauge
 	leaseTakeovers prometheus.Counter
-	// historyLastSuccess is exported by a --schedule reaper only.
-	historyLastSuccess *unsetGauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -85,10 +86,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_reaper_last_success_timestamp_seconds",
 			Help: "Unix time of the end of the last run that completed; absent until one has (alert when it grows old).",
 		}),
-		historyLastSuccess: newUnsetGauge(prometheus.GaugeOpts{
-			Name: "idemd_reaper_history_last_success_timestamp_seconds",
-			Help: "Unix time of the end of the last complete reaper run in the run history (idemd_reaper_runs), whichever process ran it (CronJob, manual, --schedule); exported by a --schedule reaper, read at start and after each run; absent until the history has one.",
-		}),
 	}
 	for _, r := range runResults {
 		m.runs.WithLabelValues(r)
@@ -99,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers, m.historyLastSuccess} {
+	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("reaper: register metrics: %w", err)
 		}

@@ -10,8 +10,9 @@ import (
 
 // A fresh process exports every run result and flag reason at 0 (so the
 // first event of a value is an increase the alerts see) and no last-success
-// time at all, neither its own nor the run history's (0 would read as "last success in 1970" and trip
-// IdemdReaperNotSucceeding after every restart).
+// time at all (0 would read as "last success in 1970" and trip
+// IdemdReaperNotSucceeding after every restart), nor ever the run
+// history's, which internal/dbstats exports.
 func TestFreshMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m, err := newMetrics(reg)
@@ -43,7 +44,7 @@ func TestFreshMetrics(t *testing.T) {
 	}
 	const history = "idemd_reaper_history_last_success_timestamp_seconds"
 	if got, ok := fams[history]; ok {
-		t.Errorf("%s is exported before the history was read: %v", history, got)
+		t.Errorf("%s is exported by the reaper: %v", history, got)
 	}
 	m.lastSuccess.SetToCurrentTime()
 	if got := gatherValues(t, reg)[last]; len(got) != 1 || got[""] <= 0 {

@@ -8,6 +8,7 @@ import (
 
 	"idemd/internal/dbtest"
 	"idemd/internal/pgbouncertest"
+	"idemd/internal/runhistory"
 )
 
 // TestProcessThroughTransactionPooler runs reaper processes through a real
@@ -67,7 +68,7 @@ func testProcessThroughPooler(t *testing.T, mode string) {
 	}
 	// The run history through the pooler: the four runs, the killed one
 	// interrupted with its first batch, the one after it.
-	runs, err := LastRuns(ctx, pool, 10)
+	runs, err := runhistory.LastRuns(ctx, pool, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"idemd/internal/dbtest"
 	"idemd/internal/lease"
+	"idemd/internal/runhistory"
 	"idemd/internal/testbin"
 	"idemd/internal/testwait"
 )
@@ -255,11 +256,11 @@ func TestProcessSIGKILLMidRun(t *testing.T) {
 	// The run history: the killed run has no end and the counts of its
 	// committed batch; it reads as interrupted once its lease expires.
 	killed := lastRun(t, pool)
-	if killed.FinishedAt != nil || killed.Deleted != 10 || killed.Mode != ModeOnce {
+	if killed.FinishedAt != nil || killed.Deleted != 10 || killed.Mode != runhistory.ModeOnce {
 		t.Fatalf("the killed run is recorded as %+v", killed)
 	}
 	testwait.Until(t, time.Minute, "the killed run to read as interrupted", func() bool {
-		return lastRun(t, pool).Result == ResultInterrupted
+		return lastRun(t, pool).Result == runhistory.ResultInterrupted
 	})
 
 	consistent := func(wantKeys int64) {
@@ -299,12 +300,12 @@ WHERE EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.id = r.key_id)`); n != 0 
 	if leaseHeld(t, pool) {
 		t.Fatal("the run did not release its lease")
 	}
-	runs, err := LastRuns(context.Background(), pool, 5)
+	runs, err := runhistory.LastRuns(context.Background(), pool, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(runs) != 2 || runs[0].Result != ResultComplete || runs[0].Deleted != 20 ||
-		runs[1].ID != killed.ID || runs[1].Result != ResultInterrupted || runs[1].Deleted != 10 || runs[1].FinishedAt != nil {
+	if len(runs) != 2 || runs[0].Result != runhistory.ResultComplete || runs[0].Deleted != 20 ||
+		runs[1].ID != killed.ID || runs[1].Result != runhistory.ResultInterrupted || runs[1].Deleted != 10 || runs[1].FinishedAt != nil {
 		t.Fatalf("run history %+v; want the next run complete with 20 keys, then the killed one interrupted with 10", runs)
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM rides WHERE idempotency_key_id IS NULL"); n != 1 {
@@ -342,7 +343,7 @@ func TestProcessSIGTERMMidBatch(t *testing.T) {
 	if leaseHeld(t, pool) {
 		t.Fatal("the stopped run did not release its lease")
 	}
-	if r := lastRun(t, pool); r.Result != ResultIncomplete || r.Deleted != 10 || r.Flagged != 3 || r.FinishedAt == nil {
+	if r := lastRun(t, pool); r.Result != runhistory.ResultIncomplete || r.Deleted != 10 || r.Flagged != 3 || r.FinishedAt == nil {
 		t.Fatalf("the stopped run is recorded as %+v", r)
 	}
 	next := runReaper(t, bin, dbURL, 0, "--batch-size", "10")

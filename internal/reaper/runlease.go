@@ -9,10 +9,13 @@ import (
 	"go.uber.org/zap"
 
 	"idemd/internal/lease"
+	"idemd/internal/runhistory"
 )
 
-// LeaseName is the reaper's row in idemd_leases.
-const LeaseName = "reaper"
+// LeaseName is the reaper's row in idemd_leases, defined by the run
+// history (internal/runhistory), which reads a run without an end as
+// running while its holder holds it.
+const LeaseName = runhistory.LeaseName
 
 // leaseWait decides, from what successive attempts saw, whether a run that
 // found the lease taken is looking at a live run (give up: a real overlap)

@@ -25,7 +25,6 @@ func (s *Service) Start(ctx context.Context) error {
 		s.cfg.Ready.MaxPassAge = maxPassAge(s.schedule, time.Now(), s.cfg.MaxRuntime)
 	}
 	err := s.runner.Start(ctx, func(work context.Context, stop <-chan struct{}) {
-		s.refreshLastSuccess(work)
 		loop := lifecycle.Loop{
 			// As cron did: the first run is at the schedule's first time,
 			// not when the process starts, so a restart does not reap
@@ -33,7 +32,6 @@ func (s *Service) Start(ctx context.Context) error {
 			First: time.Until(s.schedule.Next(time.Now())),
 			Pass: func(ctx context.Context) error {
 				res, err := s.pass(ctx, stop)
-				s.refreshLastSuccess(ctx)
 				s.signals.passed.Signal(res)
 				return err // the run logged it in its summary
 			},

@@ -1,23 +1,32 @@
-// Package riverstats exports the queue depth River itself does not: jobs
-// in river_job by queue and state, and how long the oldest available job of
-// each queue has waited for a worker (idemd_river_jobs,
-// idemd_river_oldest_available_age_seconds).
+// Package dbstats exports database-wide gauges, by one replica at a time:
+// numbers that are the same whichever replica reads them, so every replica
+// reading them would only multiply the queries and the series.
 //
-// Every replica of the daemon that runs it starts an exporter, and one of
-// them at a time counts: each pass takes (or renews) the river-stats lease
-// in idemd_leases (internal/lease). The holder queries and exports; every
-// other replica exports nothing for these series and
-// idemd_river_stats_exporter 0, so Prometheus sees one set of numbers and
-// the database answers one query per interval whatever the replica count.
-// A holder that stops releases the lease, and another replica takes it at
-// its next pass; one that dies leaves it to expire within --river-stats-lease-ttl.
+//   - River's queue depth, which River itself does not export: jobs in
+//     river_job by queue and state, and how long the oldest available job of
+//     each queue has waited for a worker (idemd_river_jobs,
+//     idemd_river_oldest_available_age_seconds).
+//   - The reaper's run history's last complete run
+//     (idemd_reaper_history_last_success_timestamp_seconds, read through
+//     internal/runhistory), whichever process ran it: a CronJob reaper lives
+//     too briefly to be scraped, so its health shows here. Absent while the
+//     history has no complete run, never 0.
 //
-// Only the states of work not yet done are counted (available, pending,
-// retryable, running, scheduled): they are what a queue's depth is, and
-// their part of River's index is small. Finalized jobs (completed,
+// Every replica of the daemon that runs it (the completer) starts an
+// exporter, and one of them at a time reads: each pass takes (or renews)
+// the db-stats lease in idemd_leases (internal/lease). The holder queries
+// and exports; every other replica exports none of these series and
+// idemd_dbstats_exporter 0, so Prometheus sees one set of numbers and the
+// database answers one pass per interval whatever the replica count. A
+// holder that stops releases the lease, and another replica takes it at its
+// next pass; one that dies leaves it to expire within --db-stats-lease-ttl.
+//
+// Only the River states of work not yet done are counted (available,
+// pending, retryable, running, scheduled): they are what a queue's depth
+// is, and their part of River's index is small. Finalized jobs (completed,
 // cancelled, discarded) are history that River's cleaner deletes; counting
 // them would read a day of completed jobs every pass.
-package riverstats
+package dbstats
 
 import (
 	"context"
@@ -32,10 +41,11 @@ import (
 	"idemd/internal/backoff"
 	"idemd/internal/lease"
 	"idemd/internal/lifecycle"
+	"idemd/internal/runhistory"
 )
 
 // LeaseName is the exporter's row in idemd_leases.
-const LeaseName = "river-stats"
+const LeaseName = "db-stats"
 
 // States are the river_job states counted, in the order they are exported.
 var States = []string{"available", "pending", "retryable", "running", "scheduled"}
@@ -65,7 +75,8 @@ type QueueStats struct {
 
 // Result is what one pass did. It is never nil.
 type Result struct {
-	// Exporting: this replica holds the lease and exports Queues.
+	// Exporting: this replica holds the lease and exports Queues and
+	// ReaperLastSuccess.
 	Exporting bool
 	// Holder is the lease's holder when another replica has it ("" when it
 	// is in the middle of a pass and could not be read).
@@ -74,8 +85,11 @@ type Result struct {
 	TookOverFrom string
 	// Queues, sorted by name: every queue with live jobs now or at an
 	// earlier pass of this holding.
-	Queues   []QueueStats
-	Duration time.Duration
+	Queues []QueueStats
+	// ReaperLastSuccess is when the reaper's last complete run ended (the
+	// run history's, runhistory.LastSuccess); nil when it has none.
+	ReaperLastSuccess *time.Time
+	Duration          time.Duration
 }
 
 // Service is the exporter.
@@ -86,8 +100,8 @@ type Service struct {
 	metrics *metrics
 	runner  lifecycle.Runner
 
-	// pinnedNow replaces the database's now() in the query; tests use it
-	// for exact ages. Production leaves it nil.
+	// pinnedNow replaces the database's now() in the River query; tests
+	// use it for exact ages. Production leaves it nil.
 	pinnedNow *time.Time
 
 	// Owned by the pass (one at a time): the queues seen since this
@@ -110,8 +124,8 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	return &Service{
-		cfg: cfg, logger: cfg.Logger.With(zap.String("component", "river-stats")),
-		holder: lease.Holder(LeaseName), metrics: m, runner: lifecycle.Runner{Name: "river-stats"},
+		cfg: cfg, logger: cfg.Logger.With(zap.String("component", "db-stats")),
+		holder: lease.Holder(LeaseName), metrics: m, runner: lifecycle.Runner{Name: "db-stats"},
 		known: map[string]bool{},
 	}, nil
 }
@@ -125,8 +139,8 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	return s, s.Start(ctx)
 }
 
-// Start runs a pass now and then every --river-stats-interval until Stop
-// or until ctx ends.
+// Start runs a pass now and then every --db-stats-interval until Stop or
+// until ctx ends.
 func (s *Service) Start(ctx context.Context) error {
 	loop := lifecycle.Loop{
 		Pass: func(ctx context.Context) error {
@@ -151,7 +165,8 @@ func (s *Service) Start(ctx context.Context) error {
 // nothing of the exporter runs.
 func (s *Service) Stop(ctx context.Context) error { return s.runner.Stop(ctx) }
 
-// RunOnce does one pass: take or renew the lease, and count if it is ours.
+// RunOnce does one pass: take or renew the lease, and read the stats if it
+// is ours.
 func (s *Service) RunOnce(ctx context.Context) (*Result, error) { return s.runOnce(ctx) }
 
 func (s *Service) runOnce(ctx context.Context) (*Result, error) {
@@ -173,34 +188,35 @@ func (s *Service) runOnce(ctx context.Context) (*Result, error) {
 func (s *Service) pass(ctx context.Context, res *Result) error {
 	a, err := lease.Acquire(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
 	if err != nil {
-		s.stopExporting("the river-stats lease could not be renewed", err)
-		return fmt.Errorf("river-stats: %w", err)
+		s.stopExporting("the db-stats lease could not be renewed", err)
+		return fmt.Errorf("db-stats: %w", err)
 	}
 	if !a.Acquired {
 		res.Holder = a.PrevHolder
-		s.stopExporting("another replica holds the river-stats lease", nil, zap.String("holder", a.PrevHolder))
+		s.stopExporting("another replica holds the db-stats lease", nil, zap.String("holder", a.PrevHolder))
 		return nil
 	}
 	if a.TookOver(s.holder) {
 		res.TookOverFrom = a.PrevHolder
 	}
-	rows, err := s.query(ctx)
+	rows, lastSuccess, err := s.query(ctx)
 	if err != nil {
 		// Numbers that can no longer be refreshed are not exported.
-		s.stopExporting("counting River's jobs failed", err)
+		s.stopExporting("reading the stats failed", err)
 		return err
 	}
 	if !s.exporting {
-		s.logger.Info("this replica took the river-stats lease and exports River's queue stats",
+		s.logger.Info("this replica took the db-stats lease and exports the database-wide gauges",
 			zap.String("previous_holder", a.PrevHolder), zap.Bool("took_over_expired", res.TookOverFrom != ""))
 	}
 	s.exporting = true
 	res.Exporting = true
 	res.Queues = buildStats(rows, s.known)
+	res.ReaperLastSuccess = lastSuccess
 	for _, q := range res.Queues {
 		s.known[q.Queue] = true
 	}
-	s.metrics.set(res.Queues)
+	s.metrics.set(&snapshot{queues: res.Queues, reaperLastSuccess: lastSuccess})
 	return nil
 }
 
@@ -213,7 +229,7 @@ func (s *Service) stopExporting(why string, err error, fields ...zap.Field) {
 		if err != nil {
 			fields = append(fields, zap.Error(err))
 		}
-		s.logger.Info("this replica stopped exporting River's queue stats: "+why, fields...)
+		s.logger.Info("this replica stopped exporting the database-wide gauges: "+why, fields...)
 	}
 	s.exporting = false
 }
@@ -225,8 +241,11 @@ type statsRow struct {
 	OldestSecs   float64
 }
 
-func (s *Service) query(ctx context.Context) ([]statsRow, error) {
+// query reads a pass's stats in one transaction: River's jobs and the
+// reaper's last complete run.
+func (s *Service) query(ctx context.Context) ([]statsRow, *time.Time, error) {
 	var rows []statsRow
+	var lastSuccess *time.Time
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		// Local to the transaction, so nothing outlives it on a pooled
 		// server connection.
@@ -235,15 +254,18 @@ func (s *Service) query(ctx context.Context) ([]statsRow, error) {
 		}
 		r, err := tx.Query(ctx, statsSQL, pgx.NamedArgs{"now": s.pinnedNow})
 		if err != nil {
-			return err
+			return fmt.Errorf("count river_job: %w", err)
 		}
-		rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[statsRow])
+		if rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[statsRow]); err != nil {
+			return fmt.Errorf("count river_job: %w", err)
+		}
+		lastSuccess, err = runhistory.LastSuccess(ctx, tx)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("river-stats: count river_job: %w", err)
+		return nil, nil, fmt.Errorf("db-stats: %w", err)
 	}
-	return rows, nil
+	return rows, lastSuccess, nil
 }
 
 // buildStats turns the query's rows into one QueueStats per queue: every
@@ -290,7 +312,7 @@ func (s *Service) release(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, err := lease.Release(rctx, s.cfg.Pool, LeaseName, s.holder); err != nil {
-		s.logger.Warn("releasing the river-stats lease failed; it expires by itself",
+		s.logger.Warn("releasing the db-stats lease failed; it expires by itself",
 			zap.Duration("lease_ttl", s.cfg.LeaseTTL), zap.Error(err))
 	}
 }

@@ -1,4 +1,4 @@
-package riverstats
+package dbstats
 
 import (
 	"fmt"
@@ -12,11 +12,12 @@ import (
 )
 
 // Settings are the exporter's knobs, as flags of the command that runs it
-// (each with its IDEMD_ variable). Their defaults are DefaultSettings.
+// (each with its IDEMD_ variable): the completer embeds them as a named
+// field tagged embed:"", and its FlagDefaults includes DefaultSettings.
 type Settings struct {
-	Interval         time.Duration `name:"river-stats-interval" default:"${river_stats_interval}" help:"How often the replica holding the river-stats lease counts River's jobs by queue and state; the others try to take the lease as often."`
-	LeaseTTL         time.Duration `name:"river-stats-lease-ttl" default:"${river_stats_lease_ttl}" help:"The river-stats lease expires this long after its holder's last pass: a replica that dies is replaced as exporter within this plus --river-stats-interval. Longer than --river-stats-interval plus --river-stats-statement-timeout."`
-	StatementTimeout time.Duration `name:"river-stats-statement-timeout" default:"${river_stats_statement_timeout}" help:"statement_timeout of the counting query (SET LOCAL)."`
+	Interval         time.Duration `name:"db-stats-interval" default:"${db_stats_interval}" help:"How often the replica holding the db-stats lease reads the database-wide gauges (River's jobs by queue and state, the reaper's last complete run); the others try to take the lease as often."`
+	LeaseTTL         time.Duration `name:"db-stats-lease-ttl" default:"${db_stats_lease_ttl}" help:"The db-stats lease expires this long after its holder's last pass: a replica that dies is replaced as exporter within this plus --db-stats-interval. Longer than --db-stats-interval plus --db-stats-statement-timeout."`
+	StatementTimeout time.Duration `name:"db-stats-statement-timeout" default:"${db_stats_statement_timeout}" help:"statement_timeout of a pass's queries (SET LOCAL)."`
 }
 
 // DefaultSettings returns the settings with every default filled in. It is
@@ -33,16 +34,16 @@ func DefaultSettings() Settings {
 func (s *Settings) Check() []string {
 	var p []string
 	if s.Interval <= 0 {
-		p = append(p, "--river-stats-interval must be positive")
+		p = append(p, "--db-stats-interval must be positive")
 	}
 	if s.StatementTimeout <= 0 {
-		p = append(p, "--river-stats-statement-timeout must be positive")
+		p = append(p, "--db-stats-statement-timeout must be positive")
 	}
 	// A live holder renews at every pass; a pass takes at most the
 	// statement timeout. Anything shorter hands the lease around between
 	// live replicas.
 	if s.Interval > 0 && s.StatementTimeout > 0 && s.LeaseTTL <= s.Interval+s.StatementTimeout {
-		p = append(p, fmt.Sprintf("--river-stats-lease-ttl %s must be longer than --river-stats-interval %s plus --river-stats-statement-timeout %s: the holder renews it once a pass",
+		p = append(p, fmt.Sprintf("--db-stats-lease-ttl %s must be longer than --db-stats-interval %s plus --db-stats-statement-timeout %s: the holder renews it once a pass",
 			config.FormatDuration(s.LeaseTTL), config.FormatDuration(s.Interval), config.FormatDuration(s.StatementTimeout)))
 	}
 	return p

@@ -1,4 +1,4 @@
-package riverstats
+package dbstats
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 
 	"idemd/internal/config"
 	"idemd/internal/dbtest"
+	"idemd/internal/runhistory"
 	"idemd/internal/testwait"
 )
 
@@ -85,13 +86,13 @@ func TestSettingsCheck(t *testing.T) {
 	}
 	bad := Settings{Interval: 0, LeaseTTL: 10 * time.Second, StatementTimeout: -time.Second}
 	got := strings.Join(bad.Check(), "\n")
-	for _, want := range []string{"--river-stats-interval must be positive", "--river-stats-statement-timeout must be positive"} {
+	for _, want := range []string{"--db-stats-interval must be positive", "--db-stats-statement-timeout must be positive"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("Check() = %q, want it to say %q", got, want)
 		}
 	}
 	short := Settings{Interval: 30 * time.Second, LeaseTTL: 35 * time.Second, StatementTimeout: 10 * time.Second}
-	if got := strings.Join(short.Check(), "\n"); !strings.Contains(got, "--river-stats-lease-ttl 35s must be longer than --river-stats-interval 30s plus --river-stats-statement-timeout 10s") {
+	if got := strings.Join(short.Check(), "\n"); !strings.Contains(got, "--db-stats-lease-ttl 35s must be longer than --db-stats-interval 30s plus --db-stats-statement-timeout 10s") {
 		t.Errorf("a lease shorter than a pass: Check() = %q", got)
 	}
 	_, err := New(Config{Settings: bad})
@@ -148,7 +149,7 @@ func exported(t *testing.T, reg *prometheus.Registry) []string {
 	}
 	var out []string
 	for _, f := range fams {
-		if !strings.HasPrefix(f.GetName(), "idemd_river_") || f.GetName() == "idemd_river_stats_passes_total" {
+		if f.GetName() == "idemd_dbstats_passes_total" {
 			continue
 		}
 		for _, m := range f.GetMetric() {
@@ -165,7 +166,7 @@ func exported(t *testing.T, reg *prometheus.Registry) []string {
 func exporting(t *testing.T, reg *prometheus.Registry) bool {
 	t.Helper()
 	for _, line := range exported(t, reg) {
-		if line == "idemd_river_stats_exporter{} 1" {
+		if line == "idemd_dbstats_exporter{} 1" {
 			return true
 		}
 	}
@@ -204,7 +205,9 @@ func TestStats(t *testing.T) {
 	if !res.Exporting || res.Holder != "" || res.TookOverFrom != "" {
 		t.Errorf("a lone exporter: %+v", res)
 	}
+	// The reaper's history has no complete run: its gauge is absent.
 	want := []string{
+		`idemd_dbstats_exporter{} 1`,
 		`idemd_river_jobs{queue="default",state="available"} 3`,
 		`idemd_river_jobs{queue="default",state="pending"} 0`,
 		`idemd_river_jobs{queue="default",state="retryable"} 1`,
@@ -217,7 +220,6 @@ func TestStats(t *testing.T) {
 		`idemd_river_jobs{queue="mail",state="scheduled"} 0`,
 		`idemd_river_oldest_available_age_seconds{queue="default"} 600`,
 		`idemd_river_oldest_available_age_seconds{queue="mail"} 0`,
-		`idemd_river_stats_exporter{} 1`,
 	}
 	if got := exported(t, reg); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("exported:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -233,6 +235,92 @@ func TestStats(t *testing.T) {
 	}
 	if len(res.Queues) != 2 || res.Queues[1].Queue != "mail" || res.Queues[1].Jobs["pending"] != 0 || res.Queues[1].Jobs["available"] != 0 {
 		t.Errorf("after draining mail: %+v", res.Queues)
+	}
+}
+
+// TestReaperLastSuccess: the exporter exports the end of the reaper run
+// history's last complete run, whichever process ran it: absent (not 0)
+// while the history has none, a CronJob's run at the first pass, a later
+// run's end at the pass after it; a standby replica exports none.
+func TestReaperLastSuccess(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	const gauge = "idemd_reaper_history_last_success_timestamp_seconds"
+	value := func(reg *prometheus.Registry) (float64, bool) {
+		t.Helper()
+		prefix := gauge + "{} "
+		for _, line := range exported(t, reg) {
+			if v, ok := strings.CutPrefix(line, prefix); ok {
+				var f float64
+				if _, err := fmt.Sscan(v, &f); err != nil {
+					t.Fatal(err)
+				}
+				return f, true
+			}
+		}
+		return 0, false
+	}
+	unix := func(at time.Time) float64 { return float64(at.UnixNano()) / 1e9 }
+
+	// Runs, but none complete: a failed one, one that found the lease held.
+	if _, err := pool.Exec(ctx, `
+INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, error, holder) VALUES
+    (now() - interval '3 hours', now() - interval '3 hours' + interval '1 second', 'once', 'error', 'the --max-deletes cap', 'reaper/cronjob-pod/1/aa'),
+    (now() - interval '2 hours', now() - interval '2 hours', 'once', 'lock_held', NULL, 'reaper/cronjob-pod/1/bb')`); err != nil {
+		t.Fatal(err)
+	}
+	svc, reg := newService(t, pool, testSettings())
+	res, err := svc.RunOnce(ctx)
+	if err != nil || !res.Exporting || res.ReaperLastSuccess != nil {
+		t.Fatalf("pass over a history without a complete run: %+v, %v", res, err)
+	}
+	if v, ok := value(reg); ok || !exporting(t, reg) {
+		t.Fatalf("without a complete run: %s = %v (exported %v), want it absent from an exporting replica", gauge, v, exported(t, reg))
+	}
+
+	// A CronJob's run completes.
+	var cronJobEnd time.Time
+	if err := pool.QueryRow(ctx, `
+INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, holder)
+VALUES (now() - interval '2 hours', now() - interval '2 hours' + interval '5 seconds', 'once', 'complete', 'reaper/cronjob-pod/1/ab')
+RETURNING finished_at`).Scan(&cronJobEnd); err != nil {
+		t.Fatal(err)
+	}
+	if res, err = svc.RunOnce(ctx); err != nil || res.ReaperLastSuccess == nil || !res.ReaperLastSuccess.Equal(cronJobEnd) {
+		t.Fatalf("pass after the CronJob's run: %+v, %v; want its end %v", res, err, cronJobEnd)
+	}
+	if v, ok := value(reg); !ok || v != unix(cronJobEnd) {
+		t.Fatalf("%s = %v (exported %v), want the CronJob run's end %v", gauge, v, ok, unix(cronJobEnd))
+	}
+
+	// A later run, as a --schedule reaper records it.
+	run, err := runhistory.Start(ctx, pool, 0, runhistory.ModeSchedule, "reaper/deploy-pod/1/cd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return runhistory.End(ctx, tx, run, runhistory.Outcome{Result: runhistory.ResultComplete})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := runhistory.LastRuns(ctx, pool, 1)
+	if err != nil || len(runs) != 1 || runs[0].ID != run || runs[0].FinishedAt == nil {
+		t.Fatalf("last run %+v, %v", runs, err)
+	}
+	if _, err := svc.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := value(reg); !ok || v != unix(*runs[0].FinishedAt) {
+		t.Fatalf("%s = %v (exported %v) after the scheduled run, want its end %v", gauge, v, ok, unix(*runs[0].FinishedAt))
+	}
+
+	// A second replica stands by and exports none of it.
+	standby, regB := newService(t, pool, testSettings())
+	if res, err := standby.RunOnce(ctx); err != nil || res.Exporting || res.ReaperLastSuccess != nil {
+		t.Fatalf("standby pass: %+v, %v", res, err)
+	}
+	if v, ok := value(regB); ok {
+		t.Fatalf("the standby replica exports %s = %v", gauge, v)
 	}
 }
 
@@ -258,8 +346,8 @@ func TestOneExporterAmongReplicas(t *testing.T) {
 	if rb.Exporting || rb.Holder != a.holder {
 		t.Errorf("second replica: %+v, want standby with holder %s", rb, a.holder)
 	}
-	if got := exported(t, regB); len(got) != 1 || got[0] != "idemd_river_stats_exporter{} 0" {
-		t.Errorf("the standby replica exports %q, want only idemd_river_stats_exporter 0", got)
+	if got := exported(t, regB); len(got) != 1 || got[0] != "idemd_dbstats_exporter{} 0" {
+		t.Errorf("the standby replica exports %q, want only idemd_dbstats_exporter 0", got)
 	}
 	if !exporting(t, regA) {
 		t.Error("the holder does not export")
@@ -343,7 +431,7 @@ func TestStopHandsOver(t *testing.T) {
 	if holder == b {
 		holderReg = regB
 	}
-	if got := exported(t, holderReg); len(got) != 1 || got[0] != "idemd_river_stats_exporter{} 0" {
+	if got := exported(t, holderReg); len(got) != 1 || got[0] != "idemd_dbstats_exporter{} 0" {
 		t.Errorf("the stopped replica still exports %q", got)
 	}
 }

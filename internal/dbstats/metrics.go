@@ -1,0 +1,109 @@
+package dbstats
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Pass outcomes, the values of the result label of
+// idemd_dbstats_passes_total.
+const (
+	passExported = "exported" // this replica holds the lease and read the stats
+	passStandby  = "standby"  // another replica holds the lease
+	passError    = "error"    // the lease or a query failed; see the log
+)
+
+var passResults = []string{passExported, passStandby, passError}
+
+// snapshot is what the exporter exports: one pass's numbers.
+type snapshot struct {
+	queues []QueueStats
+	// reaperLastSuccess is nil while the reaper's run history has no
+	// complete run: the gauge is then absent, never 0.
+	reaperLastSuccess *time.Time
+}
+
+// metrics holds the counter of passes and the collector of the stats,
+// which exports the last pass's numbers only while this replica is the
+// exporter: the others export none of them at all.
+type metrics struct {
+	passes *prometheus.CounterVec
+
+	jobs, oldest, reaperLastSuccess, exporter *prometheus.Desc
+
+	mu   sync.Mutex
+	snap *snapshot // nil: not exporting
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_dbstats_passes_total",
+			Help: "Passes of the database-wide gauges' exporter by result: exported (this replica holds the db-stats lease), standby (another does), error.",
+		}, []string{"result"}),
+		jobs: prometheus.NewDesc("idemd_river_jobs",
+			"Jobs in river_job by queue and state (available, pending, retryable, running, scheduled), exported by the replica holding the db-stats lease.",
+			[]string{"queue", "state"}, nil),
+		oldest: prometheus.NewDesc("idemd_river_oldest_available_age_seconds",
+			"How long the oldest available job of the queue has been due (0 when none is available), exported by the replica holding the db-stats lease.",
+			[]string{"queue"}, nil),
+		reaperLastSuccess: prometheus.NewDesc("idemd_reaper_history_last_success_timestamp_seconds",
+			"Unix time of the end of the last complete reaper run in the run history (idemd_reaper_runs), whichever process ran it (CronJob, manual, --schedule); exported by the replica holding the db-stats lease, absent while the history has no complete run.",
+			nil, nil),
+		exporter: prometheus.NewDesc("idemd_dbstats_exporter",
+			"1 when this replica holds the db-stats lease and exports the database-wide gauges (idemd_river_jobs, idemd_river_oldest_available_age_seconds, idemd_reaper_history_last_success_timestamp_seconds), 0 otherwise.",
+			nil, nil),
+	}
+	// Every result starts at 0, so the first error is an increase.
+	for _, r := range passResults {
+		m.passes.WithLabelValues(r)
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.passes, m} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+// set replaces the exported numbers; nil stops exporting them.
+func (m *metrics) set(snap *snapshot) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.snap = snap
+}
+
+// Describe implements prometheus.Collector.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.jobs
+	ch <- m.oldest
+	ch <- m.reaperLastSuccess
+	ch <- m.exporter
+}
+
+// Collect implements prometheus.Collector.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	exporting := 0.0
+	if m.snap != nil {
+		exporting = 1
+	}
+	ch <- prometheus.MustNewConstMetric(m.exporter, prometheus.GaugeValue, exporting)
+	if m.snap == nil {
+		return
+	}
+	for _, q := range m.snap.queues {
+		for _, st := range States {
+			ch <- prometheus.MustNewConstMetric(m.jobs, prometheus.GaugeValue, float64(q.Jobs[st]), q.Queue, st)
+		}
+		ch <- prometheus.MustNewConstMetric(m.oldest, prometheus.GaugeValue, q.OldestAvailableAge.Seconds(), q.Queue)
+	}
+	if t := m.snap.reaperLastSuccess; t != nil {
+		ch <- prometheus.MustNewConstMetric(m.reaperLastSuccess, prometheus.GaugeValue, float64(t.UnixNano())/1e9)
+	}
+}

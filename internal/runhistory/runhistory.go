@@ -1,0 +1,231 @@
+// Package runhistory is the reaper's run history, idemd_reaper_runs
+// (migrations/00016): one row per run that is not a dry run, whatever ran
+// it (the CronJob, a manual run, a --schedule reaper). It is the one owner
+// of the table: the reaper writes its runs through it (Start, RecordBatch,
+// End, RecordUnleased), and every reader (idemctl status, the console, the
+// database-wide exporter internal/dbstats) reads through LastRuns and
+// LastSuccess, so no service imports another for it.
+//
+// A run that takes the reaper's lease (LeaseName) inserts its row at once,
+// adds each batch's counts in the batch's own transaction, and records its
+// end in the transaction that releases the lease. A row without an end
+// therefore belongs to a run that did not release its lease: running while
+// its holder still holds a live lease, interrupted once it does not. A run
+// that never held the lease inserts one finished row at its end. Each end
+// prunes the table to the newest 1000 runs of the last 30 days.
+package runhistory
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// LeaseName is the row in idemd_leases a reaper run holds while it runs
+// (the reaper takes, renews and releases it): the history reads a run
+// without an end as running while its holder holds it.
+const LeaseName = "reaper"
+
+// Modes of a run, the history's mode column.
+const (
+	ModeOnce     = "once"     // one run and exit: a CronJob or a manual run
+	ModeSchedule = "schedule" // a run of a --schedule reaper
+)
+
+// Results a run in the history can have: its outcome (complete,
+// incomplete, lock_held, error; the reaper's result label uses the same
+// words), or for a run whose end is not recorded, whether it is still
+// going.
+const (
+	ResultComplete   = "complete"   // everything eligible was reaped
+	ResultIncomplete = "incomplete" // stopped by --max-runtime or shutdown; the next run continues
+	ResultLockHeld   = "lock_held"  // another live run held the lease
+	ResultError      = "error"      // failed; the row's error says why
+	// ResultRunning: no end yet, and its holder still holds the lease.
+	ResultRunning = "running"
+	// ResultInterrupted: no end, and its holder no longer holds the lease:
+	// the run was killed (or lost the database at its end).
+	ResultInterrupted = "interrupted"
+)
+
+// The history keeps the newest keep runs of the last maxAge.
+const (
+	keep   = 1000
+	maxAge = 30 * 24 * time.Hour
+)
+
+// Run is one run of the history.
+type Run struct {
+	ID         int64      `json:"id"`
+	StartedAt  time.Time  `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+	Mode       string     `json:"mode"`
+	Result     string     `json:"result"`
+	// Deleted and Flagged count the run's committed batches, also for a run
+	// that was interrupted.
+	Deleted int64  `json:"deleted"`
+	Flagged int64  `json:"flagged"`
+	Error   string `json:"error,omitempty"`
+	// Holder is the process that ran it, as in the lease table.
+	Holder string `json:"holder"`
+}
+
+// Querier runs the history's read queries: a pool, a connection or a
+// transaction (idemctl status reads everything in one snapshot).
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Execer runs the history's writes: a pool, a connection or a transaction.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// lastRunsSQL lists the newest runs. A run without an end is running while
+// its holder holds a live lease and has begun no later run; otherwise it
+// was interrupted.
+const lastRunsSQL = `
+SELECT r.id, r.started_at, r.finished_at, r.mode,
+       COALESCE(r.result, CASE WHEN EXISTS (
+                SELECT 1 FROM idemd_leases l
+                WHERE l.name = @lease AND l.holder = r.holder AND l.expires_at > clock_timestamp())
+            AND NOT EXISTS (SELECT 1 FROM idemd_reaper_runs n WHERE n.holder = r.holder AND n.id > r.id)
+            THEN '` + ResultRunning + `' ELSE '` + ResultInterrupted + `' END),
+       r.deleted, r.flagged, COALESCE(r.error, ''), r.holder
+FROM idemd_reaper_runs r
+ORDER BY r.id DESC
+LIMIT @n`
+
+// LastRuns returns the newest n runs of the history, newest first.
+func LastRuns(ctx context.Context, db Querier, n int) ([]Run, error) {
+	rows, err := db.Query(ctx, lastRunsSQL, pgx.NamedArgs{"lease": LeaseName, "n": n})
+	if err != nil {
+		return nil, fmt.Errorf("reaper run history: last runs: %w", err)
+	}
+	runs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Run, error) {
+		var run Run
+		err := r.Scan(&run.ID, &run.StartedAt, &run.FinishedAt, &run.Mode, &run.Result, &run.Deleted, &run.Flagged, &run.Error, &run.Holder)
+		return run, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reaper run history: last runs: %w", err)
+	}
+	if runs == nil {
+		runs = []Run{}
+	}
+	return runs, nil
+}
+
+// LastSuccess returns when the last complete run ended, by the database
+// clock, whatever process ran it; nil when the history has none. The
+// database-wide exporter (internal/dbstats) exports it, so the health of a
+// CronJob reaper, which lives too briefly to be scraped, is visible in a
+// long-running daemon's metrics.
+func LastSuccess(ctx context.Context, db Querier) (*time.Time, error) {
+	var t *time.Time
+	err := db.QueryRow(ctx, `SELECT max(finished_at) FROM idemd_reaper_runs WHERE result = @result`,
+		pgx.NamedArgs{"result": ResultComplete}).Scan(&t)
+	if err != nil {
+		return nil, fmt.Errorf("reaper run history: last success: %w", err)
+	}
+	return t, nil
+}
+
+// startSQL records a run that took the lease. @elapsed is how long ago it
+// started (it may have waited for the lease), so started_at is on the
+// database clock like the rest of the row.
+const startSQL = `
+INSERT INTO idemd_reaper_runs (started_at, mode, holder)
+VALUES (clock_timestamp() - @elapsed::interval, @mode, @holder)
+RETURNING id`
+
+// Start records the start of a run that holds the lease and returns its
+// row's id. elapsed is how long ago the run began; holder names its
+// process as in the lease table.
+func Start(ctx context.Context, db Execer, elapsed time.Duration, mode, holder string) (int64, error) {
+	var id int64
+	err := db.QueryRow(ctx, startSQL, pgx.NamedArgs{"elapsed": elapsed, "mode": mode, "holder": holder}).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("record the run's start in idemd_reaper_runs: %w", err)
+	}
+	return id, nil
+}
+
+// RecordBatch adds a batch's counts to its run's row, in the batch's
+// transaction tx: a run killed later still shows what it committed, and a
+// batch rolled back counts nothing.
+func RecordBatch(ctx context.Context, tx pgx.Tx, run, deleted, flagged int64) error {
+	_, err := tx.Exec(ctx, `UPDATE idemd_reaper_runs SET deleted = deleted + @deleted, flagged = flagged + @flagged WHERE id = @run`,
+		pgx.NamedArgs{"run": run, "deleted": deleted, "flagged": flagged})
+	if err != nil {
+		return fmt.Errorf("record the batch in idemd_reaper_runs: %w", err)
+	}
+	return nil
+}
+
+// Outcome is a run's end as the history records it.
+type Outcome struct {
+	// Result is ResultComplete, ResultIncomplete, ResultLockHeld or
+	// ResultError.
+	Result           string
+	Deleted, Flagged int64
+	// Err is the run's error, recorded as its text; nil for none.
+	Err error
+}
+
+func (o Outcome) args() pgx.NamedArgs {
+	var msg *string
+	if o.Err != nil {
+		m := o.Err.Error()
+		msg = &m
+	}
+	return pgx.NamedArgs{"result": o.Result, "deleted": o.Deleted, "flagged": o.Flagged, "error": msg}
+}
+
+// endSQL records a run's end.
+const endSQL = `
+UPDATE idemd_reaper_runs
+SET finished_at = clock_timestamp(), result = @result, deleted = @deleted, flagged = @flagged, error = @error
+WHERE id = @run`
+
+// pruneSQL keeps the history bounded: the newest @keep runs of the last
+// @max_age.
+const pruneSQL = `
+DELETE FROM idemd_reaper_runs
+WHERE started_at < clock_timestamp() - @max_age::interval
+   OR id <= (SELECT id FROM idemd_reaper_runs ORDER BY id DESC OFFSET @keep LIMIT 1)`
+
+// End records the end of run (its row from Start) and prunes the history,
+// in tx: the reaper's transaction that also releases the lease, so a row
+// without an end always belongs to a run that did not release it.
+func End(ctx context.Context, tx pgx.Tx, run int64, o Outcome) error {
+	args := o.args()
+	args["run"] = run
+	if _, err := tx.Exec(ctx, endSQL, args); err != nil {
+		return fmt.Errorf("record the run's end in idemd_reaper_runs: %w", err)
+	}
+	if _, err := tx.Exec(ctx, pruneSQL, pgx.NamedArgs{"max_age": maxAge, "keep": keep}); err != nil {
+		return fmt.Errorf("prune idemd_reaper_runs: %w", err)
+	}
+	return nil
+}
+
+// RecordUnleased records a run that never held the lease (another run held
+// it, or the run failed before it had it) as one finished row. elapsed is
+// how long ago the run began.
+func RecordUnleased(ctx context.Context, db Execer, elapsed time.Duration, mode, holder string, o Outcome) error {
+	args := o.args()
+	args["elapsed"], args["mode"], args["holder"] = elapsed, mode, holder
+	_, err := db.Exec(ctx, `
+INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, flagged, error, holder)
+VALUES (clock_timestamp() - @elapsed::interval, clock_timestamp(), @mode, @result, @deleted, @flagged, @error, @holder)`, args)
+	if err != nil {
+		return fmt.Errorf("record the run in idemd_reaper_runs: %w", err)
+	}
+	return nil
+}
