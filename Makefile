@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-.PHONY: build image test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-pgbouncer ensure-buildah ensure-runtimes
+.PHONY: build image test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium
 
 build:
 	@mkdir -p $(BIN)
@@ -32,6 +32,11 @@ ensure-buildah:
 ensure-runtimes:
 	@scripts/ensure-runtimes.sh
 
+# Debian's chromium and chromedriver for the console's browser test
+# (internal/console, TestBrowser; with CI=true it fails without them).
+ensure-chromium:
+	@scripts/ensure-chromium.sh
+
 # The container image, built offline (FROM scratch, nothing pulled) as
 # $(IMAGE); deploy/Dockerfile builds the same image where a registry is
 # reachable.
@@ -44,7 +49,7 @@ image: ensure-buildah
 # test command: the package tests, then the end-to-end fault suite.
 test: unit e2e
 
-unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-buildah ensure-runtimes
+unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-buildah ensure-runtimes ensure-chromium
 	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
 
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Makes sure Debian's `chromium` is on PATH: the console's browser test
-# (internal/console, TestBrowser) loads its pages in headless Chromium and
-# checks the rendered DOM. Chromium has no service of its own; the helper is
-# used for its quiet, no-recommends install.
+# Makes sure Debian's `chromium` and `chromedriver` are on PATH: the
+# console's browser test (internal/console, TestBrowser) loads its pages in
+# headless Chromium, checks the rendered DOM, and drives the browser through
+# chromedriver's W3C WebDriver API to act on the console as a person would
+# (fill a form, press its button). Neither has a service of its own; the
+# helper is used for its quiet, no-recommends install. make unit and .ci/run
+# call this, so with CI=true the browser test runs rather than skips.
 set -euo pipefail
 
-if command -v chromium >/dev/null; then
-  exit 0
-fi
-echo "ensure-chromium: no chromium on this machine; installing Debian's chromium" >&2
-"$(dirname "$0")/install-debian-quietly.sh" chromium chromium
+install() { # install COMMAND PACKAGE
+  if command -v "$1" >/dev/null; then
+    return 0
+  fi
+  echo "ensure-chromium: no $1 on this machine; installing Debian's $2" >&2
+  "$(dirname "$0")/install-debian-quietly.sh" "$2" "$2"
+  if ! command -v "$1" >/dev/null; then
+    echo "ensure-chromium: the $2 package installed no $1 on PATH" >&2
+    exit 1
+  fi
+  "$1" --version 2>&1 | head -1 >&2
+}
 
-if ! command -v chromium >/dev/null; then
-  echo "ensure-chromium: the chromium package installed no chromium on PATH" >&2
-  exit 1
-fi
-chromium --version 2>&1 | head -1 >&2
+install chromium chromium
+install chromedriver chromium-driver

@@ -56,7 +56,8 @@ func headless(t *testing.T, bin, url, shot string) string {
 }
 
 // TestBrowser loads the status page and a key page in headless Chromium
-// and checks the DOM it rendered shows the seeded values.
+// and checks the DOM it rendered shows the seeded values (TestBrowserActs,
+// webdriver_test.go, acts through the pages' forms).
 // IDEMD_CONSOLE_SCREENSHOTS=dir also saves screenshots of the main pages
 // there (docs/console/ holds the committed ones).
 func TestBrowser(t *testing.T) {
