@@ -2,14 +2,14 @@
 -- CronJob, a manual run, a --schedule Deployment), so a run's outcome is
 -- known without scraping a process that lives for seconds: idemctl status
 -- shows the last runs, and a long-running daemon can export the time of the
--- last successful one (reaper.LastSuccess).
+-- last successful one (runhistory.LastSuccess).
 --
 -- A run that takes the lease inserts its row at once (finished_at and
 -- result NULL), adds each batch's counts in the batch's own transaction,
 -- and records its end (finished_at, result, error) in the transaction that
 -- releases its lease. So a row without an end whose holder no longer holds
 -- the lease is a run that was killed (or lost the database at its end):
--- reaper.LastRuns calls it interrupted, with the counts of the batches it
+-- runhistory.LastRuns calls it interrupted, with the counts of the batches it
 -- committed. A run that never took the lease (another run held it, or the
 -- database failed first) inserts one finished row at its end. Dry runs
 -- change nothing and leave no row.
