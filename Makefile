@@ -54,7 +54,7 @@ unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-buildah ensure-run
 
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,
 # severed connections (internal/e2e, build tag e2e).
-e2e: ensure-postgres ensure-pgbouncer ensure-runtimes
+e2e: ensure-postgres ensure-pgbouncer ensure-promtool ensure-runtimes
 	$(GO) test -tags e2e -count=1 -timeout 15m ./internal/e2e/...
 
 lint:
