@@ -6,8 +6,8 @@ import (
 	"os"
 	"time"
 
+	enqueuerbench "idemd/internal/bench/enqueuer"
 	"idemd/internal/enqueuer"
-	"idemd/internal/enqueuer/enqueuerbench"
 )
 
 // SnapshotDurationEnv overrides the length of each held-snapshot run of the

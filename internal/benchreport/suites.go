@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
+	enqueuerbench "idemd/internal/bench/enqueuer"
 	reaperbench "idemd/internal/bench/reaper"
-	"idemd/internal/enqueuer/enqueuerbench"
 )
 
 // Scale shrinks every suite for a quick run (1 = the issues' sizes).
