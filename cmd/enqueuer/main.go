@@ -1,4 +1,5 @@
 // Command enqueuer moves committed staged jobs into River, exactly once.
+// See docs/enqueuer.md.
 package main
 
 import (
@@ -9,5 +10,5 @@ import (
 )
 
 func main() {
-	os.Exit(daemon.Main("enqueuer", "Move committed rows of staged_jobs into River, exactly once.", &enqueuer.CLI{}, os.Args[1:]))
+	os.Exit(daemon.Main("enqueuer", enqueuer.Description, &enqueuer.Command{}, os.Args[1:]))
 }

@@ -3,7 +3,7 @@ package enqueuer
 import (
 	"context"
 	"encoding/json"
-	"fmt"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -18,15 +18,22 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"idemd/internal/config"
 	"idemd/internal/dbtest"
 	"idemd/internal/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
-func newService(t *testing.T, pool *pgxpool.Pool, cfg Config) *Service {
+// newService builds a Service on pool with DefaultSettings, changed by
+// each of change.
+func newService(t *testing.T, pool *pgxpool.Pool, change ...func(*Settings)) *Service {
 	t.Helper()
-	s, err := New(pool, cfg)
+	cfg := Config{Settings: DefaultSettings(), Pool: pool}
+	for _, c := range change {
+		c(&cfg.Settings)
+	}
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,8 +74,8 @@ VALUES ('send_ride_receipt', '{"ride_id": 2}', 'mail', 2, 5, now() + interval '1
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newService(t, pool, Config{})
-	res, err := s.Drain(ctx)
+	s := newService(t, pool)
+	res, err := s.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,8 +146,8 @@ INSERT INTO staged_jobs (job_name, job_args) VALUES ('', '{"n": 11}');
 	if _, err := pool.Exec(ctx, `UPDATE staged_jobs SET job_args = $1 WHERE job_args ? 'big'`, big); err != nil {
 		t.Fatal(err)
 	}
-	s := newService(t, pool, Config{AllowedKinds: []string{"good"}, MaxArgsBytes: 1024})
-	res, err := s.Drain(ctx)
+	s := newService(t, pool, func(s *Settings) { s.AllowedKinds, s.MaxArgsBytes = []string{"good"}, 1024 })
+	res, err := s.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +194,7 @@ INSERT INTO staged_jobs (job_name, job_args) VALUES ('', '{"n": 11}');
 	if n := count(t, pool, "SELECT count(*) FROM staged_jobs"); n != 0 {
 		t.Fatalf("%d rows left staged", n)
 	}
-	if v := testutil.ToFloat64(s.m.DeadLettered.WithLabelValues(ReasonInvalidQueue)); v != 1 {
+	if v := testutil.ToFloat64(s.metrics.deadLettered.WithLabelValues(ReasonInvalidQueue)); v != 1 {
 		t.Fatalf("dead-letter metric for invalid_queue = %v", v)
 	}
 }
@@ -210,8 +217,8 @@ SELECT 'good', CASE WHEN g % 10 = 0 THEN jsonb_build_object('n', g, 'poison', tr
 FROM generate_series(1, 50) g`); err != nil {
 		t.Fatal(err)
 	}
-	s := newService(t, pool, Config{BatchSize: 20})
-	res, err := s.Drain(ctx)
+	s := newService(t, pool, func(s *Settings) { s.BatchSize = 20 })
+	res, err := s.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +243,7 @@ WHERE job_args ? 'poison' AND reason LIKE $1 AND reason LIKE '%no_poison%'`, Rea
 func TestLateCommittingLowerIDIsMoved(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, Config{BatchSize: 10})
+	s := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
 
 	late, err := pool.Begin(ctx)
 	if err != nil {
@@ -251,7 +258,7 @@ func TestLateCommittingLowerIDIsMoved(t *testing.T) {
 		if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'early', '{}' FROM generate_series(1, 25)`); err != nil {
 			t.Fatal(err)
 		}
-		res, err := s.Drain(ctx)
+		res, err := s.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +272,7 @@ func TestLateCommittingLowerIDIsMoved(t *testing.T) {
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Drain(ctx)
+	res, err := s.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +296,7 @@ func TestExactlyOnceWithConcurrentWritersAndReplicas(t *testing.T) {
 	var services []*Service
 	for range 3 {
 		// A long poll interval: the services must be woken by NOTIFY.
-		s := newService(t, pool, Config{BatchSize: 1000, PollInterval: time.Hour})
+		s := newService(t, pool, func(s *Settings) { s.BatchSize, s.PollInterval = 1000, time.Hour })
 		if err := s.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -362,7 +369,7 @@ func TestExactlyOnceWithConcurrentWritersAndReplicas(t *testing.T) {
 	}
 	var woken float64
 	for _, s := range services {
-		woken += testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify"))
+		woken += testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("notify"))
 	}
 	if woken == 0 {
 		t.Fatal("no service was woken by NOTIFY")
@@ -372,30 +379,31 @@ func TestExactlyOnceWithConcurrentWritersAndReplicas(t *testing.T) {
 func TestWakesOnNotifyWithoutPolling(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, Config{PollInterval: time.Hour})
+	s := newService(t, pool, func(s *Settings) { s.PollInterval = time.Hour })
+	s.signals.listenerUp.Init()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop(ctx) //nolint:errcheck
-	testwait.Until(t, 2*time.Minute, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+	s.signals.listenerUp.WaitOrTimeout(t)
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
 		t.Fatal(err)
 	}
 	// The first row may be moved by the drain the listener's connect
 	// triggers; its notification must arrive all the same.
 	testwait.Until(t, 2*time.Minute, "first row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 1 })
-	testwait.Until(t, 2*time.Minute, "its notification", func() bool { return testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify")) >= 1 })
+	testwait.Until(t, 2*time.Minute, "its notification", func() bool { return testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("notify")) >= 1 })
 	// From here on, with an hour-long poll and the listener connected, only
 	// a notification can wake the service: the second row proves it.
-	reconnects := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect"))
+	reconnects := testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("reconnect"))
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
 		t.Fatal(err)
 	}
 	testwait.Until(t, 2*time.Minute, "second row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 2 })
-	if testutil.ToFloat64(s.m.Wakeups.WithLabelValues("poll")) != 0 {
+	if testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("poll")) != 0 {
 		t.Fatal("a poll happened with an hour-long interval")
 	}
-	if testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect")) != reconnects {
+	if testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("reconnect")) != reconnects {
 		t.Fatal("the listener reconnected during the test; the second row's wake-up is not attributable")
 	}
 }
@@ -413,15 +421,14 @@ func TestSurvivesTerminatedConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer svcPool.Close()
-	s := newService(t, svcPool, Config{BatchSize: 200, PollInterval: 50 * time.Millisecond})
+	s := newService(t, svcPool, func(s *Settings) { s.BatchSize, s.PollInterval = 200, 50*time.Millisecond })
+	s.signals.listenerUp.Init()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// The listener's first connection counts as a reconnect wake-up too; the
 	// first cut below must find it up, so a second one proves it came back.
-	testwait.Until(t, time.Minute, "listener up", func() bool {
-		return testutil.ToFloat64(s.m.ListenerUp) == 1
-	})
+	s.signals.listenerUp.WaitOrTimeout(t)
 	var staged atomic.Int64
 	for round := range 20 {
 		if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', '{}' FROM generate_series(1, 1000)`); err != nil {
@@ -439,7 +446,7 @@ func TestSurvivesTerminatedConnections(t *testing.T) {
 	// Polling can finish the drain before the listener's backoff has run
 	// out: wait for it to be back rather than catch it in between.
 	testwait.Until(t, time.Minute, "listener reconnected after the cuts", func() bool {
-		return testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect")) >= 2 && testutil.ToFloat64(s.m.ListenerUp) == 1
+		return testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("reconnect")) >= 2 && testutil.ToFloat64(s.metrics.listenerUp) == 1
 	})
 	if err := s.Stop(ctx); err != nil {
 		t.Fatal(err)
@@ -490,8 +497,8 @@ func TestRiverWorkerWorksMovedJobs(t *testing.T) {
 	}
 	defer rc.Stop(ctx) //nolint:errcheck
 
-	s := newService(t, pool, Config{BatchSize: 64})
-	if _, err := s.Drain(ctx); err != nil {
+	s := newService(t, pool, func(s *Settings) { s.BatchSize = 64 })
+	if _, err := s.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	got := map[int]bool{}
@@ -518,11 +525,11 @@ func TestStopFinishesTheCurrentBatch(t *testing.T) {
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', '{}' FROM generate_series(1, 20000)`); err != nil {
 		t.Fatal(err)
 	}
-	s := newService(t, pool, Config{BatchSize: 500, PollInterval: time.Hour})
+	s := newService(t, pool, func(s *Settings) { s.BatchSize, s.PollInterval = 500, time.Hour })
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, 2*time.Minute, "some progress", func() bool { return testutil.ToFloat64(s.m.Moved) > 0 })
+	testwait.Until(t, 2*time.Minute, "some progress", func() bool { return testutil.ToFloat64(s.metrics.moved) > 0 })
 	if err := s.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +537,7 @@ func TestStopFinishesTheCurrentBatch(t *testing.T) {
 	// count is a whole number of batches.
 	inRiver := count(t, pool, "SELECT count(*) FROM river_job")
 	left := count(t, pool, "SELECT count(*) FROM staged_jobs")
-	if inRiver+left != 20000 || inRiver%500 != 0 || inRiver != int64(testutil.ToFloat64(s.m.Moved)) {
+	if inRiver+left != 20000 || inRiver%500 != 0 || inRiver != int64(testutil.ToFloat64(s.metrics.moved)) {
 		t.Fatalf("after stop: %d in River, %d staged", inRiver, left)
 	}
 	// Started again, it finishes the job.
@@ -543,11 +550,46 @@ func TestStopFinishesTheCurrentBatch(t *testing.T) {
 	}
 }
 
-func TestConfigValidation(t *testing.T) {
-	for _, cfg := range []Config{{BatchSize: -1}, {BatchSize: 1_000_000}, {PollInterval: -time.Second}, {AllowedKinds: []string{""}}} {
-		if _, err := New(nil, cfg); err == nil {
-			t.Errorf("config %+v accepted", cfg)
+// New refuses what Settings.Check refuses, with the flags' words, and
+// zero is a value like any other: a zero batch size is refused, not taken
+// for the default.
+func TestNewChecksTheSettings(t *testing.T) {
+	for _, c := range []struct {
+		change func(*Settings)
+		want   string
+	}{
+		{func(s *Settings) { s.BatchSize = -1 }, "--batch-size must be between 1 and 100000, got -1"},
+		{func(s *Settings) { s.BatchSize = 0 }, "--batch-size must be between 1 and 100000, got 0"},
+		{func(s *Settings) { s.BatchSize = 1_000_000 }, "--batch-size must be between 1 and 100000, got 1000000"},
+		{func(s *Settings) { s.Workers = 0 }, "--workers must be between 1 and 64, got 0"},
+		{func(s *Settings) { s.PollInterval = -time.Second }, "--poll-interval must be positive"},
+		{func(s *Settings) { s.PollInterval = 0 }, "--poll-interval must be positive"},
+		{func(s *Settings) { s.MaxArgsBytes = 0 }, "--max-args-bytes must be positive"},
+		{func(s *Settings) { s.StatsInterval = 0 }, "--stats-interval must be positive"},
+		{func(s *Settings) { s.ListenerCheckInterval = 0 }, "--listener-check-interval must be positive"},
+		{func(s *Settings) { s.ListenerCheckTimeout = 0 }, "--listener-check-timeout must be positive"},
+		{func(s *Settings) { s.AllowedKinds = []string{""} }, `--allowed-kinds: kind "" must be 1 to 127 bytes`},
+		{func(s *Settings) { s.AllowedKinds = []string{" "} }, `--allowed-kinds: kind " " must be 1 to 127 bytes`},
+		{func(s *Settings) { s.ListenDatabaseURL = "postgres://u:SECRET@h:notaport/d" }, "--listen-database-url: cannot parse the connection URL"},
+		{func(s *Settings) { s.ListenDatabaseURL, s.PollOnly = "postgres://u@h/d", true }, "--listen-database-url and --poll-only contradict each other"},
+	} {
+		cfg := Config{Settings: DefaultSettings(), Pool: &pgxpool.Pool{}}
+		c.change(&cfg.Settings)
+		_, err := New(cfg)
+		var ce *config.Error
+		if !errors.As(err, &ce) || !slices.Contains(ce.Problems, c.want) {
+			t.Errorf("want problem %q, got %v", c.want, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("the listen URL's password was printed: %v", err)
 		}
 	}
-	_ = fmt.Sprint()
+	if s := DefaultSettings(); len(s.Check()) != 0 {
+		t.Errorf("DefaultSettings has problems: %q", s.Check())
+	}
+	_, err := New(Config{Settings: DefaultSettings()})
+	var ce *config.Error
+	if !errors.As(err, &ce) || !slices.Contains(ce.Problems, "a database pool is required") {
+		t.Errorf("no pool: %v", err)
+	}
 }

@@ -82,6 +82,9 @@ type floor struct {
 	// were expected to cover it.
 	swept          int64
 	sweptListening bool
+	// untilEmpty: the full pass asked for is --once's, repeated until one
+	// takes nothing (lowerUntilEmpty).
+	untilEmpty bool
 }
 
 func newFloor() *floor { return &floor{notified: noFloor, swept: noFloor} }
@@ -90,6 +93,18 @@ func newFloor() *floor { return &floor{notified: noFloor, swept: noFloor} }
 func (f *floor) lower(id int64) {
 	f.mu.Lock()
 	f.notified = min(f.notified, id)
+	f.mu.Unlock()
+}
+
+// lowerUntilEmpty asks for full passes until one takes nothing: the pass
+// asks again after a full pass that took rows. It is --once's request
+// (runOnce): with no listener and no sweep beside it, only another full
+// pass finds the rows a pass moved past while another transaction held
+// them locked.
+func (f *floor) lowerUntilEmpty() {
+	f.mu.Lock()
+	f.notified = fullPass
+	f.untilEmpty = true
 	f.mu.Unlock()
 }
 
@@ -110,6 +125,8 @@ type drainSpec struct {
 	// the sweep found, below where this replica's notified drains had
 	// already taken rows (fullPass: count none).
 	gapBelow int64
+	// untilEmpty: a full pass of --once; if it takes rows, another follows.
+	untilEmpty bool
 }
 
 // take returns the next drain's spec and resets the floor; ok is false
@@ -122,14 +139,14 @@ func (f *floor) take(passed int64) (spec drainSpec, ok bool) {
 	if from == noFloor {
 		return drainSpec{}, false
 	}
-	spec = drainSpec{from: from, gapBelow: fullPass}
+	spec = drainSpec{from: from, gapBelow: fullPass, untilEmpty: f.untilEmpty}
 	if f.swept < f.notified && f.sweptListening {
 		// Rows at or above a pending notification's id are that
 		// notification's, and rows above anything this replica took are
 		// simply new: neither is a gap.
 		spec.gapBelow = min(f.notified, passed)
 	}
-	f.notified, f.swept, f.sweptListening = noFloor, noFloor, false
+	f.notified, f.swept, f.sweptListening, f.untilEmpty = noFloor, noFloor, false, false
 	return spec, true
 }
 
@@ -188,7 +205,7 @@ func (s *Service) gap(reason string, n int, fields ...zap.Field) {
 	if n <= 0 {
 		return
 	}
-	s.m.NotificationGaps.WithLabelValues(reason).Add(float64(n))
+	s.metrics.notificationGaps.WithLabelValues(reason).Add(float64(n))
 	once := &s.gapLogged[0]
 	msg := "rows were moved that no notification had reported: a notification was lost, or another replica rolled back or died holding them; the sweep moves such rows within --poll-interval (logged once; idemd_enqueuer_notification_gaps_total{reason=\"swept\"} counts them)"
 	if reason == GapNoFloor {

@@ -188,7 +188,7 @@ SELECT min(id) FROM i`).Scan(&low); err != nil {
 func recordDrains(s *Service) func() []drainSpec {
 	var mu sync.Mutex
 	var specs []drainSpec
-	s.onDrain = func(d drainSpec) {
+	s.hooks.drainStarted = func(d drainSpec) {
 		mu.Lock()
 		specs = append(specs, d)
 		mu.Unlock()
@@ -234,16 +234,17 @@ func lateLowID(t *testing.T, pool *pgxpool.Pool) (int64, pgx.Tx) {
 func TestLateLowIDIsMovedByItsNotification(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, Config{PollInterval: time.Hour})
+	s := newService(t, pool, func(s *Settings) { s.PollInterval = time.Hour })
 	drains := recordDrains(s)
+	s.signals.listenerUp.Init()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop(ctx) //nolint:errcheck
-	testwait.Until(t, 2*time.Minute, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+	s.signals.listenerUp.WaitOrTimeout(t)
 
 	lateID, late := lateLowID(t, pool)
-	reconnects := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect"))
+	reconnects := testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("reconnect"))
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -256,12 +257,12 @@ func TestLateLowIDIsMovedByItsNotification(t *testing.T) {
 	if !slices.Contains(drains(), drainSpec{from: lateID, gapBelow: fullPass}) {
 		t.Fatalf("no drain started at the late id %d: %+v", lateID, drains())
 	}
-	if testutil.ToFloat64(s.m.Wakeups.WithLabelValues("poll")) != 0 ||
-		testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect")) != reconnects {
+	if testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("poll")) != 0 ||
+		testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("reconnect")) != reconnects {
 		t.Fatal("a poll or reconnect happened; the move is not attributable to the notification")
 	}
 	for _, r := range GapReasons {
-		if v := testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(r)); v != 0 {
+		if v := testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(r)); v != 0 {
 			t.Fatalf("gap %s = %v", r, v)
 		}
 	}
@@ -272,7 +273,7 @@ func TestLateLowIDIsMovedByItsNotification(t *testing.T) {
 func TestLateLowIDIsMovedWithoutNotifications(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, Config{PollOnly: true, PollInterval: 50 * time.Millisecond})
+	s := newService(t, pool, func(s *Settings) { s.PollOnly, s.PollInterval = true, 50*time.Millisecond })
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -288,11 +289,11 @@ func TestLateLowIDIsMovedWithoutNotifications(t *testing.T) {
 	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
 		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
 	}
-	if n := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify")); n != 0 {
+	if n := testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("notify")); n != 0 {
 		t.Fatalf("%v notify wake-ups with --poll-only", n)
 	}
 	// Without a listener the sweep is how rows are found: not a gap.
-	if v := testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(GapSwept)); v != 0 {
+	if v := testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)); v != 0 {
 		t.Fatalf("gap swept = %v with --poll-only", v)
 	}
 }
@@ -303,14 +304,15 @@ func TestLateLowIDIsMovedWithoutNotifications(t *testing.T) {
 func TestLostNotificationIsSweptAndCounted(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, Config{PollInterval: 100 * time.Millisecond})
+	s := newService(t, pool, func(s *Settings) { s.PollInterval = 100 * time.Millisecond })
 	var lost sync.Map // payloads to lose
-	s.dropNotification = func(p string) bool { _, ok := lost.Load(p); return ok }
+	s.hooks.dropNotification = func(p string) bool { _, ok := lost.Load(p); return ok }
+	s.signals.listenerUp.Init()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop(ctx) //nolint:errcheck
-	testwait.Until(t, 2*time.Minute, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+	s.signals.listenerUp.WaitOrTimeout(t)
 
 	lateID, late := lateLowID(t, pool)
 	lost.Store(strconv.FormatInt(lateID, 10), true)
@@ -323,7 +325,7 @@ func TestLostNotificationIsSweptAndCounted(t *testing.T) {
 	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
 		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
 	}
-	if v := testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(GapSwept)); v != 1 {
+	if v := testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)); v != 1 {
 		t.Fatalf("gap swept = %v, want 1 (the late row)", v)
 	}
 }
@@ -347,12 +349,13 @@ func TestRowsAnotherReplicaRolledBackAreSwept(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s := newService(t, pool, Config{PollInterval: 100 * time.Millisecond})
+	s := newService(t, pool, func(s *Settings) { s.PollInterval = 100 * time.Millisecond })
+	s.signals.listenerUp.Init()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop(ctx) //nolint:errcheck
-	testwait.Until(t, 2*time.Minute, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+	s.signals.listenerUp.WaitOrTimeout(t)
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'later', '{}' FROM generate_series(1, 25)`); err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +371,7 @@ func TestRowsAnotherReplicaRolledBackAreSwept(t *testing.T) {
 	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
 		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
 	}
-	if v := testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(GapSwept)); v != 1 {
+	if v := testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)); v != 1 {
 		t.Fatalf("gap swept = %v, want 1 (the released row)", v)
 	}
 }
@@ -379,15 +382,14 @@ func TestRowsAnotherReplicaRolledBackAreSwept(t *testing.T) {
 func TestNotificationWithoutFloorIsAFullPass(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, Config{PollInterval: time.Hour})
+	s := newService(t, pool, func(s *Settings) { s.PollInterval = time.Hour })
 	drains := recordDrains(s)
+	s.signals.listenerUp.Init()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop(ctx) //nolint:errcheck
-	testwait.Until(t, 2*time.Minute, "listener", func() bool {
-		return testutil.ToFloat64(s.m.Wakeups.WithLabelValues("reconnect")) == 1
-	})
+	s.signals.listenerUp.WaitOrTimeout(t)
 	// The drain that moves this row took the reconnect's full pass with it:
 	// from here on only notifications wake the service.
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
@@ -399,7 +401,7 @@ func TestNotificationWithoutFloorIsAFullPass(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.Until(t, 2*time.Minute, "the counted gap", func() bool {
-		return testutil.ToFloat64(s.m.NotificationGaps.WithLabelValues(GapNoFloor)) == 1
+		return testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapNoFloor)) == 1
 	})
 	testwait.Until(t, 2*time.Minute, "a full pass", func() bool {
 		return slices.Contains(drains()[before:], drainSpec{from: fullPass, gapBelow: fullPass})
@@ -426,7 +428,7 @@ func takeCost(t *testing.T, pool *pgxpool.Pool, from int64) (entries, buffers, r
 		t.Fatal(err)
 	}
 	var out []byte
-	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+takeSQL, DefaultBatchSize, from).Scan(&out); err != nil {
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+takeSQL, takeArgs(from, DefaultSettings().BatchSize)).Scan(&out); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.QueryRow(ctx, entriesSQL).Scan(&after); err != nil {
@@ -465,7 +467,7 @@ func TestTakeCostDoesNotGrowWithDeadRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := listenTo(t, pool)
-	s := newService(t, pool, Config{})
+	s := newService(t, pool)
 
 	// stage stages n rows in one statement, checks the notification names
 	// their lowest id, and returns it; move drains from it as a notified
@@ -536,7 +538,7 @@ SELECT min(id) FROM i`, n).Scan(&low); err != nil {
 func TestSweepLowWaterMark(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, Config{})
+	s := newService(t, pool)
 	sweep := func() *int64 {
 		t.Helper()
 		low, err := s.sweepOnce(ctx)
@@ -551,7 +553,7 @@ func TestSweepLowWaterMark(t *testing.T) {
 SELECT max(id) FROM i`, n).Scan(&last); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Drain(ctx); err != nil {
+		if _, err := s.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
 		return last
@@ -588,7 +590,7 @@ SELECT max(id) FROM i`, n).Scan(&last); err != nil {
 	if low := sweep(); low == nil || *low != lateID || mark() > lateID {
 		t.Fatalf("after id %d committed: lowest %v, mark %d", lateID, low, mark())
 	}
-	if _, err := s.Drain(ctx); err != nil {
+	if _, err := s.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	sweep()

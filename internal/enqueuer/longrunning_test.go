@@ -18,7 +18,7 @@ func TestLongRunning(t *testing.T) {
 		{nil, true},
 		{[]string{"--once"}, false},
 	} {
-		var cmd CLI
+		var cmd Command
 		args := tc.args
 		if _, err := config.Parse("enqueuer", "", &cmd, args, io.Discard); err != nil {
 			t.Fatalf("%v: %v", tc.args, err)

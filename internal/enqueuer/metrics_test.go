@@ -16,7 +16,7 @@ import (
 // increase() sees the first dead-lettered row of any reason.
 func TestDeadLetteredReasonsStartAtZero(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	if err := NewMetrics().Register(reg); err != nil {
+	if _, err := newMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
 	got := gatheredLabelValues(t, reg, "idemd_enqueuer_jobs_dead_lettered_total", "reason")
@@ -29,6 +29,33 @@ func TestDeadLetteredReasonsStartAtZero(t *testing.T) {
 			t.Errorf("reason %q is not exported on a fresh registry", r)
 		} else if v != 0 {
 			t.Errorf("reason %q starts at %v, want 0", r, v)
+		}
+	}
+}
+
+// Every wake-up cause and notification gap reason is exported at 0 from
+// the start too.
+func TestLabelledCountersStartAtZero(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	if _, err := newMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string][]string{
+		"idemd_enqueuer_wakeups_total":           wakeCauses,
+		"idemd_enqueuer_notification_gaps_total": GapReasons,
+	} {
+		label := "cause"
+		if name == "idemd_enqueuer_notification_gaps_total" {
+			label = "reason"
+		}
+		got := gatheredLabelValues(t, reg, name, label)
+		if len(got) != len(want) {
+			t.Errorf("%s: fresh registry exports %v, want %v", name, got, want)
+		}
+		for _, v := range want {
+			if n, ok := got[v]; !ok || n != 0 {
+				t.Errorf("%s{%s=%q}: %v (exported %v), want 0", name, label, v, n, ok)
+			}
 		}
 	}
 }

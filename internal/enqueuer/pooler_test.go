@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -37,27 +36,26 @@ func pooledPool(t *testing.T) (*pgxpool.Pool, *pgbouncertest.Bouncer, string, st
 func TestDeafListenerIsDetected(t *testing.T) {
 	pool, b, db, _ := pooledPool(t)
 	ctx := context.Background()
-	listen, err := pgx.ParseConfig(b.URL(db, "postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newService(t, pool, Config{PollInterval: 200 * time.Millisecond, ListenConfig: listen,
-		ListenerCheckInterval: 100 * time.Millisecond, ListenerCheckTimeout: 300 * time.Millisecond})
+	s := newService(t, pool, func(s *Settings) {
+		s.PollInterval, s.ListenDatabaseURL = 200*time.Millisecond, b.URL(db, "postgres")
+		s.ListenerCheckInterval, s.ListenerCheckTimeout = 100*time.Millisecond, 300*time.Millisecond
+	})
+	s.signals.listenerCheckFailed.Init()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop(ctx) //nolint:errcheck
-	testwait.Until(t, 2*time.Minute, "two failed self-checks", func() bool {
-		return testutil.ToFloat64(s.m.ListenerCheckFailures) >= 2
-	})
-	if up := testutil.ToFloat64(s.m.ListenerUp); up != 0 {
+	// Two failed self-checks.
+	s.signals.listenerCheckFailed.WaitOrTimeout(t)
+	s.signals.listenerCheckFailed.WaitOrTimeout(t)
+	if up := testutil.ToFloat64(s.metrics.listenerUp); up != 0 {
 		t.Fatalf("listener_up %v for a listener that hears nothing", up)
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
 		t.Fatal(err)
 	}
 	testwait.Until(t, 2*time.Minute, "the row to move by polling", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 1 })
-	if n := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify")); n != 0 {
+	if n := testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("notify")); n != 0 {
 		t.Fatalf("%v notify wake-ups through a deaf listener", n)
 	}
 }
@@ -70,25 +68,22 @@ func TestDeafListenerIsDetected(t *testing.T) {
 func TestListenOnDirectURLBehindPooler(t *testing.T) {
 	pool, b, db, dbURL := pooledPool(t)
 	ctx := context.Background()
-	listen, err := pgx.ParseConfig(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newService(t, pool, Config{PollInterval: time.Hour, ListenConfig: listen})
+	s := newService(t, pool, func(s *Settings) { s.PollInterval, s.ListenDatabaseURL = time.Hour, dbURL })
+	s.signals.listenerUp.Init()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, 2*time.Minute, "listener", func() bool { return testutil.ToFloat64(s.m.ListenerUp) == 1 })
+	s.signals.listenerUp.WaitOrTimeout(t)
 	for i := range 3 {
 		if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
 			t.Fatal(err)
 		}
 		testwait.Until(t, 2*time.Minute, "the row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == int64(i+1) })
 	}
-	if n := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("poll")); n != 0 {
+	if n := testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("poll")); n != 0 {
 		t.Fatalf("%v poll wake-ups with an hour-long interval", n)
 	}
-	if n := testutil.ToFloat64(s.m.Wakeups.WithLabelValues("notify")); n < 1 {
+	if n := testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("notify")); n < 1 {
 		t.Fatal("no notify wake-up")
 	}
 	if err := s.Stop(ctx); err != nil {
@@ -107,17 +102,17 @@ func TestListenOnDirectURLBehindPooler(t *testing.T) {
 func TestPollOnlyGauge(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, Config{PollOnly: true, PollInterval: 100 * time.Millisecond})
+	s := newService(t, pool, func(s *Settings) { s.PollOnly, s.PollInterval = true, 100*time.Millisecond })
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop(ctx) //nolint:errcheck
-	testwait.Until(t, time.Minute, "poll_only 1", func() bool { return testutil.ToFloat64(s.m.PollOnly) == 1 })
+	testwait.Until(t, time.Minute, "poll_only 1", func() bool { return testutil.ToFloat64(s.metrics.pollOnly) == 1 })
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
 		t.Fatal(err)
 	}
 	testwait.Until(t, time.Minute, "the row to move", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 1 })
-	if up := testutil.ToFloat64(s.m.ListenerUp); up != 0 {
+	if up := testutil.ToFloat64(s.metrics.listenerUp); up != 0 {
 		t.Fatalf("listener_up %v without a listener", up)
 	}
 }

@@ -63,25 +63,6 @@ type lowWaterCandidate struct {
 	holders []string // virtual transaction ids holding a lock on it
 }
 
-// sweepSeqSQL reads the id sequence: its name, last value handed out (NULL
-// when none yet) and cache size. NULL name: ids come from elsewhere.
-const sweepSeqSQL = `
-SELECT seq::oid, pg_sequence_last_value(seq), (SELECT seqcache FROM pg_sequence WHERE seqrelid = seq)
-FROM (SELECT pg_get_serial_sequence('staged_jobs', 'id')::regclass AS seq) s
-WHERE seq IS NOT NULL`
-
-// sweepHoldersSQL lists the transactions holding (or waiting for) a lock on
-// the sequence $1, other than this one.
-const sweepHoldersSQL = `
-SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}')
-FROM pg_locks
-WHERE locktype = 'relation' AND relation = $1::oid
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND pid IS DISTINCT FROM pg_backend_pid()`
-
-// sweepSQL is the plain read of the lowest committed id from $1.
-const sweepSQL = `SELECT min(id) FROM staged_jobs WHERE id >= $1`
-
 // sweepLoop runs the sweep every PollInterval until ctx ends.
 func (s *Service) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.PollInterval)
@@ -105,18 +86,16 @@ func (s *Service) sweep(ctx context.Context) error {
 	listening := s.listening.Load() && !s.cfg.PollOnly
 	start := time.Now()
 	low, err := s.sweepOnce(ctx)
-	s.m.SweepDuration.Observe(time.Since(start).Seconds())
+	s.metrics.sweepDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return err
 	}
 	if low == nil {
-		if s.cfg.Ready != nil {
-			s.cfg.Ready.MarkPass(time.Now())
-		}
+		s.markReady(time.Now())
 		return nil
 	}
 	s.floor.lowerSwept(*low, listening)
-	s.signal("poll")
+	s.signal(wakePoll)
 	return nil
 }
 
@@ -161,7 +140,7 @@ func (s *Service) sweepOnce(ctx context.Context) (*int64, error) {
 		if last != nil {
 			now.last = *last
 		}
-		if err := tx.QueryRow(ctx, sweepHoldersSQL, *seqOID).Scan(&now.holders); err != nil {
+		if err := tx.QueryRow(ctx, sweepHoldersSQL, pgx.NamedArgs{"seq": *seqOID}).Scan(&now.holders); err != nil {
 			return nil, fmt.Errorf("enqueuer sweep: sequence locks: %w", err)
 		}
 		if lw.cand != nil && now.last < lw.cand.last {
@@ -179,7 +158,7 @@ func (s *Service) sweepOnce(ctx context.Context) (*int64, error) {
 		from = fullPass
 	}
 	var low *int64
-	if err := tx.QueryRow(ctx, sweepSQL, from).Scan(&low); err != nil {
+	if err := tx.QueryRow(ctx, sweepSQL, pgx.NamedArgs{"from": from}).Scan(&low); err != nil {
 		return nil, fmt.Errorf("enqueuer sweep: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -71,6 +71,19 @@ type validator struct {
 	maxArgsBytes int
 }
 
+// newValidator accepts the kinds allowed (empty: any) and job_args up to
+// maxArgsBytes.
+func newValidator(allowed []string, maxArgsBytes int) validator {
+	v := validator{maxArgsBytes: maxArgsBytes}
+	if len(allowed) > 0 {
+		v.allowed = make(map[string]bool, len(allowed))
+		for _, k := range allowed {
+			v.allowed[k] = true
+		}
+	}
+	return v
+}
+
 func (v *validator) check(r *stagedRow) *invalid {
 	switch {
 	case r.Kind == "" || len(r.Kind) >= 128 || !utf8.ValidString(r.Kind):

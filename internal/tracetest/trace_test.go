@@ -104,7 +104,7 @@ func run(t *testing.T, before ...rivertype.Plugin) (api sdktrace.ReadOnlySpan, w
 	}
 	t.Cleanup(func() { stop(t, rc.Stop) })
 
-	enq, err := enqueuer.New(daemonPool, enqueuer.Config{})
+	enq, err := enqueuer.New(enqueuer.Config{Settings: enqueuer.DefaultSettings(), Pool: daemonPool})
 	if err != nil {
 		t.Fatal(err)
 	}

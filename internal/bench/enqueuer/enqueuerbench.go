@@ -12,7 +12,7 @@
 //     transaction mode (its pool through pgbouncer with
 //     QueryExecModeCacheDescribe, as --pooler transaction sets it): the drain
 //     right after the direct one, and latency with the listener on a direct
-//     connection (Config.ListenConfig, the recommended setup) and poll-only
+//     connection (Settings.ListenDatabaseURL, the recommended setup) and poll-only
 //     (no direct URL), right after the direct latency run;
 //   - RunSnapshot (snapshot.go): a steady 1,000 jobs/s for minutes with and
 //     without a REPEATABLE READ snapshot held open the whole time (issue 16),
@@ -30,6 +30,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -137,15 +138,15 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 		variants = append(variants, variant{"article: one-by-one inserts (anchor)", b.article})
 	}
 	variants = append(variants,
-		variant{"enqueuer, defaults (batch 5000, 2 workers)", b.enqueuer(1, enqueuer.Config{})},
+		variant{"enqueuer, defaults (batch 5000, 2 workers)", b.enqueuer(1, nil)},
 	)
 	if pooled != nil {
-		variants = append(variants, variant{"enqueuer, defaults, " + poolerName, b.enqueuerOn(pooled, enqueuer.Config{})})
+		variants = append(variants, variant{"enqueuer, defaults, " + poolerName, b.enqueuerOn(pooled, nil)})
 	}
 	variants = append(variants,
-		variant{"enqueuer, 1 worker", b.enqueuer(1, enqueuer.Config{Workers: 1})},
-		variant{"enqueuer, batch 2000", b.enqueuer(1, enqueuer.Config{BatchSize: 2000})},
-		variant{"enqueuer, 2 replicas, defaults", b.enqueuer(2, enqueuer.Config{})},
+		variant{"enqueuer, 1 worker", b.enqueuer(1, func(s *enqueuer.Settings) { s.Workers = 1 })},
+		variant{"enqueuer, batch 2000", b.enqueuer(1, func(s *enqueuer.Settings) { s.BatchSize = 2000 })},
+		variant{"enqueuer, 2 replicas, defaults", b.enqueuer(2, nil)},
 	)
 	for _, v := range variants {
 		if err := b.stage(ctx); err != nil {
@@ -177,25 +178,25 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 
 	type latVariant struct {
 		name    string
-		cfg     enqueuer.Config
+		change  func(*enqueuer.Settings)
 		svcPool *pgxpool.Config
 	}
-	lvs := []latVariant{{"enqueuer, NOTIFY (defaults)", enqueuer.Config{}, pool.Config()}}
+	lvs := []latVariant{{"enqueuer, NOTIFY (defaults)", nil, pool.Config()}}
 	if pooled != nil {
 		lvs = append(lvs,
 			// The recommended setup: the pool through the pooler, LISTEN on
 			// a direct connection (--listen-database-url).
 			latVariant{"enqueuer, NOTIFY on a direct listen connection, pool " + poolerName,
-				enqueuer.Config{ListenConfig: pool.Config().ConnConfig.Copy()}, pooled},
+				func(s *enqueuer.Settings) { s.ListenDatabaseURL = pool.Config().ConnString() }, pooled},
 			// No direct URL: what --pooler transaction falls back to.
-			latVariant{fmt.Sprintf("enqueuer, poll-only every %s (no listen URL), %s", enqueuer.DefaultPollInterval, poolerName),
-				enqueuer.Config{PollOnly: true}, pooled})
+			latVariant{fmt.Sprintf("enqueuer, poll-only every %s (no listen URL), %s", enqueuer.DefaultSettings().PollInterval, poolerName),
+				func(s *enqueuer.Settings) { s.PollOnly = true }, pooled})
 	}
 	if !opts.SkipPolling {
-		lvs = append(lvs, latVariant{"article: poll every 5s", enqueuer.Config{PollOnly: true, PollInterval: 5 * time.Second}, pool.Config()})
+		lvs = append(lvs, latVariant{"article: poll every 5s", func(s *enqueuer.Settings) { s.PollOnly, s.PollInterval = true, 5*time.Second }, pool.Config()})
 	}
 	for _, v := range lvs {
-		lat, err := b.latency(ctx, v.name, v.cfg, v.svcPool, opts.LatencyRate, opts.LatencyDuration)
+		lat, err := b.latency(ctx, v.name, v.change, v.svcPool, opts.LatencyRate, opts.LatencyDuration)
 		if err != nil {
 			return nil, err
 		}
@@ -311,19 +312,29 @@ func (b *bench) article(ctx context.Context) error {
 	}
 }
 
+// newService builds an enqueuer on p with the default settings, changed by
+// change (nil: the defaults).
+func newService(p *pgxpool.Pool, change func(*enqueuer.Settings), reg prometheus.Registerer) (*enqueuer.Service, error) {
+	cfg := enqueuer.Config{Settings: enqueuer.DefaultSettings(), Pool: p, Registry: reg}
+	if change != nil {
+		change(&cfg.Settings)
+	}
+	return enqueuer.New(cfg)
+}
+
 // enqueuer drains with n replicas, each on its own pool as separate
 // processes would be.
-func (b *bench) enqueuer(n int, cfg enqueuer.Config) func(context.Context) error {
-	return b.replicas(n, b.pool.Config(), cfg)
+func (b *bench) enqueuer(n int, change func(*enqueuer.Settings)) func(context.Context) error {
+	return b.replicas(n, b.pool.Config(), change)
 }
 
 // enqueuerOn drains with one replica whose pool has poolCfg (through the
 // pooler).
-func (b *bench) enqueuerOn(poolCfg *pgxpool.Config, cfg enqueuer.Config) func(context.Context) error {
-	return b.replicas(1, poolCfg, cfg)
+func (b *bench) enqueuerOn(poolCfg *pgxpool.Config, change func(*enqueuer.Settings)) func(context.Context) error {
+	return b.replicas(1, poolCfg, change)
 }
 
-func (b *bench) replicas(n int, poolCfg *pgxpool.Config, cfg enqueuer.Config) func(context.Context) error {
+func (b *bench) replicas(n int, poolCfg *pgxpool.Config, change func(*enqueuer.Settings)) func(context.Context) error {
 	return func(ctx context.Context) error {
 		var svcs []*enqueuer.Service
 		for range n {
@@ -332,7 +343,7 @@ func (b *bench) replicas(n int, poolCfg *pgxpool.Config, cfg enqueuer.Config) fu
 				return err
 			}
 			defer p.Close()
-			s, err := enqueuer.New(p, cfg)
+			s, err := newService(p, change, nil)
 			if err != nil {
 				return err
 			}
@@ -341,7 +352,7 @@ func (b *bench) replicas(n int, poolCfg *pgxpool.Config, cfg enqueuer.Config) fu
 		errs := make(chan error, n)
 		for _, s := range svcs {
 			go func() {
-				_, err := s.Drain(ctx)
+				_, err := s.RunOnce(ctx)
 				errs <- err
 			}()
 		}
@@ -360,7 +371,7 @@ func (b *bench) replicas(n int, poolCfg *pgxpool.Config, cfg enqueuer.Config) fu
 // from its commit (the writer's INSERT returned) to the River job's
 // created_at, which River's COPY sets when the enqueuer inserts it, just
 // before the enqueuer's commit. Both clocks are this process's.
-func (b *bench) latency(ctx context.Context, name string, cfg enqueuer.Config, svcPoolCfg *pgxpool.Config, rate int, d time.Duration) (*Latency, error) {
+func (b *bench) latency(ctx context.Context, name string, change func(*enqueuer.Settings), svcPoolCfg *pgxpool.Config, rate int, d time.Duration) (*Latency, error) {
 	if _, err := b.pool.Exec(ctx, `TRUNCATE staged_jobs, river_job`); err != nil {
 		return nil, err
 	}
@@ -369,7 +380,7 @@ func (b *bench) latency(ctx context.Context, name string, cfg enqueuer.Config, s
 		return nil, err
 	}
 	defer svcPool.Close()
-	svc, err := enqueuer.New(svcPool, cfg)
+	svc, err := newService(svcPool, change, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -11,8 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"idemd/internal/enqueuer"
 )
 
 // SnapshotOptions size RunSnapshot. Zero values take the defaults.
@@ -148,12 +146,8 @@ func snapshotRun(ctx context.Context, pool *pgxpool.Pool, opts SnapshotOptions, 
 		return nil, err
 	}
 	defer svcPool.Close()
-	metrics := enqueuer.NewMetrics()
 	reg := prometheus.NewRegistry()
-	if err := metrics.Register(reg); err != nil {
-		return nil, err
-	}
-	svc, err := enqueuer.New(svcPool, enqueuer.Config{Metrics: metrics})
+	svc, err := newService(svcPool, nil, reg)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,272 @@
+package enqueuer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/riverqueue/river"
+	"go.uber.org/zap"
+)
+
+// batchResult is what one batch did.
+type batchResult struct {
+	moved        int // rows that became River jobs
+	deadLettered int // rows moved to staged_jobs_dead
+	taken        int // rows taken from staged_jobs (moved + deadLettered)
+	last         int64
+	// full: the batch took --batch-size rows, so more may be waiting.
+	full bool
+}
+
+// runBatch moves one batch of a drain in one transaction: rows from the
+// drain's cursor on. Rows taken with ids below spec.gapBelow are counted as
+// a notification gap.
+func (s *Service) runBatch(ctx context.Context, cur *cursor, spec drainSpec) (*batchResult, error) {
+	start := time.Now()
+	from := cur.claim(s.cfg.BatchSize)
+	res, err := s.moveBatch(ctx, from, spec.gapBelow, false)
+	if errors.Is(err, errRiverRejected) {
+		// The batch was rolled back whole: its rows are back in staged_jobs.
+		// Take a batch again and insert it one savepoint per row, so only the
+		// offending rows are dead-lettered. (It may be other rows, if
+		// another replica took these meanwhile; any bad row among them is
+		// found the same way.)
+		s.logger.Warn("river rejected a batch; redoing it row by row", zap.Error(err))
+		res, err = s.moveBatch(ctx, from, spec.gapBelow, true)
+	}
+	s.metrics.batchDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.batchErrors.Inc()
+		return nil, err
+	}
+	s.metrics.moved.Add(float64(res.moved))
+	if res.taken > 0 {
+		for p := s.passed.Load(); res.last > p && !s.passed.CompareAndSwap(p, res.last); p = s.passed.Load() {
+		}
+	}
+	res.full = res.taken >= s.cfg.BatchSize
+	if res.full {
+		cur.passed(res.last)
+	}
+	// Every committed batch is progress: a drain of a huge backlog must not
+	// look stale to /readyz while it is working.
+	s.markReady(time.Now())
+	return res, nil
+}
+
+// errRiverRejected: River refused the batch's insert for a reason in the
+// data that validation did not foresee; the batch is redone row by row.
+var errRiverRejected = errors.New("river rejected the batch")
+
+// moveBatch takes, inserts and deletes one batch in one transaction.
+// rowByRow inserts each job under its own savepoint, so a job River rejects
+// is dead-lettered alone; the normal path inserts the batch in one COPY
+// with no savepoint (two round trips fewer per batch, which is most of a
+// small batch's time).
+func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow bool) (*batchResult, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginSQL})
+	if err != nil {
+		return nil, fmt.Errorf("enqueuer batch: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	rows, err := tx.Query(ctx, takeSQL, takeArgs(from, s.cfg.BatchSize))
+	if err != nil {
+		return nil, fmt.Errorf("enqueuer batch: take: %w", err)
+	}
+	staged := make([]stagedRow, 0, s.cfg.BatchSize)
+	for rows.Next() {
+		var r stagedRow
+		if err := rows.Scan(&r.ID, &r.CreatedAt, &r.Kind, &r.Args, &r.Queue, &r.Priority, &r.MaxAttempts, &r.ScheduledAt, &r.Tags, &r.Metadata); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("enqueuer batch: scan: %w", err)
+		}
+		staged = append(staged, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("enqueuer batch: take: %w", err)
+	}
+	res := &batchResult{taken: len(staged), last: fullPass}
+	if len(staged) == 0 {
+		return res, nil
+	}
+	gaps, lowestGap := 0, int64(0)
+	for i := range staged {
+		id := staged[i].ID
+		res.last = max(res.last, id)
+		if id < gapBelow {
+			if gaps == 0 || id < lowestGap {
+				lowestGap = id
+			}
+			gaps++
+		}
+	}
+
+	params := make([]river.InsertManyParams, 0, len(staged))
+	good := make([]*stagedRow, 0, len(staged))
+	var dead []deadRow
+	for i := range staged {
+		r := &staged[i]
+		if bad := s.valid.check(r); bad != nil {
+			dead = append(dead, deadRow{row: r, why: bad})
+			continue
+		}
+		p, err := insertParams(r)
+		if err != nil {
+			dead = append(dead, deadRow{row: r, why: &invalid{ReasonInvalidMeta, err.Error()}})
+			continue
+		}
+		params = append(params, p)
+		good = append(good, r)
+	}
+
+	moved, more, err := s.insertRows(ctx, tx, params, good, rowByRow)
+	if err != nil {
+		return nil, err
+	}
+	dead = append(dead, more...)
+	if err := insertDead(ctx, tx, dead); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("enqueuer batch: commit: %w", err)
+	}
+	res.moved = moved
+	res.deadLettered = len(dead)
+	s.gap(GapSwept, gaps, zap.Int64("lowest_staged_id", lowestGap), zap.Int("rows", gaps))
+	for _, d := range dead {
+		s.metrics.deadLettered.WithLabelValues(d.why.code).Inc()
+		s.logger.Warn("staged job dead-lettered",
+			zap.Int64("staged_id", d.row.ID), zap.String("kind", d.row.Kind),
+			zap.String("reason", d.why.code), zap.String("detail", d.why.detail))
+	}
+	return res, nil
+}
+
+// insertRows inserts params into River on tx, all at once or, rowByRow,
+// each under its own savepoint so only the rows River rejects are
+// dead-lettered. A rejection of the whole batch returns errRiverRejected;
+// errors that are not about the data (connection lost, serialization) fail
+// the batch and it is retried whole.
+func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, rows []*stagedRow, rowByRow bool) (int, []deadRow, error) {
+	if len(params) == 0 {
+		return 0, nil, nil
+	}
+	if !rowByRow {
+		n, err := s.river.InsertManyFastTx(ctx, tx, params)
+		if err == nil {
+			return n, nil, nil
+		}
+		if isDataError(err, tx.Conn()) {
+			return 0, nil, fmt.Errorf("enqueuer batch: %w: %w", errRiverRejected, err)
+		}
+		return 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
+	}
+	moved := 0
+	var dead []deadRow
+	for i := range params {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return 0, nil, fmt.Errorf("enqueuer batch: savepoint: %w", err)
+		}
+		if _, err := s.river.InsertManyFastTx(ctx, sp, params[i:i+1]); err != nil {
+			if !isDataError(err, tx.Conn()) {
+				return 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
+			}
+			if err := sp.Rollback(ctx); err != nil {
+				return 0, nil, fmt.Errorf("enqueuer batch: rollback savepoint: %w", err)
+			}
+			dead = append(dead, deadRow{row: rows[i], why: &invalid{ReasonRejectedByRiver, err.Error()}})
+			continue
+		}
+		if err := sp.Commit(ctx); err != nil {
+			return 0, nil, fmt.Errorf("enqueuer batch: release savepoint: %w", err)
+		}
+		moved++
+	}
+	return moved, dead, nil
+}
+
+// isDataError tells a row's fault from the environment's. River validates
+// params before touching the database (plain errors on a live connection);
+// PostgreSQL reports bad data as class 22 (data exception) or 23 (integrity
+// constraint violation). Anything else — a dropped connection, a timeout, a
+// cancelled context — fails the whole batch, which is retried: no row is
+// dead-lettered because of the environment.
+func isDataError(err error, conn *pgx.Conn) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var netErr interface{ Timeout() bool }
+	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) {
+		return false
+	}
+	return !conn.IsClosed()
+}
+
+// rawArgs hands River the staged job_args unchanged.
+type rawArgs struct {
+	kind string
+	args json.RawMessage
+}
+
+func (a rawArgs) Kind() string                 { return a.kind }
+func (a rawArgs) MarshalJSON() ([]byte, error) { return a.args, nil }
+
+func insertParams(r *stagedRow) (river.InsertManyParams, error) {
+	md, err := metadataFor(r)
+	if err != nil {
+		return river.InsertManyParams{}, err
+	}
+	opts := &river.InsertOpts{Metadata: md, Tags: r.Tags}
+	if r.Queue != nil {
+		opts.Queue = *r.Queue
+	}
+	if r.Priority != nil {
+		opts.Priority = int(*r.Priority)
+	}
+	if r.MaxAttempts != nil {
+		opts.MaxAttempts = int(*r.MaxAttempts)
+	}
+	if r.ScheduledAt != nil {
+		opts.ScheduledAt = *r.ScheduledAt
+	}
+	return river.InsertManyParams{Args: rawArgs{kind: r.Kind, args: r.Args}, InsertOpts: opts}, nil
+}
+
+type deadRow struct {
+	row *stagedRow
+	why *invalid
+}
+
+func insertDead(ctx context.Context, tx pgx.Tx, dead []deadRow) error {
+	if len(dead) == 0 {
+		return nil
+	}
+	// Few rows, rarely: a plain batch of inserts is simplest and clearest.
+	batch := &pgx.Batch{}
+	for _, d := range dead {
+		batch.Queue(deadSQL, deadArgs(d))
+	}
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return fmt.Errorf("enqueuer batch: dead-letter: %w", err)
+	}
+	return nil
+}
+
+func nullJSON(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return json.RawMessage(b)
+}

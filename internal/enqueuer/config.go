@@ -1,0 +1,144 @@
+package enqueuer
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"idemd/internal/config"
+	"idemd/internal/opshttp"
+)
+
+// maxBatchSize bounds one move transaction whatever --batch-size says.
+const maxBatchSize = 100_000
+
+// maxWorkers bounds the batches one replica moves at once.
+const maxWorkers = 64
+
+// listenerApplicationName is the listener connection's application_name
+// when --listen-database-url names none.
+const listenerApplicationName = "idemd-enqueuer-listener"
+
+// Settings are the operator-facing knobs. The command parses them from
+// flags (each has an IDEMD_ environment variable through kong's
+// DefaultEnvars); their defaults are DefaultSettings. Zero is a value, and
+// for every number here a refused one: there is no "0 means the default".
+type Settings struct {
+	BatchSize     int           `name:"batch-size" default:"${batch_size}" help:"Most staged rows moved per transaction."`
+	Workers       int           `name:"workers" default:"${workers}" help:"Batches moved at once while draining, each on its own connection."`
+	PollInterval  time.Duration `name:"poll-interval" default:"${poll_interval}" help:"How often the sweep looks for staged rows no notification reported (the only wake-up with --poll-only; notifications are the normal wake-up)."`
+	AllowedKinds  []string      `name:"allowed-kinds" sep:"," help:"Comma-separated job kinds to accept; others are dead-lettered. Empty accepts any kind."`
+	MaxArgsBytes  int           `name:"max-args-bytes" default:"${max_args_bytes}" help:"Dead-letter staged rows whose job_args exceed this many bytes."`
+	StatsInterval time.Duration `name:"stats-interval" default:"${stats_interval}" help:"How often the backlog gauges are refreshed."`
+
+	ListenDatabaseURL     string        `name:"listen-database-url" help:"Connection URL for LISTEN only: a direct or session-mode URL when --database-url goes through a transaction-mode pooler. Empty: the --database-url connection (with --pooler transaction, no listening: wake every --poll-interval)."`
+	PollOnly              bool          `name:"poll-only" help:"Do not LISTEN; wake every --poll-interval. For setups where no connection can LISTEN."`
+	ListenerCheckInterval time.Duration `name:"listener-check-interval" default:"${listener_check_interval}" help:"How often the listener sends itself a NOTIFY through the pool to prove notifications arrive; one that does not come back within --listener-check-timeout marks the listener down and reconnects it."`
+	ListenerCheckTimeout  time.Duration `name:"listener-check-timeout" default:"${listener_check_timeout}" help:"How long the listener waits for its own NOTIFY before it counts as deaf and reconnects."`
+}
+
+// DefaultSettings returns the settings with every default filled in, as
+// kong would parse an empty command line. It is the only place a default
+// is written; the batch size and workers were chosen by the benchmark in
+// internal/bench/enqueuer (docs/enqueuer.md).
+func DefaultSettings() Settings {
+	return Settings{
+		BatchSize:     5000,
+		Workers:       2,
+		PollInterval:  2 * time.Second,
+		MaxArgsBytes:  256 << 10,
+		StatsInterval: 5 * time.Second,
+		// The listener's self-check: frequent enough that a deaf listener
+		// is found within a scrape or two, rare enough to cost nothing.
+		ListenerCheckInterval: 30 * time.Second,
+		ListenerCheckTimeout:  5 * time.Second,
+	}
+}
+
+// Check returns every problem with the settings, not just the first, each
+// named by its flag. It is the enqueuer's only list of rules, for the
+// command (exit 2) and New alike. It never prints the listen URL, which
+// may hold a password.
+func (s *Settings) Check() []string {
+	var p []string
+	if s.BatchSize < 1 || s.BatchSize > maxBatchSize {
+		p = append(p, fmt.Sprintf("--batch-size must be between 1 and %d, got %d", maxBatchSize, s.BatchSize))
+	}
+	if s.Workers < 1 || s.Workers > maxWorkers {
+		p = append(p, fmt.Sprintf("--workers must be between 1 and %d, got %d", maxWorkers, s.Workers))
+	}
+	pos := func(name string, d time.Duration) {
+		if d <= 0 {
+			p = append(p, name+" must be positive")
+		}
+	}
+	pos("--poll-interval", s.PollInterval)
+	if s.MaxArgsBytes < 1 {
+		p = append(p, "--max-args-bytes must be positive")
+	}
+	pos("--stats-interval", s.StatsInterval)
+	pos("--listener-check-interval", s.ListenerCheckInterval)
+	pos("--listener-check-timeout", s.ListenerCheckTimeout)
+	if s.ListenDatabaseURL != "" {
+		if _, err := pgx.ParseConfig(s.ListenDatabaseURL); err != nil {
+			// pgx's error may echo the URL; never print the password.
+			p = append(p, "--listen-database-url: cannot parse the connection URL")
+		}
+		if s.PollOnly {
+			p = append(p, "--listen-database-url and --poll-only contradict each other")
+		}
+	}
+	for _, k := range s.AllowedKinds {
+		if strings.TrimSpace(k) == "" || len(k) >= 128 {
+			p = append(p, fmt.Sprintf("--allowed-kinds: kind %q must be 1 to 127 bytes", k))
+		}
+	}
+	return p
+}
+
+// Config is what New needs: the settings plus what is not a flag.
+type Config struct {
+	Settings
+
+	Pool *pgxpool.Pool
+	// Logger; nil discards.
+	Logger   *zap.Logger
+	Registry prometheus.Registerer // nil: metrics are not registered
+	// Ready, when set, is marked after every committed batch and by a sweep
+	// that finds nothing staged, so /readyz reflects a stuck loop; Start
+	// sets how old that may be from --poll-interval.
+	Ready *opshttp.Readiness
+}
+
+func (c *Config) check() error {
+	p := c.Settings.Check()
+	if c.Pool == nil {
+		p = append(p, "a database pool is required")
+	}
+	if len(p) > 0 {
+		return &config.Error{Problems: p}
+	}
+	return nil
+}
+
+// listenConfig is the listener's connection: --listen-database-url's, with
+// an application_name of its own unless the URL sets one, or the pool's.
+// LISTEN is session state, so it is never a pooled connection.
+func (c *Config) listenConfig() (*pgx.ConnConfig, error) {
+	if c.ListenDatabaseURL == "" {
+		return c.Pool.Config().ConnConfig.Copy(), nil
+	}
+	cfg, err := pgx.ParseConfig(c.ListenDatabaseURL)
+	if err != nil {
+		return nil, &config.Error{Problems: []string{"--listen-database-url: cannot parse the connection URL"}}
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+		cfg.RuntimeParams["application_name"] = listenerApplicationName
+	}
+	return cfg, nil
+}

@@ -1,0 +1,177 @@
+package enqueuer
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"idemd/internal/backoff"
+)
+
+// listen holds a dedicated connection (not a pool one: LISTEN is session
+// state) and turns notifications into wake-ups. After a reconnect it wakes
+// the loop for a full pass, since notifications sent while it was down are
+// lost. A listener that stays connected but deaf (LISTEN through a
+// transaction-mode pooler "succeeds" and then hears nothing) is found by
+// its self-check; the first failure of an outage is a warning, the retries
+// after it are not. With --poll-only it only says so in its gauge.
+func (s *Service) listen(ctx context.Context) {
+	if s.cfg.PollOnly {
+		s.metrics.pollOnly.Set(1)
+		return
+	}
+	failures := 0
+	for ctx.Err() == nil {
+		err := s.listenOnce(ctx, func() {
+			if failures > 0 {
+				s.logger.Info("listener is back: notifications arrive again", zap.Int("failed_attempts", failures))
+			}
+			failures = 0
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		s.listening.Store(false)
+		s.metrics.listenerUp.Set(0)
+		delay := backoff.Delay(failures, retryBase, retryMax, nil)
+		log := s.logger.Debug
+		if failures == 1 {
+			log = s.logger.Warn
+		}
+		log("listener lost; waking by polling until it is back", zap.Error(err), zap.Duration("retry_in", delay), zap.Duration("poll_interval", s.cfg.PollInterval))
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// listenerCheckPrefix marks the listener's own NOTIFYs on the channel;
+// they are not wake-ups.
+const listenerCheckPrefix = "idemd-listener-check:"
+
+func (s *Service) listenOnce(ctx context.Context, connected func()) error {
+	conn, err := pgx.ConnectConfig(ctx, s.listenCfg.Copy())
+	if err != nil {
+		return fmt.Errorf("enqueuer listen: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("enqueuer listen: %w", err)
+	}
+
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	arrived := make(chan string, 1)
+	checkErr := make(chan error, 1)
+	go func() {
+		err := s.checkListener(lctx, arrived, connected)
+		checkErr <- err
+		cancel()
+	}()
+	for {
+		n, err := conn.WaitForNotification(lctx)
+		if err != nil {
+			cancel()
+			if cerr := <-checkErr; cerr != nil {
+				return cerr
+			}
+			return fmt.Errorf("enqueuer listen: wait: %w", err)
+		}
+		if strings.HasPrefix(n.Payload, listenerCheckPrefix) {
+			select {
+			case arrived <- n.Payload:
+			default:
+			}
+			continue
+		}
+		if s.hooks.dropNotification != nil && s.hooks.dropNotification(n.Payload) {
+			continue
+		}
+		s.notified(n.Payload)
+	}
+}
+
+// notified handles a staged_jobs notification: its payload is the lowest
+// id its statement inserted (migration 00015), where the next drain must
+// start at the latest. One without a number makes the next drain a full
+// pass.
+func (s *Service) notified(payload string) {
+	low, err := strconv.ParseInt(payload, 10, 64)
+	if err != nil {
+		s.gap(GapNoFloor, 1, zap.String("payload", truncate(payload, 64)))
+		low = fullPass
+	}
+	s.floor.lower(low)
+	s.signal(wakeNotify)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// checkListener sends a NOTIFY through the pool, the path the API's own
+// notifications take, and waits for it on the listener; then again every
+// ListenerCheckInterval. The listener counts as up only once a round trip
+// came back, so listener_up means notifications arrive, not merely that a
+// connection is open. It returns (ending the listener's connection) when a
+// round trip fails.
+func (s *Service) checkListener(ctx context.Context, arrived <-chan string, connected func()) error {
+	for seq := 0; ; seq++ {
+		payload := fmt.Sprintf("%s%s:%d", listenerCheckPrefix, s.instance, seq)
+		if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, payload); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("enqueuer listen: send the self-check NOTIFY: %w", err)
+		}
+		timeout := time.NewTimer(s.cfg.ListenerCheckTimeout)
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				timeout.Stop()
+				return nil
+			case <-timeout.C:
+				s.metrics.listenerCheckFailures.Inc()
+				err := fmt.Errorf("enqueuer listen: a NOTIFY sent through the pool did not reach the listener within %s "+
+					"(behind a transaction-mode pooler, give --listen-database-url a direct or session-mode URL)", s.cfg.ListenerCheckTimeout)
+				s.signals.listenerCheckFailed.Signal(err)
+				return err
+			case p := <-arrived:
+				if p == payload {
+					timeout.Stop()
+					break wait
+				}
+				// Another replica's check, or an earlier one of ours.
+			}
+		}
+		if seq == 0 {
+			connected()
+			s.listening.Store(true)
+			s.metrics.listenerUp.Set(1)
+			s.trigger(wakeReconnect)
+			s.signals.listenerUp.Signal(struct{}{})
+		}
+		s.signals.listenerChecked.Signal(seq)
+		t := time.NewTimer(s.cfg.ListenerCheckInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,88 @@
+package enqueuer
+
+import (
+	"encoding/json"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The statements share their parameters' meanings, by name (pgx.NamedArgs):
+//
+//   - @from: the lowest staged id a statement looks at. Rows below it are
+//     known not to need it: a drain's floor or its cursor (floor.go), the
+//     sweep's low-water mark (sweep.go), or fullPass (math.MinInt64), below
+//     every id. Every statement with @from walks staged_jobs_pkey from it,
+//     never the dead entries below it.
+//   - @batch_size: --batch-size, the most rows one move transaction takes.
+//   - @seq: the oid of staged_jobs.id's sequence (the sweep's mark).
+//
+// The dead-letter insert names its parameters after the columns they fill.
+
+// beginSQL begins every transaction that reads staged_jobs from @from (the
+// moves, the sweep, the backlog gauges). While an old snapshot keeps dead
+// rows, staged_jobs is a few live rows at the end of a long heap and index,
+// and the planner, whose statistics say "a few rows" and "the whole range"
+// for id >= @from, prefers reading every heap page (a sequential or bitmap
+// scan and a sort) to walking the index from @from, which touches only the
+// entries from there on. With those two scans switched off it can only
+// walk the index. SET LOCAL ends with the transaction: nothing stays on a
+// server connection a pooler hands to someone else.
+const beginSQL = `BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`
+
+// takeSQL takes up to @batch_size committed, unlocked rows with id >= @from
+// in id order, deleting them and returning them in one statement. The rows
+// are picked through staged_jobs_pkey from @from (an index scan whose
+// condition is id >= @from) and deleted by the ctid the lock returned: a
+// TID scan, so the delete neither walks the index again nor, whatever the
+// planner believes about the table's size, scans the heap to join on id.
+const takeSQL = `
+DELETE FROM staged_jobs
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM staged_jobs WHERE id >= @from ORDER BY id LIMIT @batch_size FOR UPDATE SKIP LOCKED
+))
+RETURNING id, created_at, job_name, job_args, queue, priority,
+          max_attempts, scheduled_at, tags, metadata`
+
+func takeArgs(from int64, batchSize int) pgx.NamedArgs {
+	return pgx.NamedArgs{"from": from, "batch_size": batchSize}
+}
+
+// statsSQL counts the staged rows and the age of the oldest, from @from
+// (the sweep's mark, below which none exists), through staged_jobs_pkey.
+const statsSQL = `
+SELECT (SELECT count(*) FROM staged_jobs WHERE id >= @from),
+       (SELECT extract(epoch FROM now() - created_at)::float8 FROM staged_jobs WHERE id >= @from ORDER BY id LIMIT 1)`
+
+// sweepSeqSQL reads the id sequence: its oid, last value handed out (NULL
+// when none yet) and cache size. No row: ids come from elsewhere.
+const sweepSeqSQL = `
+SELECT seq::oid, pg_sequence_last_value(seq), (SELECT seqcache FROM pg_sequence WHERE seqrelid = seq)
+FROM (SELECT pg_get_serial_sequence('staged_jobs', 'id')::regclass AS seq) s
+WHERE seq IS NOT NULL`
+
+// sweepHoldersSQL lists the transactions holding (or waiting for) a lock on
+// the sequence @seq, other than this one.
+const sweepHoldersSQL = `
+SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}')
+FROM pg_locks
+WHERE locktype = 'relation' AND relation = @seq::oid
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND pid IS DISTINCT FROM pg_backend_pid()`
+
+// sweepSQL is the plain read of the lowest committed id from @from: the
+// first entry of staged_jobs_pkey from there (an index-only scan).
+const sweepSQL = `SELECT min(id) FROM staged_jobs WHERE id >= @from`
+
+// deadSQL dead-letters one taken row, keeping its id and columns.
+const deadSQL = `
+INSERT INTO staged_jobs_dead (id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, reason)
+VALUES (@id, @created_at, @job_name, @job_args, @queue, @priority, @max_attempts, @scheduled_at, @tags, @metadata, @reason)`
+
+func deadArgs(d deadRow) pgx.NamedArgs {
+	r := d.row
+	return pgx.NamedArgs{
+		"id": r.ID, "created_at": r.CreatedAt, "job_name": r.Kind, "job_args": json.RawMessage(r.Args),
+		"queue": r.Queue, "priority": r.Priority, "max_attempts": r.MaxAttempts, "scheduled_at": r.ScheduledAt,
+		"tags": r.Tags, "metadata": nullJSON(r.Metadata), "reason": d.why.code + ": " + d.why.detail,
+	}
+}
