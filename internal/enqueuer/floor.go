@@ -2,6 +2,7 @@ package enqueuer
 
 import (
 	"math"
+	"slices"
 	"sync"
 
 	"go.uber.org/zap"
@@ -178,6 +179,112 @@ func (c *cursor) passed(last int64) {
 	if last < math.MaxInt64 {
 		c.next = max(c.next, last+1)
 	}
+}
+
+// The sweep's low-water mark (sweep.go reads what it needs). A read from
+// the start of staged_jobs_pkey walks every dead entry an old snapshot
+// keeps, so the sweep reads from a mark below which no staged row can exist
+// now or appear later. It is established from the id sequence and the
+// locks on it:
+//
+//  1. nextval() locks the sequence (RowExclusiveLock, held to the end of
+//     the transaction) before it hands out an id, and with CACHE 1 (a
+//     serial column's default) every id it hands out is at most the
+//     sequence's last value from then on. So if a sweep reads the last
+//     value s and then the set V of transactions holding a lock on the
+//     sequence, every transaction that holds an id ≤ s is in V or has
+//     ended.
+//  2. At a later sweep, once no transaction of V is left, every id ≤ s
+//     belongs to a transaction that has ended: committed (its rows are
+//     visible to any snapshot taken from now on, since a transaction's
+//     locks are released after its commit became visible) or rolled back.
+//  3. That sweep then reads the lowest committed id m with a new snapshot.
+//     No id below min(m, s+1) (and above the previous mark) is staged now,
+//     and none can be later: its transaction has ended, and a staged row
+//     leaves only by a committed delete. That is the new mark.
+//
+// A transaction open on the sequence (say an API request that staged a
+// row and has not committed) holds the mark where it was until it ends,
+// which is right: its row may commit late with a low id. A held snapshot
+// that stages nothing (a report, pg_dump) holds nothing. The argument
+// needs ids to come from the sequence; a sequence with CACHE > 1 (ids
+// handed out later than the last value says) or no sequence at all turns
+// the mark off, a sequence that went backwards (setval, TRUNCATE ...
+// RESTART IDENTITY) resets it, and every sweepFullEvery-th sweep reads from
+// the start of the index anyway, for rows inserted with explicit ids below
+// the mark whose notification was also lost.
+const sweepFullEvery = 30
+
+// lowWaterState is what one sweep leaves the next.
+type lowWaterState struct {
+	mark int64 // no staged row has an id below it (fullPass: unknown)
+	// cand is the last value and lock holders read at an earlier sweep,
+	// waiting for its holders to end; nil: none.
+	cand *lowWaterCandidate
+}
+
+type lowWaterCandidate struct {
+	last    int64    // the sequence's last value (0: none handed out)
+	holders []string // virtual transaction ids holding a lock on it
+}
+
+// seqReading is what a sweep read of staged_jobs.id's sequence, before it
+// reads the lowest staged id.
+type seqReading struct {
+	// usable: there is a sequence and its CACHE is 1, so the argument
+	// holds; the candidate fields are read only then.
+	usable bool
+	lowWaterCandidate
+}
+
+// nextLowWater is one sweep's decision: from the state the previous sweep
+// left (st) and this sweep's reading of the sequence (seq), it reads the
+// lowest staged id from where the mark allows (read; from the start of
+// the index when full, every sweepFullEvery-th sweep) and returns that id
+// and the state for the next sweep. On a read error the state keeps what
+// the reading alone decided (a mark the sequence no longer supports is
+// dropped).
+func nextLowWater(st lowWaterState, seq seqReading, full bool, read func(from int64) (*int64, error)) (lowWaterState, *int64, error) {
+	candEnded := false // st.cand's holders have all ended
+	switch {
+	case !seq.usable:
+		st = lowWaterState{mark: fullPass}
+	case st.cand != nil && seq.last < st.cand.last:
+		// The sequence went backwards: ids below the mark may come again.
+		st = lowWaterState{mark: fullPass}
+	default:
+		candEnded = st.cand != nil && !slices.ContainsFunc(st.cand.holders, func(v string) bool {
+			return slices.Contains(seq.holders, v)
+		})
+	}
+	from := st.mark
+	if full {
+		from = fullPass
+	}
+	low, err := read(from)
+	if err != nil {
+		return st, nil, err
+	}
+	if full && low != nil && *low < st.mark {
+		// A row below the mark: an id that did not come from the sequence.
+		st.mark = *low
+	}
+	if !seq.usable {
+		return st, low, nil
+	}
+	if candEnded {
+		mark := st.cand.last + 1
+		if low != nil {
+			mark = min(mark, *low)
+		}
+		st.mark = max(st.mark, mark)
+		st.cand = nil
+	}
+	if st.cand == nil {
+		now := seq.lowWaterCandidate
+		st.cand = &now
+	}
+	return st, low, nil
 }
 
 // Notification gaps (idemd_enqueuer_notification_gaps_total{reason}):

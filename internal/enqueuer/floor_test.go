@@ -3,6 +3,8 @@ package enqueuer
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,44 +21,118 @@ import (
 
 // TestFloorTake: the floor is the lowest id asked for since the last take,
 // a take resets it, and only rows the sweep found below both a pending
-// notification and what this replica already took count as a gap.
+// notification and what this replica already took count as a gap. No
+// database: the floor is pure.
 func TestFloorTake(t *testing.T) {
-	f := newFloor()
-	if _, ok := f.take(0); ok {
-		t.Fatal("an untouched floor asked for a drain")
+	type op func(f *floor)
+	lower := func(id int64) op { return func(f *floor) { f.lower(id) } }
+	swept := func(id int64, listening bool) op { return func(f *floor) { f.lowerSwept(id, listening) } }
+	untilEmpty := func(f *floor) { f.lowerUntilEmpty() }
+	for _, c := range []struct {
+		name   string
+		ops    []op
+		passed int64 // the highest id this replica took
+		want   drainSpec
+		ok     bool
+	}{
+		{name: "nothing asked for", passed: 0},
+		{name: "notifications 300, 200, 250", ops: []op{lower(300), lower(200), lower(250)}, passed: 1000,
+			want: drainSpec{from: 200, gapBelow: fullPass}, ok: true},
+		// A swept row below a pending notification, the listener up: rows
+		// below the notification and below what was taken are a gap.
+		{name: "swept 100, notified 500, passed 400", ops: []op{lower(500), swept(100, true)}, passed: 400,
+			want: drainSpec{from: 100, gapBelow: 400}, ok: true},
+		{name: "swept 100, notified 300, passed 400", ops: []op{lower(300), swept(100, true)}, passed: 400,
+			want: drainSpec{from: 100, gapBelow: 300}, ok: true},
+		{name: "swept 100 alone, listening", ops: []op{swept(100, true)}, passed: 400,
+			want: drainSpec{from: 100, gapBelow: 400}, ok: true},
+		{name: "swept above a notification: the notification's drain", ops: []op{lower(100), swept(300, true)}, passed: 400,
+			want: drainSpec{from: 100, gapBelow: fullPass}, ok: true},
+		// Not listening (poll-only, or a listener that is down): the sweep
+		// is the expected way to find rows, no gap.
+		{name: "swept while not listening", ops: []op{swept(100, false)}, passed: 400,
+			want: drainSpec{from: 100, gapBelow: fullPass}, ok: true},
+		{name: "the lowest sweep decides whether it was listening", ops: []op{swept(200, true), swept(100, false), swept(150, true)}, passed: 400,
+			want: drainSpec{from: 100, gapBelow: fullPass}, ok: true},
+		// A full pass asked for wins over the sweep.
+		{name: "full pass and sweep", ops: []op{swept(100, true), lower(fullPass)}, passed: 400,
+			want: drainSpec{from: fullPass, gapBelow: fullPass}, ok: true},
+		// --once: full passes until one takes nothing.
+		{name: "--once", ops: []op{untilEmpty}, passed: 400,
+			want: drainSpec{from: fullPass, gapBelow: fullPass, untilEmpty: true}, ok: true},
+		{name: "--once with a notification", ops: []op{lower(5), untilEmpty, lower(7)}, passed: 400,
+			want: drainSpec{from: fullPass, gapBelow: fullPass, untilEmpty: true}, ok: true},
+	} {
+		f := newFloor()
+		for _, o := range c.ops {
+			o(f)
+		}
+		spec, ok := f.take(c.passed)
+		if ok != c.ok || spec != c.want {
+			t.Errorf("%s: take = %+v %v, want %+v %v", c.name, spec, ok, c.want, c.ok)
+		}
+		if spec, ok := f.take(c.passed); ok {
+			t.Errorf("%s: the floor was not reset by the take: %+v", c.name, spec)
+		}
 	}
-	f.lower(300)
-	f.lower(200)
-	f.lower(250)
-	if spec, ok := f.take(1000); !ok || spec != (drainSpec{from: 200, gapBelow: fullPass}) {
-		t.Fatalf("after notifications 300, 200, 250: %+v %v", spec, ok)
+}
+
+// TestNextLowWater: the sweep's mark, one sweep at a time, without a
+// database. It rises to min(lowest id, last value + 1) once every lock
+// holder of the last value read earlier has ended, never while one is
+// left, never falls through the candidate, is off without a usable
+// sequence, resets when the sequence went backwards, and a full sweep
+// reads from the start and lowers it to an explicit id below it.
+func TestNextLowWater(t *testing.T) {
+	ptr := func(v int64) *int64 { return &v }
+	cand := func(last int64, holders ...string) *lowWaterCandidate {
+		return &lowWaterCandidate{last: last, holders: holders}
 	}
-	if _, ok := f.take(1000); ok {
-		t.Fatal("the floor was not reset by the take")
+	reading := func(last int64, holders ...string) seqReading {
+		return seqReading{usable: true, lowWaterCandidate: lowWaterCandidate{last: last, holders: holders}}
 	}
-	// A swept row below a pending notification, the listener up: rows
-	// below the notification and below what was taken are a gap.
-	f.lower(500)
-	f.lowerSwept(100, true)
-	if spec, _ := f.take(400); spec != (drainSpec{from: 100, gapBelow: 400}) {
-		t.Fatalf("swept 100, notified 500, passed 400: %+v", spec)
+	for _, c := range []struct {
+		name     string
+		st       lowWaterState
+		seq      seqReading
+		full     bool
+		low      *int64 // what the read returns
+		wantFrom int64  // where the read starts
+		want     lowWaterState
+	}{
+		{name: "no usable sequence", st: lowWaterState{mark: 50, cand: cand(60)}, seq: seqReading{}, low: ptr(70),
+			wantFrom: fullPass, want: lowWaterState{mark: fullPass}},
+		{name: "first sweep: a candidate, no mark yet", st: lowWaterState{mark: fullPass}, seq: reading(100, "3/7"), low: ptr(90),
+			wantFrom: fullPass, want: lowWaterState{mark: fullPass, cand: cand(100, "3/7")}},
+		{name: "a holder is left: nothing moves", st: lowWaterState{mark: fullPass, cand: cand(100, "3/7", "4/2")}, seq: reading(120, "4/2"), low: ptr(90),
+			wantFrom: fullPass, want: lowWaterState{mark: fullPass, cand: cand(100, "3/7", "4/2")}},
+		{name: "holders ended, table empty: last value + 1", st: lowWaterState{mark: fullPass, cand: cand(100, "3/7")}, seq: reading(120, "5/1"), low: nil,
+			wantFrom: fullPass, want: lowWaterState{mark: 101, cand: cand(120, "5/1")}},
+		{name: "holders ended, a row below the last value: that row", st: lowWaterState{mark: 20, cand: cand(100)}, seq: reading(120), low: ptr(90),
+			wantFrom: 20, want: lowWaterState{mark: 90, cand: cand(120)}},
+		{name: "never below the mark it had", st: lowWaterState{mark: 150, cand: cand(100)}, seq: reading(160), low: ptr(155),
+			wantFrom: 150, want: lowWaterState{mark: 150, cand: cand(160)}},
+		{name: "the sequence went backwards", st: lowWaterState{mark: 150, cand: cand(200)}, seq: reading(10), low: ptr(5),
+			wantFrom: fullPass, want: lowWaterState{mark: fullPass, cand: cand(10)}},
+		{name: "a full sweep finds an explicit id below the mark", st: lowWaterState{mark: 150, cand: cand(160, "9/9")}, seq: reading(170, "9/9"), full: true, low: ptr(-5),
+			wantFrom: fullPass, want: lowWaterState{mark: -5, cand: cand(160, "9/9")}},
+		{name: "a full sweep without rows below the mark", st: lowWaterState{mark: 150, cand: cand(160, "9/9")}, seq: reading(170, "9/9"), full: true, low: ptr(165),
+			wantFrom: fullPass, want: lowWaterState{mark: 150, cand: cand(160, "9/9")}},
+	} {
+		var from int64
+		got, low, err := nextLowWater(c.st, c.seq, c.full, func(f int64) (*int64, error) { from = f; return c.low, nil })
+		if err != nil || low != c.low {
+			t.Errorf("%s: low %v, err %v", c.name, low, err)
+		}
+		if from != c.wantFrom || !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: read from %d, state %+v (candidate %+v); want from %d, %+v (candidate %+v)", c.name, from, got, got.cand, c.wantFrom, c.want, c.want.cand)
+		}
 	}
-	f.lower(300)
-	f.lowerSwept(100, true)
-	if spec, _ := f.take(400); spec != (drainSpec{from: 100, gapBelow: 300}) {
-		t.Fatalf("swept 100, notified 300, passed 400: %+v", spec)
-	}
-	// Not listening (poll-only, or a listener that is down): the sweep is
-	// the expected way to find rows, no gap.
-	f.lowerSwept(100, false)
-	if spec, _ := f.take(400); spec != (drainSpec{from: 100, gapBelow: fullPass}) {
-		t.Fatalf("swept while not listening: %+v", spec)
-	}
-	// A full pass asked for wins over the sweep.
-	f.lowerSwept(100, true)
-	f.lower(fullPass)
-	if spec, _ := f.take(400); spec != (drainSpec{from: fullPass, gapBelow: fullPass}) {
-		t.Fatalf("full pass and sweep: %+v", spec)
+	// A failed read keeps what the reading decided alone.
+	failed := errors.New("connection lost")
+	got, _, err := nextLowWater(lowWaterState{mark: 150, cand: cand(200)}, reading(10), false, func(int64) (*int64, error) { return nil, failed })
+	if !errors.Is(err, failed) || got.mark != fullPass || got.cand != nil {
+		t.Errorf("failed read after the sequence went backwards: %+v, %v", got, err)
 	}
 }
 
