@@ -10,6 +10,7 @@ import (
 
 	"idemd/internal/completer"
 	"idemd/internal/config"
+	"idemd/internal/enqueuer"
 	"idemd/internal/reaper"
 	"idemd/internal/runhistory"
 )
@@ -83,17 +84,17 @@ type GroupCount struct {
 	Oldest time.Time `json:"oldest"`
 }
 
-// Each query is answered from an index: staged_jobs is a short queue, the
-// unfinished keys from idemd_unfinished_keys (completer.CountUnfinished,
-// the completer's own count of its backlog), keys past retention from
+// Each query is answered from an index or a short queue: the staged
+// backlog by enqueuer.Backlog (the enqueuer's own count, the one its
+// gauges read; staged_jobs is a short queue), the unfinished keys from
+// idemd_unfinished_keys (completer.CountUnfinished, the completer's own
+// count of its backlog), keys past retention from
 // idempotency_keys_created_at (reaper.PlanRun, which also reads each such
 // key's row for the reaper's lock and lease rules), open reviews from
 // their partial index.
 const (
-	statusStagedSQL = `
-SELECT now(), (SELECT count(*) FROM staged_jobs), (SELECT min(created_at) FROM staged_jobs),
-       (SELECT count(*) FROM staged_jobs_dead)`
-	statusRiverSQL = `
+	statusStagedSQL = `SELECT now(), (SELECT count(*) FROM staged_jobs_dead)`
+	statusRiverSQL  = `
 SELECT state::text, count(*) FROM river_job
 WHERE state IN ('available', 'running', 'retryable', 'scheduled', 'pending')
 GROUP BY state ORDER BY state`
@@ -113,9 +114,14 @@ func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only
 
-	if err := tx.QueryRow(ctx, statusStagedSQL).Scan(&st.At, &st.StagedJobs, &st.OldestStagedJobAt, &st.DeadStagedJobs); err != nil {
+	if err := tx.QueryRow(ctx, statusStagedSQL).Scan(&st.At, &st.DeadStagedJobs); err != nil {
 		return fmt.Errorf("status: staged jobs: %w", err)
 	}
+	backlog, err := enqueuer.Backlog(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("status: staged jobs: %w", err)
+	}
+	st.StagedJobs, st.OldestStagedJobAt = backlog.Jobs, backlog.Oldest
 	if st.OldestStagedJobAt != nil {
 		st.OldestStagedJobAge = st.At.Sub(*st.OldestStagedJobAt).Seconds()
 	}

@@ -12,7 +12,7 @@ import (
 //     known not to need it: a drain's floor or its cursor (floor.go), the
 //     sweep's low-water mark (sweep.go), or fullPass (math.MinInt64), below
 //     every id. Every statement with @from walks staged_jobs_pkey from it,
-//     never the dead entries below it.
+//     never the dead entries below it (TestPlans).
 //   - @batch_size: --batch-size, the most rows one move transaction takes.
 //   - @seq: the oid of staged_jobs.id's sequence (the sweep's mark).
 //
@@ -47,11 +47,13 @@ func takeArgs(from int64, batchSize int) pgx.NamedArgs {
 	return pgx.NamedArgs{"from": from, "batch_size": batchSize}
 }
 
-// statsSQL counts the staged rows and the age of the oldest, from @from
-// (the sweep's mark, below which none exists), through staged_jobs_pkey.
-const statsSQL = `
-SELECT (SELECT count(*) FROM staged_jobs WHERE id >= @from),
-       (SELECT extract(epoch FROM now() - created_at)::float8 FROM staged_jobs WHERE id >= @from ORDER BY id LIMIT 1)`
+// backlogSQL counts the staged rows with id >= @from and finds the oldest
+// created_at among them and its age by the database clock (0 when none),
+// in one walk of staged_jobs_pkey from @from (an index scan whose
+// condition is id >= @from, in a transaction begun with beginSQL).
+const backlogSQL = `
+SELECT count(*), min(created_at), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM staged_jobs WHERE id >= @from`
 
 // sweepSeqSQL reads the id sequence: its oid, last value handed out (NULL
 // when none yet) and cache size. No row: ids come from elsewhere.
