@@ -34,19 +34,10 @@ const (
 )
 
 // healthyExceptions are alerts left out of the healthy-start check because
-// of a known defect, each until it is fixed.
-//
-// IdemdEnqueuerListenerDown: the enqueuer's listener self-check
-// (internal/enqueuer, checkListener) hands the NOTIFYs it hears to the
-// checker through a one-slot channel and drops what does not fit. Another
-// replica's check payload heard earlier can sit in the slot when the
-// replica's own payload arrives, which is then dropped: the check times
-// out (5 s), the listener reconnects, and idemd_enqueuer_listener_up is 0
-// meanwhile. Seen by this very check in one of four runs behind PgBouncer
-// (the NOTIFY sent through it, heard on a direct connection): a replica
-// ready with its listener down for its first 5 s, then timed-out checks
-// every 35 s. The alert's 15-minute for: keeps it from paging.
-var healthyExceptions = []string{"IdemdEnqueuerListenerDown"}
+// of a known defect, each until it is fixed. None now: the enqueuer's
+// listener self-check is no longer starved by other replicas' checks
+// (internal/enqueuer, selfCheck), which made IdemdEnqueuerListenerDown fire.
+var healthyExceptions []string
 
 // alertRun is the recording of one run and the moments of its faults.
 type alertRun struct {

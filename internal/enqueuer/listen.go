@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,10 +72,10 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	arrived := make(chan string, 1)
+	check := &selfCheck{}
 	checkErr := make(chan error, 1)
 	go func() {
-		err := s.checkListener(lctx, arrived, connected)
+		err := s.checkListener(lctx, check, connected)
 		checkErr <- err
 		cancel()
 	}()
@@ -88,10 +89,7 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 			return fmt.Errorf("enqueuer listen: wait: %w", err)
 		}
 		if strings.HasPrefix(n.Payload, listenerCheckPrefix) {
-			select {
-			case arrived <- n.Payload:
-			default:
-			}
+			check.heard(n.Payload)
 			continue
 		}
 		if s.hooks.dropNotification != nil && s.hooks.dropNotification(n.Payload) {
@@ -128,9 +126,12 @@ func truncate(s string, n int) string {
 // came back, so listener_up means notifications arrive, not merely that a
 // connection is open. It returns (ending the listener's connection) when a
 // round trip fails.
-func (s *Service) checkListener(ctx context.Context, arrived <-chan string, connected func()) error {
+func (s *Service) checkListener(ctx context.Context, check *selfCheck, connected func()) error {
 	for seq := 0; ; seq++ {
 		payload := fmt.Sprintf("%s%s:%d", listenerCheckPrefix, s.instance, seq)
+		// Expected before it is sent: the listener may hear it before
+		// pg_notify returns.
+		came := check.expect(payload)
 		if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, payload); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -138,25 +139,18 @@ func (s *Service) checkListener(ctx context.Context, arrived <-chan string, conn
 			return fmt.Errorf("enqueuer listen: send the self-check NOTIFY: %w", err)
 		}
 		timeout := time.NewTimer(s.cfg.ListenerCheckTimeout)
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				timeout.Stop()
-				return nil
-			case <-timeout.C:
-				s.metrics.listenerCheckFailures.Inc()
-				err := fmt.Errorf("enqueuer listen: a NOTIFY sent through the pool did not reach the listener within %s "+
-					"(behind a transaction-mode pooler, give --listen-database-url a direct or session-mode URL)", s.cfg.ListenerCheckTimeout)
-				s.signals.listenerCheckFailed.Signal(err)
-				return err
-			case p := <-arrived:
-				if p == payload {
-					timeout.Stop()
-					break wait
-				}
-				// Another replica's check, or an earlier one of ours.
-			}
+		select {
+		case <-ctx.Done():
+			timeout.Stop()
+			return nil
+		case <-timeout.C:
+			s.metrics.listenerCheckFailures.Inc()
+			err := fmt.Errorf("enqueuer listen: a NOTIFY sent through the pool did not reach the listener within %s "+
+				"(behind a transaction-mode pooler, give --listen-database-url a direct or session-mode URL)", s.cfg.ListenerCheckTimeout)
+			s.signals.listenerCheckFailed.Signal(err)
+			return err
+		case <-came:
+			timeout.Stop()
 		}
 		if seq == 0 {
 			connected()
@@ -173,5 +167,41 @@ func (s *Service) checkListener(ctx context.Context, arrived <-chan string, conn
 			return nil
 		case <-t.C:
 		}
+	}
+}
+
+// selfCheck picks the listener's own check out of everything it hears on
+// the channel. Every replica checks its listener the same way, so each
+// hears every other replica's check payloads too; the listener hands every
+// check payload to heard, which compares it with the one payload the
+// checker expects and ignores the rest. Nothing is queued, so no number of
+// other payloads can push this replica's own out (a one-slot channel that
+// dropped what did not fit once let another replica's payload in the slot
+// drop this one's: the check timed out and the listener reconnected,
+// listener_up 0 meanwhile).
+type selfCheck struct {
+	mu   sync.Mutex
+	want string        // the payload the checker waits for
+	came chan struct{} // closed when want is heard; nil once it was
+}
+
+// expect makes payload the one to wait for, forgetting any earlier one, and
+// returns a channel closed when the listener hears it.
+func (c *selfCheck) expect(payload string) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.want, c.came = payload, make(chan struct{})
+	return c.came
+}
+
+// heard is told every check payload the listener hears: the expected one
+// closes the checker's channel; other replicas' and earlier ones of ours
+// are ignored.
+func (c *selfCheck) heard(payload string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.came != nil && payload == c.want {
+		close(c.came)
+		c.came = nil
 	}
 }
