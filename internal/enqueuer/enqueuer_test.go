@@ -593,3 +593,24 @@ func TestNewChecksTheSettings(t *testing.T) {
 		t.Errorf("no pool: %v", err)
 	}
 }
+
+// A staged metadata integer above 2^53 reaches River's job exactly (jsonb
+// keeps numeric precision; the enqueuer must not round it on the way).
+func TestMetadataNumbersReachRiverExactly(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args, metadata)
+VALUES ('k', '{}', '{"snowflake": 9007199254740993, "trace": {"span_id": 18446744073709551615}}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newService(t, pool).RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var snowflake, span string
+	if err := pool.QueryRow(ctx, `SELECT metadata->>'snowflake', metadata#>>'{trace,span_id}' FROM river_job`).Scan(&snowflake, &span); err != nil {
+		t.Fatal(err)
+	}
+	if snowflake != "9007199254740993" || span != "18446744073709551615" {
+		t.Fatalf("River's metadata holds %s and %s", snowflake, span)
+	}
+}

@@ -3,6 +3,7 @@ package enqueuer
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -127,7 +128,9 @@ func (v *validator) check(r *stagedRow) *invalid {
 
 // metadataFor returns the River job metadata: the staged row's own metadata
 // plus idemd_staged_id and idemd_staged_at, which let anyone trace a job back
-// to the staged row (and let tests check exactly-once with SQL).
+// to the staged row (and let tests check exactly-once with SQL). The staged
+// values are merged as raw JSON, never decoded: a number stays the digits
+// it was staged with (through float64, integers above 2^53 were rounded).
 func metadataFor(r *stagedRow) ([]byte, error) {
 	if len(r.Metadata) == 0 {
 		b := make([]byte, 0, 80)
@@ -138,11 +141,14 @@ func metadataFor(r *stagedRow) ([]byte, error) {
 		b = append(b, `"}`...)
 		return b, nil
 	}
-	var m map[string]any
+	var m map[string]json.RawMessage
 	if err := json.Unmarshal(r.Metadata, &m); err != nil {
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
-	m["idemd_staged_id"] = r.ID
-	m["idemd_staged_at"] = r.CreatedAt.UTC().Format(time.RFC3339Nano)
+	if m == nil {
+		return nil, errors.New("metadata: not a JSON object")
+	}
+	m["idemd_staged_id"] = strconv.AppendInt(nil, r.ID, 10)
+	m["idemd_staged_at"] = strconv.AppendQuote(nil, r.CreatedAt.UTC().Format(time.RFC3339Nano))
 	return json.Marshal(m)
 }

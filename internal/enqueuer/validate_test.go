@@ -1,8 +1,11 @@
 package enqueuer
 
 import (
+	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The staged-row rules, without a database: each row is judged by what it
@@ -53,5 +56,50 @@ func TestValidatorCheck(t *testing.T) {
 	anyKind := newValidator(nil, 64)
 	if bad := anyKind.check(&stagedRow{Kind: "anything", Args: []byte(`{}`)}); bad != nil {
 		t.Errorf("no allow-list: %v", bad)
+	}
+}
+
+// metadataFor merges idemd_staged_id and idemd_staged_at into the staged
+// metadata and keeps every other value exactly as staged: integers above
+// 2^53 (a snowflake id, a 64-bit trace id) are not rounded through
+// float64, nested ones neither.
+func TestMetadataForKeepsNumbersExactly(t *testing.T) {
+	at := time.Date(2026, 12, 3, 14, 0, 0, 123456000, time.UTC)
+	r := &stagedRow{ID: 42, CreatedAt: at, Metadata: []byte(`{"big": 9007199254740993, "min": -9223372036854775808,
+ "nested": {"id": 12345678901234567891, "list": [18446744073709551615, 0.1]}, "float": 1.5e300, "s": "x<y", "idemd_staged_id": 7}`)}
+	md, err := metadataFor(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := json.NewDecoder(bytes.NewReader(md))
+	d.UseNumber()
+	var got map[string]any
+	if err := d.Decode(&got); err != nil {
+		t.Fatalf("%s: %v", md, err)
+	}
+	nested, _ := got["nested"].(map[string]any)
+	list, _ := nested["list"].([]any)
+	for name, c := range map[string]struct{ got, want any }{
+		"big":             {got["big"], json.Number("9007199254740993")},
+		"min":             {got["min"], json.Number("-9223372036854775808")},
+		"nested.id":       {nested["id"], json.Number("12345678901234567891")},
+		"nested.list[0]":  {list[0], json.Number("18446744073709551615")},
+		"nested.list[1]":  {list[1], json.Number("0.1")},
+		"float":           {got["float"], json.Number("1.5e300")},
+		"s":               {got["s"], "x<y"},
+		"idemd_staged_id": {got["idemd_staged_id"], json.Number("42")},
+		"idemd_staged_at": {got["idemd_staged_at"], "2026-12-03T14:00:00.123456Z"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %v (%T), want %v\nmetadata %s", name, c.got, c.got, c.want, md)
+		}
+	}
+	if len(got) != 7 {
+		t.Errorf("keys %v", got)
+	}
+	// Without staged metadata: just the two keys.
+	md, err = metadataFor(&stagedRow{ID: 9223372036854775807, CreatedAt: at})
+	if err != nil || string(md) != `{"idemd_staged_id":9223372036854775807,"idemd_staged_at":"2026-12-03T14:00:00.123456Z"}` {
+		t.Errorf("no staged metadata: %s, %v", md, err)
 	}
 }
