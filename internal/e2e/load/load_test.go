@@ -1,0 +1,147 @@
+package load
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"idemd/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func TestReadProcStat(t *testing.T) {
+	st, err := readProcStat(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ppid != os.Getppid() || st.start == 0 {
+		t.Fatalf("%+v, parent %d", st, os.Getppid())
+	}
+	if _, err := readProcStat(-1); !os.IsNotExist(err) {
+		t.Fatalf("a missing process: %v", err)
+	}
+}
+
+// TestCPUMeters: both meters see the CPU a query burns in the server.
+func TestCPUMeters(t *testing.T) {
+	ctx := context.Background()
+	admin, err := pgxpool.New(ctx, dbtest.ServerURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	pool := dbtest.NewPool(t)
+	dbName, err := databaseName(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := newServerCPU(ctx, admin)
+	if err != nil {
+		t.Skipf("the server is not on this machine: %v", err)
+	}
+	database := newDatabaseCPU(admin, dbName)
+	for _, m := range []cpuMeter{server, database} {
+		if err := m.sample(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	for time.Since(start) < 300*time.Millisecond {
+		if _, err := pool.Exec(ctx, `SELECT count(*) FROM generate_series(1, 300000)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range []cpuMeter{server, database} {
+		if err := m.sample(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A query loop of 300 ms keeps its backend busy most of that time;
+	// half of it is a safe floor on a machine that others share.
+	if d := database.total(); d < 100*time.Millisecond || d > time.Since(start)+100*time.Millisecond {
+		t.Errorf("the database's backends used %s in %s", d, time.Since(start))
+	}
+	if server.total() < database.total() {
+		t.Errorf("the whole server (%s) used less than one database's backends (%s)", server.total(), database.total())
+	}
+}
+
+func TestMerge(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	a := Phase{Runs: 1, Duration: time.Second, Requests: 2, Status: map[int]int{201: 2}, DBCPU: ms(10), DBCPUOK: true, WALBytes: 100, latencies: []time.Duration{ms(1), ms(3)}}
+	b := Phase{Runs: 1, Duration: time.Second, Requests: 2, Status: map[int]int{201: 1, 409: 1}, DBCPU: ms(30), DBCPUOK: true, WALBytes: 300, latencies: []time.Duration{ms(2), ms(100)}}
+	m := merge(merge(Phase{}, a), b)
+	if m.Runs != 2 || m.Requests != 4 || m.Throughput != 2 || m.Status[201] != 3 || m.ConflictRate() != 0.25 {
+		t.Fatalf("%+v", m)
+	}
+	if m.P50 != ms(2) || m.Max != ms(100) || m.CPUPerRequest() != ms(10) || m.WALPerRequest() != 100 || !m.DBCPUOK {
+		t.Fatalf("p50 %s max %s cpu %s wal %f", m.P50, m.Max, m.CPUPerRequest(), m.WALPerRequest())
+	}
+}
+
+// TestLoadSmoke runs the benchmark in miniature (two configurations, one
+// conflict size, seconds each) on a private server: the processes come up,
+// every configuration is measured, jobs reach River where they should.
+// Skipped with -short (it builds the binaries).
+func TestLoadSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries and runs processes")
+	}
+	rep, err := Load(context.Background(), dbtest.ServerURL(t), LoadOptions{
+		Duration: 6 * time.Second, Rounds: 1, Configs: []Config{ConfigA, ConfigC},
+		ConflictConcurrency: []int{8}, Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Cost) != 2 || len(rep.Conflicts) != len(Isolations) {
+		t.Fatalf("%d cost phases, %d conflict phases", len(rep.Cost), len(rep.Conflicts))
+	}
+	for _, ph := range append(rep.Cost, rep.Conflicts...) {
+		if ph.Requests == 0 || ph.WALBytes <= 0 || (ph.DBCPUOK && ph.DBCPU <= 0) {
+			t.Errorf("%s (%s): %d requests, %d WAL bytes, CPU %s", ph.Name, ph.Isolation, ph.Requests, ph.WALBytes, ph.DBCPU)
+		}
+	}
+	a, _ := rep.Find(ConfigA.Name)
+	c, _ := rep.Find(ConfigC.Name)
+	if a.RiverJobs != 0 || a.Staged != 0 {
+		t.Errorf("(a) created jobs: %d River, %d staged", a.RiverJobs, a.Staged)
+	}
+	if c.RiverJobs == 0 {
+		t.Error("(c): the enqueuers moved no staged job into River")
+	}
+	if rc := rep.Conflicts[0]; rc.Isolation != "read-committed" || rc.Status[409] != 0 {
+		t.Errorf("read committed, distinct keys: %v", rc.Status)
+	}
+}
+
+// TestStagingCost splits (c)'s price against (b) (IDEMD_LOAD_STAGING=1,
+// about 6 minutes): the API staging with no enqueuer running (the API's
+// side alone: the staged_jobs insert and its NOTIFY trigger), and with the
+// enqueuers polling instead of listening (no wake-up per commit), next to
+// (b) and (c) in the same run.
+func TestStagingCost(t *testing.T) {
+	if os.Getenv("IDEMD_LOAD_STAGING") != "1" {
+		t.Skip("set IDEMD_LOAD_STAGING=1 to split the staging hop's cost")
+	}
+	noEnqueuer := Config{Name: "(c0) API staging + worker, no enqueuer", ReceiptJobs: "staged", Worker: true}
+	polling := ConfigC
+	polling.Name, polling.EnqueuerArgs = "(cp) (c) with enqueuers --poll-only", []string{"--poll-only"}
+	rep, err := Load(context.Background(), dbtest.ServerURL(t), LoadOptions{
+		Configs: []Config{ConfigB, noEnqueuer, polling, ConfigC}, SkipConflicts: true, Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := rep.Cost[0]
+	for _, ph := range rep.Cost {
+		tp, p99 := Ratio(ph, b)
+		t.Logf("| %s | %.0f req/s (%.2f× b) | p50 %.1f ms | p99 %.1f ms (%.2f× b) | %.2f ms CPU/req | %.1f kB WAL/req | River jobs %d, staged %d |",
+			ph.Name, ph.Throughput, tp, float64(ph.P50)/1e6, float64(ph.P99)/1e6, p99,
+			float64(ph.CPUPerRequest())/1e6, ph.WALPerRequest()/1e3, ph.RiverJobs, ph.Staged)
+	}
+}
