@@ -120,7 +120,7 @@ func (o *LoadOptions) defaults() {
 	if o.Warmup <= 0 {
 		o.Warmup = 5 * time.Second
 	}
-	o.Warmup = min(o.Warmup, (run/6).Round(100*time.Millisecond))
+	o.Warmup = min(o.Warmup, (run / 6).Round(100*time.Millisecond))
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
 	}
