@@ -25,9 +25,14 @@ type claimedKey struct {
 
 // candidateArgs are the arguments of the candidate query and the claims
 // built on it (claimSQL, claimOneSQL, probeCandidatesSQL), limit being
-// @batch_size.
+// @batch_size; the walks start at the mark of the current pass.
 func (s *Service) candidateArgs(limit int) pgx.NamedArgs {
+	s.walk.mu.Lock()
+	from := s.walk.state.mark
+	s.walk.mu.Unlock()
 	return pgx.NamedArgs{
+		"from_at":       from.At,
+		"from_id":       from.ID,
 		"batch_size":    limit,
 		"grace":         s.cfg.Grace,
 		"idle":          s.cfg.Idle,
@@ -42,16 +47,20 @@ func (s *Service) claim(ctx context.Context, limit int) ([]claimedKey, error) {
 	return s.claimWith(ctx, claimSQL, s.candidateArgs(limit))
 }
 
-// claimWith runs claimSQL or claimOneSQL.
+// claimWith runs claimSQL or claimOneSQL (in a walk transaction: mark.go).
 func (s *Service) claimWith(ctx context.Context, sql string, args pgx.NamedArgs) ([]claimedKey, error) {
-	rows, err := s.pool.Query(ctx, sql, args)
-	if err != nil {
-		return nil, fmt.Errorf("completer: claim: %w", err)
-	}
-	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimedKey, error) {
-		var k claimedKey
-		err := r.Scan(&k.ID, &k.UserID, &k.Key, &k.Method, &k.Path, &k.Params, &k.Attempts, &k.Lease, &k.PastHorizon, &k.TrackedAt)
-		return k, err
+	var keys []claimedKey
+	err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sql, args)
+		if err != nil {
+			return err
+		}
+		keys, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimedKey, error) {
+			var k claimedKey
+			err := r.Scan(&k.ID, &k.UserID, &k.Key, &k.Method, &k.Path, &k.Params, &k.Attempts, &k.Lease, &k.PastHorizon, &k.TrackedAt)
+			return k, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("completer: claim: %w", err)
@@ -136,11 +145,15 @@ func chooseProbes(cands []probeCandidate, suspect func(id int64, attempts int) b
 // taken meanwhile it tries the next; it claims nothing only when no
 // candidate is left.
 func (s *Service) claimProbe(ctx context.Context) ([]claimedKey, error) {
-	rows, err := s.pool.Query(ctx, probeCandidatesSQL, s.candidateArgs(s.cfg.BatchSize))
-	if err != nil {
-		return nil, fmt.Errorf("completer: probe candidates: %w", err)
-	}
-	cands, err := pgx.CollectRows(rows, pgx.RowToStructByPos[probeCandidate])
+	var cands []probeCandidate
+	err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, probeCandidatesSQL, s.candidateArgs(s.cfg.BatchSize))
+		if err != nil {
+			return err
+		}
+		cands, err = pgx.CollectRows(rows, pgx.RowToStructByPos[probeCandidate])
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("completer: probe candidates: %w", err)
 	}

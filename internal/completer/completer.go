@@ -128,6 +128,8 @@ type Service struct {
 
 	rateMu sync.Mutex
 
+	walk walker // the low-water mark of the walks (mark.go)
+
 	mu         sync.Mutex
 	runner     lifecycle.Runner
 	lastGauges time.Time
@@ -243,19 +245,28 @@ func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
 }
 
 func (s *Service) runOnce(ctx context.Context) (*Result, error) {
-	return s.pass(ctx, nil)
+	return s.passFrom(ctx, nil, true)
 }
 
 // pass is one pass: prune idemd_unfinished_keys (at most once per poll
-// interval), then run batches until passGoesOn says the pass is done, or
+// interval) and read the low-water mark the walks start at (startWalks,
+// mark.go), then run batches until passGoesOn says the pass is done, or
 // stop is closed (Stop, or the end of Start's context; checked between
 // batches, nil never is). ctx ending aborts the batch in progress. It logs
 // one summary line when it claimed something, and its failure.
 func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, error) {
+	return s.passFrom(ctx, stop, false)
+}
+
+// passFrom is pass; full reads the mark from the start of the index
+// (--once: a one-shot process has no earlier pass to trust).
+func (s *Service) passFrom(ctx context.Context, stop <-chan struct{}, full bool) (*Result, error) {
 	res := &Result{}
-	s.maybePrune(ctx)
-	s.maybeRefreshGauges(ctx, false)
-	err := s.runBatches(ctx, stop, res)
+	_, err := s.startWalks(ctx, full)
+	if err == nil {
+		s.maybeRefreshGauges(ctx, false)
+		err = s.runBatches(ctx, stop, res)
+	}
 	s.maybeRefreshGauges(ctx, true)
 	if err != nil {
 		if ctx.Err() == nil {

@@ -49,6 +49,8 @@ type metrics struct {
 	keyFailures  prometheus.Counter
 	duration     prometheus.Histogram
 	claimed      prometheus.Counter
+	// keysBelowMark: mark.go.
+	keysBelowMark prometheus.Counter
 }
 
 // newMetrics creates the completer's collectors and registers them with reg
@@ -99,6 +101,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_completer_claimed_total",
 			Help: "Keys claimed (leased) by this process.",
 		}),
+		keysBelowMark: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_completer_keys_below_mark_total",
+			Help: "Unfinished keys a full walk (every 30th pass) found tracked below the low-water mark the other passes start at: a key committed more than --grace + 1m after its transaction began, or inserted with an old created_at. Each waited up to 30 poll intervals longer. Should stay at 0.",
+		}),
 	}
 	for _, o := range allOutcomes {
 		m.replays.WithLabelValues(string(o))
@@ -106,7 +112,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.replays, m.pending, m.oldestAge, m.breakerState, m.openReviews, m.oldestReview, m.breakerOpens, m.keyFailures, m.duration, m.claimed} {
+	for _, c := range []prometheus.Collector{m.replays, m.pending, m.oldestAge, m.breakerState, m.openReviews, m.oldestReview, m.breakerOpens, m.keyFailures, m.duration, m.claimed, m.keysBelowMark} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("completer: register metrics: %w", err)
 		}

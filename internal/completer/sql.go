@@ -8,6 +8,8 @@ package completer
 //     checks it, so a replica whose lease was taken over writes nothing;
 //   - @batch_size, @grace, @idle, @lock_timeout: the candidate query's limit
 //     and --grace, --idle, --lock-timeout;
+//   - @from_at, @from_id: the low-water mark a walk of
+//     idemd_unfinished_keys starts at (mark.go);
 //   - @lease, @give_up_after, @in_progress_delay: --lease, --give-up-after,
 //     --in-progress-delay.
 //
@@ -37,13 +39,44 @@ const candidateConditions = `u.created_at < now() - @grace::interval
 // key_id) order, up to the grace period, and checks each key's row through
 // the primary key of idempotency_keys. Its cost follows the backlog, not
 // the table (TestCandidatePlan).
-const candidateSQL = `
+//
+// This is the walk from the start of the index, as internal/bench/completer
+// copies and times it; the completer runs candidateFromSQL, the same walk
+// started at the low-water mark.
+const candidateSQL = candidateHead + candidateConditions + candidateTail
+
+// candidateFromSQL is candidateSQL started at the low-water mark
+// (@from_at, @from_id) (mark.go): the walk of the primary key begins
+// there, past the entries of rows deleted below it that an old snapshot
+// keeps.
+const candidateFromSQL = candidateHead + markCondition + `
+      AND ` + candidateConditions + candidateTail
+
+// markCondition starts a walk of idemd_unfinished_keys u at the
+// low-water mark (@from_at, @from_id), an index condition on its primary
+// key.
+const markCondition = `(u.created_at, u.key_id) >= (@from_at::timestamptz, @from_id::bigint)`
+
+const (
+	candidateHead = `
     SELECT c.id, u.created_at AS tracked_at
     FROM idemd_unfinished_keys u
     JOIN idempotency_keys c ON c.id = u.key_id
-    WHERE ` + candidateConditions + `
+    WHERE `
+	candidateTail = `
     ORDER BY u.created_at, u.key_id
     LIMIT @batch_size`
+)
+
+// walkBeginSQL begins every transaction that walks idemd_unfinished_keys
+// from a low-water mark (the claims, the mark read, Prune). While an old
+// snapshot keeps dead rows, the table is a few live rows in a long heap
+// and index, and the planner, whose statistics say "a few rows", prefers
+// reading every heap page (a sequential or bitmap scan and a sort) to
+// walking the primary key from the mark, which touches only the entries
+// from there on. With those two scans switched off it walks the index (as
+// the enqueuer's beginSQL). SET LOCAL ends with the transaction.
+const walkBeginSQL = `BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`
 
 // candidateLocking locks the candidates a claim selects, skipping rows
 // another replica or the API holds.
@@ -60,7 +93,7 @@ const claimedColumns = `k.id, k.user_id, k.idempotency_key, k.request_method, k.
 const claimSQL = `
 UPDATE idempotency_keys k
 SET completer_leased_until = now() + @lease::interval
-FROM (` + candidateSQL + candidateLocking + `) cand
+FROM (` + candidateFromSQL + candidateLocking + `) cand
 WHERE k.id = cand.id
 RETURNING ` + claimedColumns
 
@@ -87,7 +120,7 @@ RETURNING ` + claimedColumns
 // order. It walks the same rows a batch claim would, once per half-open.
 const probeCandidatesSQL = `
 SELECT cand.id, k.completer_attempts, cand.tracked_at
-FROM (` + candidateSQL + `) cand
+FROM (` + candidateFromSQL + `) cand
 JOIN idempotency_keys k ON k.id = cand.id
 ORDER BY cand.tracked_at, cand.id`
 
@@ -167,6 +200,27 @@ last AS (
 )
 SELECT (SELECT count(*) FROM walked), (SELECT count(*) FROM pruned),
        COALESCE((SELECT created_at FROM last), @cursor_at), COALESCE((SELECT key_id FROM last), @cursor_id)`
+
+// markSQL reads a pass's low-water mark (mark.go): the bound
+// now() - @grace - @margin, the lowest tracked row at or above
+// (@from_at, @from_id) (a plain read: rows others hold locked count), and
+// how many unfinished keys are tracked below (@below_at, @below_id) (an
+// empty range unless the read is a full one from the start).
+const markSQL = `
+SELECT now() - @grace::interval - @margin::interval, l.created_at, l.key_id,
+       (SELECT count(*)
+        FROM idemd_unfinished_keys u
+        JOIN idempotency_keys k ON k.id = u.key_id
+        WHERE (u.created_at, u.key_id) < (@below_at::timestamptz, @below_id::bigint)
+          AND k.recovery_point <> 'finished' AND k.completer_gave_up_at IS NULL)
+FROM (SELECT 1) one
+LEFT JOIN LATERAL (
+    SELECT u.created_at, u.key_id
+    FROM idemd_unfinished_keys u
+    WHERE ` + markCondition + `
+    ORDER BY u.created_at, u.key_id
+    LIMIT 1
+) l ON true`
 
 // unfinishedKeysSQL counts the completer's backlog by recovery point: keys
 // unfinished and not given up, with the created_at of the oldest and its

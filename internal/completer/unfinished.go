@@ -16,8 +16,9 @@ import (
 // pruneBatch is the rows one pruneSQL statement walks.
 const pruneBatch = 1000
 
-// maybePrune runs Prune at most once per poll interval.
-func (s *Service) maybePrune(ctx context.Context) {
+// maybePrune prunes from the position from (the pass's mark read's start,
+// mark.go) at most once per poll interval.
+func (s *Service) maybePrune(ctx context.Context, from position) {
 	s.mu.Lock()
 	if time.Since(s.lastPrune) < s.cfg.PollInterval {
 		s.mu.Unlock()
@@ -25,7 +26,7 @@ func (s *Service) maybePrune(ctx context.Context) {
 	}
 	s.lastPrune = time.Now()
 	s.mu.Unlock()
-	if n, err := s.Prune(ctx); err != nil && ctx.Err() == nil {
+	if n, err := s.prune(ctx, from); err != nil && ctx.Err() == nil {
 		s.log.Warn("pruning idemd_unfinished_keys failed", zap.Error(err))
 	} else if n > 0 {
 		s.log.Debug("pruned idemd_unfinished_keys", zap.Int("deleted", n))
@@ -39,14 +40,26 @@ func (s *Service) maybePrune(ctx context.Context) {
 // the table about the size of the backlog plus the keys inserted since the
 // last prune, so the candidate walk, which stops at the grace period, sees
 // the backlog alone. It walks the table in bounded statements
-// (pruneBatch rows each).
+// (pruneBatch rows each), from the start; a pass prunes from where it
+// reads its low-water mark (mark.go).
 func (s *Service) Prune(ctx context.Context) (int, error) {
-	cursorAt, cursorID := time.Time{}, int64(math.MinInt64)
+	return s.prune(ctx, walkStart)
+}
+
+// prune is Prune from the position from on.
+func (s *Service) prune(ctx context.Context, from position) (int, error) {
+	// pruneSQL continues after its cursor: start just before from.
+	cursorAt, cursorID := from.At, from.ID
+	if cursorID > math.MinInt64 {
+		cursorID--
+	}
 	deleted := 0
 	for {
 		var walked, pruned int
 		args := pgx.NamedArgs{"cursor_at": cursorAt, "cursor_id": cursorID, "walk": pruneBatch}
-		if err := s.pool.QueryRow(ctx, pruneSQL, args).Scan(&walked, &pruned, &cursorAt, &cursorID); err != nil {
+		if err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, pruneSQL, args).Scan(&walked, &pruned, &cursorAt, &cursorID)
+		}); err != nil {
 			return deleted, fmt.Errorf("completer: prune: %w", err)
 		}
 		deleted += pruned
