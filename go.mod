@@ -1,4 +1,4 @@
-module idemd
+module github.com/idemd/idemd
 
 go 1.26.8
 

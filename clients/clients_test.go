@@ -13,11 +13,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/clients/clienttest"
-	"idemd/idem"
-	"idemd/idem/replayauth"
-	"idemd/internal/dbtest"
-	"idemd/internal/replaytest"
+	"github.com/idemd/idemd/clients/clienttest"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/replaytest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"idemd/idem/replayauth"
-	"idemd/internal/replaytest"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/replaytest"
 )
 
 // vectorsPath is the published vectors file, relative to this package.

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"idemd/idem"
+	"github.com/idemd/idemd/idem"
 )
 
 func TestCanonicalParamsSpellings(t *testing.T) {

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/idem"
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 var allIsolations = []idem.Isolation{idem.ReadCommitted, idem.Serializable, idem.ArticleSerializable}

@@ -23,11 +23,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/examples/rocketrides/fakestripe"
-	"idemd/examples/rocketrides/simulator"
-	"idemd/idem"
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
+	"github.com/idemd/idemd/examples/rocketrides/simulator"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 // rideRun is one measured run of POST /rides.

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/backoff"
 )
 
 // Result is what a phase returns: NoOp, RecoveryPoint or Response.

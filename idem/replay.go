@@ -7,7 +7,7 @@ import (
 	"io"
 	"net/http"
 
-	"idemd/idem/replayauth"
+	"github.com/idemd/idemd/idem/replayauth"
 )
 
 // MaxReplayBody bounds the body ReplayAuth reads to verify its digest.

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"idemd/idem"
-	"idemd/idem/replayauth"
-	"idemd/internal/replaytest"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/replaytest"
 )
 
 func replayFixture(t *testing.T) (*idem.Store, *replayauth.Signer, *httptest.Server) {

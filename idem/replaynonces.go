@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/idem/replayauth"
+	"github.com/idemd/idemd/idem/replayauth"
 )
 
 // Defaults of ReplayNoncesOptions.

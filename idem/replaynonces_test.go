@@ -15,10 +15,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/idem"
-	"idemd/idem/replayauth"
-	"idemd/internal/dbtest"
-	"idemd/internal/replaytest"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/replaytest"
 )
 
 // apiInstance is one replica of an API: its own pool on the shared

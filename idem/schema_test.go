@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/idem"
-	"idemd/internal/articletest"
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/internal/articletest"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 // articleStore opens a Store on a database that started from the article's

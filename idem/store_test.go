@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/idem"
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 type params struct {

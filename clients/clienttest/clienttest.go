@@ -20,7 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 // Root returns the module's root directory (where go.mod is), found upwards

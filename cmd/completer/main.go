@@ -6,8 +6,8 @@ package main
 import (
 	"os"
 
-	"idemd/internal/completer"
-	"idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/completer"
+	"github.com/idemd/idemd/internal/daemon"
 )
 
 func main() {

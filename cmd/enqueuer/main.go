@@ -5,8 +5,8 @@ package main
 import (
 	"os"
 
-	"idemd/internal/daemon"
-	"idemd/internal/enqueuer"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/enqueuer"
 )
 
 func main() {

@@ -5,7 +5,7 @@ package main
 import (
 	"os"
 
-	"idemd/internal/ctl"
+	"github.com/idemd/idemd/internal/ctl"
 )
 
 func main() {

@@ -5,8 +5,8 @@ package main
 import (
 	"os"
 
-	"idemd/internal/daemon"
-	"idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/reaper"
 )
 
 func main() {

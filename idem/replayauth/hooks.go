@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"time"
 
-	"idemd/internal/replayhook"
+	"github.com/idemd/idemd/internal/replayhook"
 )
 
 // Test-only capabilities, reachable from idemd's own tests only (see
-// idemd/internal/replayhook and idemd/internal/replaytest).
+// github.com/idemd/idemd/internal/replayhook and github.com/idemd/idemd/internal/replaytest).
 func init() {
 	replayhook.SignAt = func(signer any, ts int64, nonce string, req any) string {
 		return signer.(*Signer).signAt(ts, nonce, req.(Request))

@@ -158,7 +158,7 @@ func NewSigner(secrets ...Secret) (*Signer, error) {
 }
 
 // withClock returns a copy of the signer using now (tests, through
-// idemd/internal/replaytest).
+// github.com/idemd/idemd/internal/replaytest).
 func (s *Signer) withClock(now func() time.Time) *Signer {
 	c := *s
 	c.now = now
@@ -175,7 +175,7 @@ func (s *Signer) Sign(r Request) (string, error) {
 }
 
 // signAt returns the header value for r at a given timestamp and nonce:
-// for the test vectors and idemd's own tests (idemd/internal/replaytest),
+// for the test vectors and idemd's own tests (github.com/idemd/idemd/internal/replaytest),
 // never for a real signature, whose nonce must be fresh.
 func (s *Signer) signAt(ts int64, nonce string, r Request) string {
 	c := Canonical(ts, nonce, r)
@@ -275,7 +275,7 @@ func NewVerifier(skew time.Duration, secrets ...Secret) (*Verifier, error) {
 }
 
 // withClock returns a verifier sharing the nonce store but using now for
-// the skew window (tests, through idemd/internal/replaytest).
+// the skew window (tests, through github.com/idemd/idemd/internal/replaytest).
 func (v *Verifier) withClock(now func() time.Time) *Verifier {
 	c := *v
 	c.now = now

@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/migrate"
-	"idemd/migrations"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/migrations"
 )
 
 // UserID is the article's one user, inserted with the schema.

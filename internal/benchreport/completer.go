@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	completerbench "idemd/internal/bench/completer"
+	completerbench "github.com/idemd/idemd/internal/bench/completer"
 )
 
 // Completer runs the completer suite: the candidate query against the

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"idemd/internal/e2e/load"
+	"github.com/idemd/idemd/internal/e2e/load"
 )
 
 // E2E runs the end-to-end load benchmark (internal/e2e/load): the Rocket

@@ -6,8 +6,8 @@ import (
 	"os"
 	"time"
 
-	enqueuerbench "idemd/internal/bench/enqueuer"
-	"idemd/internal/enqueuer"
+	enqueuerbench "github.com/idemd/idemd/internal/bench/enqueuer"
+	"github.com/idemd/idemd/internal/enqueuer"
 )
 
 // SnapshotDurationEnv overrides the length of each held-snapshot run of the

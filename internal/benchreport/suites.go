@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	enqueuerbench "idemd/internal/bench/enqueuer"
-	reaperbench "idemd/internal/bench/reaper"
+	enqueuerbench "github.com/idemd/idemd/internal/bench/enqueuer"
+	reaperbench "github.com/idemd/idemd/internal/bench/reaper"
 )
 
 // Scale shrinks every suite for a quick run (1 = the issues' sizes).

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	completerbench "idemd/internal/bench/completer"
-	"idemd/internal/completer"
+	completerbench "github.com/idemd/idemd/internal/bench/completer"
+	"github.com/idemd/idemd/internal/completer"
 )
 
 // The benchmark times its own copy of the candidate query (nothing is

@@ -7,10 +7,10 @@ import (
 
 	"go.uber.org/zap"
 
-	"idemd/idem/replayauth"
-	"idemd/internal/config"
-	"idemd/internal/daemon"
-	"idemd/internal/dbstats"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/dbstats"
 )
 
 // Description is the completer's --help summary.

@@ -10,9 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/config"
-	"idemd/internal/daemon"
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 func writeSecret(t *testing.T, content string) string {

@@ -26,9 +26,9 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
 
-	"idemd/internal/backoff"
-	"idemd/internal/lifecycle"
-	"idemd/internal/testsignal"
+	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/testsignal"
 )
 
 // FlaggedBy is recorded in idempotency_key_reviews.flagged_by.

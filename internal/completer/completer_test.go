@@ -15,10 +15,10 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"idemd/internal/backoff"
-	"idemd/internal/dbtest"
-	"idemd/internal/review"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/review"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 func TestRunOnceClassifiesOutcomes(t *testing.T) {

@@ -11,9 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"idemd/idem/replayauth"
-	"idemd/internal/config"
-	"idemd/internal/opshttp"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/opshttp"
 )
 
 // Encoding is how a stored request_params object is sent as the body.

@@ -12,11 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
-	"idemd/internal/config"
-	"idemd/internal/daemon"
-	"idemd/internal/dbstats"
-	"idemd/internal/dbtest"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/dbstats"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 // The exporter's flags default to dbstats.DefaultSettings, through the

@@ -21,12 +21,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/examples/rocketrides/fakestripe"
-	"idemd/idem/replayauth"
-	"idemd/internal/dbtest"
-	"idemd/internal/testbin"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 // rocketRides is the real reference API over HTTP with its fake Stripe as
@@ -182,7 +182,7 @@ func TestEndToEndRocketRides(t *testing.T) {
 		t.Skip("end-to-end test skipped in -short mode")
 	}
 	start := time.Now()
-	bin := testbin.Build(t, "idemd/cmd/completer")
+	bin := testbin.Build(t, "github.com/idemd/idemd/cmd/completer")
 	rr := newRocketRides(t)
 	ctx := context.Background()
 	users := rr.addUsers(t, 20, "cus_rider")

@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"idemd/idem/replayauth"
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"idemd/internal/config"
+	"github.com/idemd/idemd/internal/config"
 )
 
 // Which command lines keep the completer running (and serving :9090) and which

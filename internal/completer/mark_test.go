@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 func TestMarkDecision(t *testing.T) {

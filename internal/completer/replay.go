@@ -14,9 +14,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
-	"idemd/idem/replayauth"
-	"idemd/internal/backoff"
-	"idemd/internal/review"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/review"
 )
 
 // writeTimeout bounds each write after a replay, which runs even when

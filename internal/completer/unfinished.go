@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"idemd/internal/review"
+	"github.com/idemd/idemd/internal/review"
 )
 
 // pruneBatch is the rows one pruneSQL statement walks.

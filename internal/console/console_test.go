@@ -15,11 +15,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"idemd/internal/console"
-	"idemd/internal/ctl"
-	"idemd/internal/dbtest"
-	"idemd/internal/logging"
-	"idemd/internal/review"
+	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/ctl"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/logging"
+	"github.com/idemd/idemd/internal/review"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"idemd/internal/review"
+	"github.com/idemd/idemd/internal/review"
 )
 
 // KeyRef names one key: by id, or by user and idempotency key.

@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/runhistory"
 )
 
 // Backend is what the web console reads and does through internal/ctl, so

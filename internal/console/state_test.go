@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"idemd/internal/review"
+	"github.com/idemd/idemd/internal/review"
 )
 
 // TestKeyStateAndRetryRefusal: the decision of what a key's state is and

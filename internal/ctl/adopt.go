@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"idemd/internal/config"
-	"idemd/internal/logging"
-	"idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/logging"
+	"github.com/idemd/idemd/internal/migrate"
 )
 
 // AdoptFlags are `idemctl migrate`'s flags for the explicit adoption of a

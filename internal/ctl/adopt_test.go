@@ -7,9 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/articletest"
-	"idemd/internal/dbtest"
-	"idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/articletest"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/migrate"
 )
 
 // `idemctl migrate` on a database with the article's JSONB response_body

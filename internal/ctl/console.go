@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"idemd/internal/console"
-	"idemd/internal/logging"
-	"idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/logging"
+	"github.com/idemd/idemd/internal/reaper"
 )
 
 // ConsoleCmd serves the web console until SIGTERM.

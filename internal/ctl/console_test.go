@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"idemd/internal/ctl"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/ctl"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 // syncBuffer is a bytes.Buffer safe to read while the command writes.

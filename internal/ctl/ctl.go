@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"idemd/internal/config"
-	"idemd/internal/daemon"
-	"idemd/internal/logging"
-	"idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/logging"
+	"github.com/idemd/idemd/internal/migrate"
 )
 
 // CLI is idemctl's command tree.

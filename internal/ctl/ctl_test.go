@@ -10,9 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/ctl"
-	"idemd/internal/dbtest"
-	"idemd/internal/review"
+	"github.com/idemd/idemd/internal/ctl"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/review"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

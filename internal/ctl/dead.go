@@ -9,7 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"idemd/internal/console"
+	"github.com/idemd/idemd/internal/console"
 )
 
 // DeadCmd groups the dead-letter subcommands.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/console"
+	"github.com/idemd/idemd/internal/console"
 )
 
 // addDead inserts a dead letter as the enqueuer writes one.

@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"idemd/internal/console"
+	"github.com/idemd/idemd/internal/console"
 )
 
 // KeysCmd groups the key subcommands.

@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/console"
-	"idemd/internal/ctl"
-	"idemd/internal/review"
+	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/ctl"
+	"github.com/idemd/idemd/internal/review"
 )
 
 // giveUp puts key in the state the completer leaves a key it gave up on

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"idemd/internal/console"
+	"github.com/idemd/idemd/internal/console"
 )
 
 // Output is the -o/--output flag of the read commands: text for people,

@@ -8,11 +8,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"idemd/internal/completer"
-	"idemd/internal/config"
-	"idemd/internal/enqueuer"
-	"idemd/internal/reaper"
-	"idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/completer"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/enqueuer"
+	"github.com/idemd/idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/runhistory"
 )
 
 // StatusCmd shows what the daemons have left to do.

@@ -10,8 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"idemd/internal/ctl"
-	"idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/ctl"
+	"github.com/idemd/idemd/internal/reaper"
 )
 
 // TestStatusCountsWhatTheReaperWouldDelete: status counts keys past

@@ -20,10 +20,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 
-	"idemd/internal/config"
-	"idemd/internal/logging"
-	"idemd/internal/migrate"
-	"idemd/internal/opshttp"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/logging"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/opshttp"
 )
 
 // Exit codes of docs/design.md's operator contract.

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"idemd/internal/config"
+	"github.com/idemd/idemd/internal/config"
 )
 
 func TestExitCode(t *testing.T) {

@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"idemd/internal/daemon"
-	"idemd/internal/dbtest"
-	"idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testbin"
 )
 
 // dbtest.Main removes the binaries testbin built.
@@ -34,10 +34,10 @@ func TestFatalErrorIsOneLine(t *testing.T) {
 		pkg  string
 		args []string
 	}{
-		{"enqueuer --once", "idemd/cmd/enqueuer", []string{"--once"}},
-		{"reaper --once", "idemd/cmd/reaper", []string{"--once"}},
+		{"enqueuer --once", "github.com/idemd/idemd/cmd/enqueuer", []string{"--once"}},
+		{"reaper --once", "github.com/idemd/idemd/cmd/reaper", []string{"--once"}},
 		// Logs no error of its own: MainWith's "failed" is the one line.
-		{"completer --once", "idemd/cmd/completer", []string{"--once", "--api-url", "http://127.0.0.1:1",
+		{"completer --once", "github.com/idemd/idemd/cmd/completer", []string{"--once", "--api-url", "http://127.0.0.1:1",
 			"--auth-secret-file", secret, "--auth-secret-file-previous", secret}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

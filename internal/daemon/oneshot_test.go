@@ -5,7 +5,7 @@ import (
 	"io"
 	"testing"
 
-	"idemd/internal/config"
+	"github.com/idemd/idemd/internal/config"
 )
 
 type onceCmd struct {

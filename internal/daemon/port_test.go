@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"idemd/internal/daemon"
-	"idemd/internal/dbtest"
-	"idemd/internal/scratchdb"
-	"idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/scratchdb"
+	"github.com/idemd/idemd/internal/testbin"
 )
 
 // holdDefaultOpsPort makes sure something holds :9090 for the test, as a
@@ -60,8 +60,8 @@ func run(t *testing.T, bin string, args ...string) (int, string) {
 func TestOneShotRunsServeNoHTTP(t *testing.T) {
 	holdDefaultOpsPort(t)
 	dbURL := dbtest.NewDatabase(t)
-	enqueuer := testbin.Build(t, "idemd/cmd/enqueuer")
-	reaper := testbin.Build(t, "idemd/cmd/reaper")
+	enqueuer := testbin.Build(t, "github.com/idemd/idemd/cmd/enqueuer")
+	reaper := testbin.Build(t, "github.com/idemd/idemd/cmd/reaper")
 	for _, tc := range []struct {
 		name string
 		bin  string
@@ -90,7 +90,7 @@ func TestMissingSchemaSaysMigrate(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = drop(context.Background()) })
-	code, stderr := run(t, testbin.Build(t, "idemd/cmd/enqueuer"), "--once", "--log-format=json", "--database-url", dbURL)
+	code, stderr := run(t, testbin.Build(t, "github.com/idemd/idemd/cmd/enqueuer"), "--once", "--log-format=json", "--database-url", dbURL)
 	if code != daemon.ExitRuntime {
 		t.Fatalf("exit %d, want %d\n%s", code, daemon.ExitRuntime, stderr)
 	}

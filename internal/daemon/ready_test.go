@@ -14,11 +14,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/migrate"
-	"idemd/internal/scratchdb"
-	"idemd/internal/testbin"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/scratchdb"
+	"github.com/idemd/idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 // TestNotReadyUntilMigrated: daemons started on an empty database answer
@@ -47,8 +47,8 @@ func TestNotReadyUntilMigrated(t *testing.T) {
 		name, pkg string
 		args      []string
 	}{
-		{"enqueuer", "idemd/cmd/enqueuer", nil},
-		{"completer", "idemd/cmd/completer", []string{"--api-url", "http://127.0.0.1:1", "--auth-secret-file", secret}},
+		{"enqueuer", "github.com/idemd/idemd/cmd/enqueuer", nil},
+		{"completer", "github.com/idemd/idemd/cmd/completer", []string{"--api-url", "http://127.0.0.1:1", "--auth-secret-file", secret}},
 	} {
 		addr := closedAddr(t)
 		cmd := exec.Command(testbin.Build(t, d.pkg), append(d.args, "--database-url", dbURL, "--http-addr", addr)...)

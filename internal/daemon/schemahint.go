@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/migrate"
 )
 
 // MissingSchemaError is an error PostgreSQL raised because a table of

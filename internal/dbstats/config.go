@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"idemd/internal/config"
+	"github.com/idemd/idemd/internal/config"
 )
 
 // Settings are the exporter's knobs, as flags of the command that runs it

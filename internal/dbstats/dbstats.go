@@ -38,10 +38,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"idemd/internal/backoff"
-	"idemd/internal/lease"
-	"idemd/internal/lifecycle"
-	"idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/lease"
+	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/runhistory"
 )
 
 // LeaseName is the exporter's row in idemd_leases.

@@ -15,10 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"idemd/internal/config"
-	"idemd/internal/dbtest"
-	"idemd/internal/runhistory"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -36,10 +36,10 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	rolesql "idemd/deploy/sql"
-	"idemd/internal/migrate"
-	"idemd/internal/scratchdb"
-	"idemd/internal/testbin"
+	rolesql "github.com/idemd/idemd/deploy/sql"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/scratchdb"
+	"github.com/idemd/idemd/internal/testbin"
 )
 
 const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	rolesql "idemd/deploy/sql"
+	rolesql "github.com/idemd/idemd/deploy/sql"
 )
 
 // The roles of deploy/sql/roles.sql. Tests run as RuntimeRole, the role the

@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	rolesql "idemd/deploy/sql"
-	"idemd/idem"
-	"idemd/internal/dbtest"
+	rolesql "github.com/idemd/idemd/deploy/sql"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

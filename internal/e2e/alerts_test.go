@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"idemd/internal/e2e/alertcheck"
-	"idemd/internal/e2e/system"
+	"github.com/idemd/idemd/internal/e2e/alertcheck"
+	"github.com/idemd/idemd/internal/e2e/system"
 )
 
 // The alerts are checked against the run (docs/e2e.md, "Alerts"): the

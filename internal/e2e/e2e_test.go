@@ -18,13 +18,13 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/examples/rocketrides/simulator"
-	"idemd/internal/dbtest"
-	"idemd/internal/e2e/system"
-	"idemd/internal/e2e/tcpproxy"
-	"idemd/internal/pgbouncertest"
-	"idemd/internal/scratchdb"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/examples/rocketrides/simulator"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/e2e/system"
+	"github.com/idemd/idemd/internal/e2e/tcpproxy"
+	"github.com/idemd/idemd/internal/pgbouncertest"
+	"github.com/idemd/idemd/internal/scratchdb"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

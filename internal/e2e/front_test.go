@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"idemd/idem/replayauth"
-	"idemd/internal/replaytest"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/replaytest"
 )
 
 // Modes of the replay front, which the suite switches between faults.

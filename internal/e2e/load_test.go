@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/e2e/load"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/e2e/load"
 )
 
 // TestLoad is the load run (several minutes): IDEMD_LOAD=1 enables it. The

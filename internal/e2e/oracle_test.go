@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"idemd/examples/rocketrides/simulator"
+	"github.com/idemd/idemd/examples/rocketrides/simulator"
 )
 
 // oracle checks the end state against the database and the fake Stripe's

@@ -6,8 +6,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"idemd/internal/config"
-	"idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
 )
 
 // Description is the enqueuer's --help summary.

@@ -6,7 +6,7 @@ import (
 	"reflect"
 	"testing"
 
-	"idemd/internal/config"
+	"github.com/idemd/idemd/internal/config"
 )
 
 // The flags' defaults are DefaultSettings, by construction (FlagDefaults).

@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"idemd/internal/config"
-	"idemd/internal/opshttp"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/opshttp"
 )
 
 // maxBatchSize bounds one move transaction whatever --batch-size says.

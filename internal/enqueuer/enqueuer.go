@@ -41,10 +41,10 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"go.uber.org/zap"
 
-	"idemd/internal/backoff"
-	"idemd/internal/lease"
-	"idemd/internal/lifecycle"
-	"idemd/internal/testsignal"
+	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/lease"
+	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/testsignal"
 )
 
 // NotifyChannel is the channel the staged_jobs trigger notifies.

@@ -18,9 +18,9 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"idemd/internal/config"
-	"idemd/internal/dbtest"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

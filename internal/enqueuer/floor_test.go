@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 // TestFloorTake: the floor is the lowest id asked for since the last take,

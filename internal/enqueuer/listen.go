@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/backoff"
 )
 
 // listen holds a dedicated connection (not a pool one: LISTEN is session

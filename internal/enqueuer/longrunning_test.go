@@ -4,7 +4,7 @@ import (
 	"io"
 	"testing"
 
-	"idemd/internal/config"
+	"github.com/idemd/idemd/internal/config"
 )
 
 // Which command lines keep the enqueuer running (and serving :9090) and which

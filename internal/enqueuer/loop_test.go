@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/backoff"
 )
 
 // After a pass the loop waits --poll-interval for a wake-up; after failed

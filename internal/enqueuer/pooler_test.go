@@ -8,11 +8,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"idemd/internal/config"
-	"idemd/internal/daemon"
-	"idemd/internal/dbtest"
-	"idemd/internal/pgbouncertest"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/pgbouncertest"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 // pooledPool is a pool through a real PgBouncer in transaction mode, built

@@ -14,9 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/testbin"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 // The built binary is SIGKILLed at random points while it drains a large
@@ -36,7 +36,7 @@ func TestSIGKILLDuringDrainLosesAndDuplicatesNothing(t *testing.T) {
 	if _, err := p.Exec(poolCtx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', jsonb_build_object('i', g) FROM generate_series(1, $1) g`, total); err != nil {
 		t.Fatal(err)
 	}
-	bin := testbin.Build(t, "idemd/cmd/enqueuer")
+	bin := testbin.Build(t, "github.com/idemd/idemd/cmd/enqueuer")
 	rng := rand.New(rand.NewPCG(7, 11))
 	kills := 0
 	for kills < 12 {
@@ -93,7 +93,7 @@ LEFT JOIN (SELECT DISTINCT (args->>'i')::int AS i FROM river_job) r ON r.i = g W
 }
 
 func TestBadConfigExitsTwoListingEveryProblem(t *testing.T) {
-	bin := testbin.Build(t, "idemd/cmd/enqueuer")
+	bin := testbin.Build(t, "github.com/idemd/idemd/cmd/enqueuer")
 	cases := []struct {
 		name string
 		args []string

@@ -15,7 +15,7 @@ import (
 	"text/template"
 	"time"
 
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

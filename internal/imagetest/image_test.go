@@ -21,10 +21,10 @@ import (
 	"testing"
 	"time"
 
-	"idemd/internal/daemon"
-	"idemd/internal/dbtest"
-	"idemd/internal/scratchdb"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/scratchdb"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

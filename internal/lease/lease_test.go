@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/lease"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/lease"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/idem"
-	"idemd/internal/articletest"
-	"idemd/internal/dbtest"
-	"idemd/internal/migrate"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/internal/articletest"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/migrate"
 )
 
 // articlePools returns a database with the article's schema, migrated by

@@ -20,7 +20,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	"idemd/migrations"
+	"github.com/idemd/idemd/migrations"
 )
 
 // LockKey is the advisory lock key held while migrating. It is a fixed value

@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/migrate"
-	"idemd/migrations"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/migrations"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

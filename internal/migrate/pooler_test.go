@@ -8,10 +8,10 @@ import (
 	"sync"
 	"testing"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/migrate"
-	"idemd/internal/pgbouncertest"
-	"idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/pgbouncertest"
+	"github.com/idemd/idemd/internal/testbin"
 )
 
 // TestConcurrentMigrateThroughTransactionPooler: three `idemctl migrate`
@@ -21,7 +21,7 @@ import (
 // complete, and no server connection keeps the migration lock or any other
 // session state.
 func TestConcurrentMigrateThroughTransactionPooler(t *testing.T) {
-	bin := testbin.Build(t, "idemd/cmd/idemctl")
+	bin := testbin.Build(t, "github.com/idemd/idemd/cmd/idemctl")
 	pool := emptyDatabase(t)
 	ctx := context.Background()
 	db := pool.Config().ConnConfig.Database

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
-	"idemd/internal/migrate"
-	"idemd/migrations"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/migrations"
 )
 
 // indexColumnsSQL lists, for every index on idempotency_keys, each column it

@@ -29,8 +29,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/pgbouncer"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/pgbouncer"
 )
 
 // Options configure one pgbouncer.

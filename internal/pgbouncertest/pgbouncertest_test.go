@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
-	"idemd/internal/lease"
-	"idemd/internal/review"
+	"github.com/idemd/idemd/internal/lease"
+	"github.com/idemd/idemd/internal/review"
 )
 
 // batchForm is one of the three statements a batch can take (sql.go), and

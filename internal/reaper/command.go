@@ -7,8 +7,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"idemd/internal/config"
-	"idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
 )
 
 // Description is the reaper's --help summary.

@@ -11,8 +11,8 @@ import (
 	"github.com/robfig/cron/v3"
 	"go.uber.org/zap"
 
-	"idemd/internal/config"
-	"idemd/internal/opshttp"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/opshttp"
 )
 
 // Rules that are not defaults.

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"idemd/internal/lease"
-	"idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/lease"
+	"github.com/idemd/idemd/internal/runhistory"
 )
 
 // A run's record in the run history, idemd_reaper_runs, written through

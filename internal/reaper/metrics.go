@@ -5,8 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"idemd/internal/review"
-	"idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/review"
+	"github.com/idemd/idemd/internal/runhistory"
 )
 
 // Run outcomes, the values of the result label of idemd_reaper_runs_total.

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"idemd/internal/review"
+	"github.com/idemd/idemd/internal/review"
 )
 
 // A fresh process exports every run result and flag reason at 0 (so the

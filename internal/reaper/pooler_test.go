@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/pgbouncertest"
-	"idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/pgbouncertest"
+	"github.com/idemd/idemd/internal/runhistory"
 )
 
 // TestProcessThroughTransactionPooler runs reaper processes through a real

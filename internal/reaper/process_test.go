@@ -13,11 +13,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/lease"
-	"idemd/internal/runhistory"
-	"idemd/internal/testbin"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/lease"
+	"github.com/idemd/idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 type proc struct {
@@ -71,7 +71,7 @@ func (p *proc) wait(t *testing.T) int {
 // own checks.
 func newProcessTest(t *testing.T) (bin, dbURL string, pool *pgxpool.Pool) {
 	t.Helper()
-	bin = testbin.Build(t, "idemd/cmd/reaper")
+	bin = testbin.Build(t, "github.com/idemd/idemd/cmd/reaper")
 	dbURL = dbtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
@@ -366,7 +366,7 @@ func TestProcessRestrictExits1NamingTheConstraint(t *testing.T) {
 }
 
 func TestProcessBadFlagsExit2ListingEveryProblem(t *testing.T) {
-	bin := testbin.Build(t, "idemd/cmd/reaper")
+	bin := testbin.Build(t, "github.com/idemd/idemd/cmd/reaper")
 	cmd := exec.Command(bin, "--retention", "10m", "--batch-size", "0", "--schedule", "every hour",
 		"--max-runtime", "soon", "--statement-timeout", "0s", "--max-deletes", "-5", "--wal-compression", "gzip", "--lease-ttl", "0s")
 	cmd.Env = append(os.Environ(), "DATABASE_URL=", "IDEMD_LOCK_WINDOW=-1s")

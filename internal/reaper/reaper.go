@@ -30,10 +30,10 @@ import (
 	"github.com/robfig/cron/v3"
 	"go.uber.org/zap"
 
-	"idemd/internal/lease"
-	"idemd/internal/lifecycle"
-	"idemd/internal/review"
-	"idemd/internal/testsignal"
+	"github.com/idemd/idemd/internal/lease"
+	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/review"
+	"github.com/idemd/idemd/internal/testsignal"
 )
 
 // Result is what one run did. Counts are of committed work: a batch that

@@ -8,8 +8,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"idemd/internal/lease"
-	"idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/lease"
+	"github.com/idemd/idemd/internal/runhistory"
 )
 
 // LeaseName is the reaper's row in idemd_leases, defined by the run

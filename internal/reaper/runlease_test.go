@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"idemd/internal/lease"
+	"github.com/idemd/idemd/internal/lease"
 )
 
 // TestLeaseWaitVerdicts: the rule that tells a live run from the lease of

@@ -8,7 +8,7 @@ import (
 	"github.com/robfig/cron/v3"
 	"go.uber.org/zap"
 
-	"idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/lifecycle"
 )
 
 // Start runs the reaper on --schedule until Stop or until ctx ends (both

@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/opshttp"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/opshttp"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 // dueOnce is a schedule whose first time is now and every later one an

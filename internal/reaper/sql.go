@@ -1,6 +1,6 @@
 package reaper
 
-import "idemd/internal/review"
+import "github.com/idemd/idemd/internal/review"
 
 // The statements share one definition of an eligible key (the constant
 // eligible), pasted into each as text rather than hidden in a view or a

@@ -1,6 +1,6 @@
 // Package replaytest gives idemd's tests what idem/replayauth keeps out of
 // its public surface because only a test needs it (see
-// idemd/internal/replayhook): signatures at a chosen time and nonce, signers
+// github.com/idemd/idemd/internal/replayhook): signatures at a chosen time and nonce, signers
 // and verifiers on another clock, and headers decoded without being
 // verified. An API's own tests do not need any of it: they sign with a
 // replayauth.Signer and send the request through idem's ReplayAuth.
@@ -9,8 +9,8 @@ package replaytest
 import (
 	"time"
 
-	"idemd/idem/replayauth"
-	"idemd/internal/replayhook"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/replayhook"
 )
 
 // SignAt returns the header s would send for r at ts with nonce.

@@ -4,8 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/review"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/review"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

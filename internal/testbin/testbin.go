@@ -20,7 +20,7 @@ var (
 )
 
 // Build returns the path of the binary built from the package pkg (an import
-// path such as "idemd/cmd/reaper"), building it on first use.
+// path such as "github.com/idemd/idemd/cmd/reaper"), building it on first use.
 func Build(tb testing.TB, pkg string) string {
 	tb.Helper()
 	mu.Lock()

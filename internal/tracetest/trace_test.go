@@ -16,11 +16,11 @@ import (
 	sdktracetest "go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"idemd/clients/clienttest"
-	"idemd/idem"
-	"idemd/internal/dbtest"
-	"idemd/internal/enqueuer"
-	"idemd/internal/testwait"
+	"github.com/idemd/idemd/clients/clienttest"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/enqueuer"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -22,8 +22,8 @@ import (
 	"github.com/stripe/stripe-go/v82"
 	"go.uber.org/zap"
 
-	"idemd/idem"
-	"idemd/idem/replayauth"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/idem/replayauth"
 )
 
 // MinKeyLength is the article's minimum length for new idempotency keys.

@@ -14,10 +14,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/examples/rocketrides/fakestripe"
-	"idemd/idem/replayauth"
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 const (

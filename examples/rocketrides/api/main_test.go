@@ -3,7 +3,7 @@ package api_test
 import (
 	"testing"
 
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"testing"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/idem"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/idem"
 )
 
 // FuzzRideParamsReplayRoundTrip is the completer's contract: whatever body a

@@ -7,9 +7,9 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/examples/rocketrides/receipts"
-	"idemd/idem"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/examples/rocketrides/receipts"
+	"github.com/idemd/idemd/idem"
 )
 
 // TestReceiptJobModes: the receipt job is staged (default), inserted into

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/idem/replayauth"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/idem/replayauth"
 )
 
 // Two replicas of Rocket Rides on one database, each with its own pool and

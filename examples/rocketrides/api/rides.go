@@ -14,8 +14,8 @@ import (
 	"github.com/stripe/stripe-go/v82"
 	"go.uber.org/zap"
 
-	"idemd/examples/rocketrides/receipts"
-	"idemd/idem"
+	"github.com/idemd/idemd/examples/rocketrides/receipts"
+	"github.com/idemd/idemd/idem"
 )
 
 // Recovery points of POST /rides, in order.

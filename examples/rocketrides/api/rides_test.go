@@ -10,9 +10,9 @@ import (
 
 	"github.com/stripe/stripe-go/v82"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/examples/rocketrides/receipts"
-	"idemd/idem"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/examples/rocketrides/receipts"
+	"github.com/idemd/idemd/idem"
 )
 
 // --- idempotency keys and recovery (the article's spec) ---

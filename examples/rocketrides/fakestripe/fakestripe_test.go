@@ -11,7 +11,7 @@ import (
 
 	"github.com/stripe/stripe-go/v82"
 
-	"idemd/examples/rocketrides/fakestripe"
+	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
 )
 
 func client(t *testing.T, fake *fakestripe.Server) *stripe.Client {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"idemd/idem"
+	"github.com/idemd/idemd/idem"
 )
 
 // The nonce store's failures are exported, by operation, next to its

@@ -21,14 +21,14 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"go.uber.org/zap"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/examples/rocketrides/fakestripe"
-	"idemd/examples/rocketrides/receipts"
-	"idemd/idem"
-	"idemd/idem/replayauth"
-	"idemd/internal/config"
-	"idemd/internal/daemon"
-	"idemd/internal/logging"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
+	"github.com/idemd/idemd/examples/rocketrides/receipts"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/logging"
 )
 
 // Description is the command's --help summary.

@@ -20,12 +20,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/examples/rocketrides/fakestripe"
-	"idemd/idem/replayauth"
-	"idemd/internal/completer"
-	"idemd/internal/migrate"
-	"idemd/internal/scratchdb"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/completer"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/scratchdb"
 )
 
 // Options size the benchmark. Zero values take the defaults (the issue's

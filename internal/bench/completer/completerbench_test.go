@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/internal/migrate"
-	"idemd/internal/scratchdb"
-	"idemd/migrations"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/scratchdb"
+	"github.com/idemd/idemd/migrations"
 )
 
 // The key workload: what idemd's schema costs the API's own key updates.

@@ -34,10 +34,10 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"idemd/internal/enqueuer"
-	"idemd/internal/migrate"
-	"idemd/internal/pgbouncer"
-	"idemd/internal/scratchdb"
+	"github.com/idemd/idemd/internal/enqueuer"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/pgbouncer"
+	"github.com/idemd/idemd/internal/scratchdb"
 )
 
 // Options size the run. Zero values take the defaults.

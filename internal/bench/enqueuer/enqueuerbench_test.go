@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/pgbouncer"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/pgbouncer"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -26,9 +26,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"idemd/internal/migrate"
-	"idemd/internal/reaper"
-	"idemd/internal/scratchdb"
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/scratchdb"
 )
 
 // Options size the benchmark. Zero values take the defaults.

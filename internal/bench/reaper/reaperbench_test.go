@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"idemd/internal/dbtest"
-	"idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/reaper"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

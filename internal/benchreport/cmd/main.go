@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"idemd/internal/benchreport"
+	"github.com/idemd/idemd/internal/benchreport"
 )
 
 func main() {

@@ -34,10 +34,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/examples/rocketrides/simulator"
-	"idemd/internal/dbtest"
-	"idemd/internal/e2e/system"
-	"idemd/internal/scratchdb"
+	"github.com/idemd/idemd/examples/rocketrides/simulator"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/e2e/system"
+	"github.com/idemd/idemd/internal/scratchdb"
 )
 
 // Config is one configuration of the API and idemd under load.

@@ -24,12 +24,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/clients/clienttest"
-	"idemd/idem"
-	"idemd/idem/replayauth"
-	"idemd/internal/dbtest"
-	"idemd/internal/replaytest"
-	"idemd/internal/testbin"
+	"github.com/idemd/idemd/clients/clienttest"
+	"github.com/idemd/idemd/idem"
+	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/replaytest"
+	"github.com/idemd/idemd/internal/testbin"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -262,8 +262,8 @@ func randomHex(n int) string {
 // the real enqueuer, forged and replayed signatures refused.
 func TestPythonAPI(t *testing.T) {
 	py := clienttest.Python(t)
-	completer := testbin.Build(t, "idemd/cmd/completer")
-	enqueuer := testbin.Build(t, "idemd/cmd/enqueuer")
+	completer := testbin.Build(t, "github.com/idemd/idemd/cmd/completer")
+	enqueuer := testbin.Build(t, "github.com/idemd/idemd/cmd/enqueuer")
 	root := clienttest.Root(t)
 	dir := t.TempDir()
 	db := clienttest.NewAPIDatabase(t)

@@ -26,8 +26,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/examples/rocketrides/fakestripe"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
 )
 
 // Binaries are the built commands.

@@ -16,12 +16,12 @@ import (
 	"syscall"
 	"time"
 
-	"idemd/examples/rocketrides/api"
-	"idemd/examples/rocketrides/fakestripe"
-	"idemd/examples/rocketrides/simulator"
-	"idemd/internal/config"
-	"idemd/internal/daemon"
-	"idemd/internal/logging"
+	"github.com/idemd/idemd/examples/rocketrides/api"
+	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
+	"github.com/idemd/idemd/examples/rocketrides/simulator"
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/logging"
 )
 
 type cli struct {

@@ -5,8 +5,8 @@ package main
 import (
 	"os"
 
-	"idemd/examples/rocketrides/server"
-	"idemd/internal/daemon"
+	"github.com/idemd/idemd/examples/rocketrides/server"
+	"github.com/idemd/idemd/internal/daemon"
 )
 
 func main() {
