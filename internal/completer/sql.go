@@ -233,11 +233,3 @@ JOIN idempotency_keys k ON k.id = u.key_id
 WHERE k.recovery_point <> 'finished' AND k.completer_gave_up_at IS NULL
 GROUP BY k.recovery_point
 ORDER BY k.recovery_point`
-
-// openReviewsSQL counts the unresolved reviews by reason, with the age of
-// the oldest by the database clock (the partial index of open reviews).
-const openReviewsSQL = `
-SELECT reason, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(flagged_at)), 0)::float8
-FROM idempotency_key_reviews
-WHERE resolved_at IS NULL
-GROUP BY reason`

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/review"
@@ -140,39 +139,19 @@ func (s *Service) RefreshGauges(ctx context.Context) error {
 		oldest = max(oldest, g.OldestAge)
 	}
 	s.metrics.oldestAge.Set(oldest.Seconds())
-	if err := refreshGroupGauges(ctx, s.pool, openReviewsSQL, s.metrics.openReviews, s.metrics.oldestReview, review.Reasons()...); err != nil {
-		return fmt.Errorf("open reviews: %w", err)
-	}
-	return nil
-}
-
-// refreshGroupGauges sets counts from sql's (label, count, age) rows, and
-// oldest to the greatest age (0 when there are no rows). Label values that
-// are gone are dropped, except always, which stay at 0.
-func refreshGroupGauges(ctx context.Context, pool Querier, sql string, counts *prometheus.GaugeVec, oldest prometheus.Gauge, always ...string) error {
-	rows, err := pool.Query(ctx, sql)
+	reviews, err := review.Open(ctx, s.pool)
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
-	counts.Reset()
-	for _, l := range always {
-		counts.WithLabelValues(l).Set(0)
+	s.metrics.openReviews.Reset()
+	for _, r := range review.Reasons() { // every reason has a series, 0 when none is open
+		s.metrics.openReviews.WithLabelValues(r).Set(0)
 	}
-	maxAge := 0.0
-	for rows.Next() {
-		var label string
-		var n int64
-		var age float64
-		if err := rows.Scan(&label, &n, &age); err != nil {
-			return err
-		}
-		counts.WithLabelValues(label).Set(float64(n))
-		maxAge = max(maxAge, age)
+	var oldestReview time.Duration
+	for _, g := range reviews {
+		s.metrics.openReviews.WithLabelValues(g.Reason).Set(float64(g.Count))
+		oldestReview = max(oldestReview, g.Age)
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	oldest.Set(maxAge)
+	s.metrics.oldestReview.Set(oldestReview.Seconds())
 	return nil
 }

@@ -10,8 +10,10 @@ import (
 
 	"github.com/idemd/idemd/internal/completer"
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/dbstats"
 	"github.com/idemd/idemd/internal/enqueuer"
 	"github.com/idemd/idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/review"
 	"github.com/idemd/idemd/internal/runhistory"
 )
 
@@ -94,14 +96,12 @@ type GroupCount struct {
 // their partial index.
 const (
 	statusStagedSQL = `SELECT now(), (SELECT count(*) FROM staged_jobs_dead)`
-	statusRiverSQL  = `
+	// The live states are the ones the database-wide exporter counts
+	// (dbstats.States), so status and idemd_river_jobs agree.
+	statusRiverSQL = `
 SELECT state::text, count(*) FROM river_job
-WHERE state IN ('available', 'running', 'retryable', 'scheduled', 'pending')
+WHERE state = ANY(@states::river_job_state[])
 GROUP BY state ORDER BY state`
-	statusReviewsSQL = `
-SELECT reason, count(*), min(flagged_at) FROM idempotency_key_reviews
-WHERE resolved_at IS NULL
-GROUP BY reason ORDER BY reason`
 )
 
 // Run gathers and prints the status.
@@ -125,7 +125,7 @@ func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
 	if st.OldestStagedJobAt != nil {
 		st.OldestStagedJobAge = st.At.Sub(*st.OldestStagedJobAt).Seconds()
 	}
-	rows, err := tx.Query(ctx, statusRiverSQL)
+	rows, err := tx.Query(ctx, statusRiverSQL, pgx.NamedArgs{"states": dbstats.States})
 	if err != nil {
 		return fmt.Errorf("status: river jobs: %w", err)
 	}
@@ -159,8 +159,12 @@ func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
 	if st.LastReaperSuccess, err = runhistory.LastSuccess(ctx, tx); err != nil {
 		return fmt.Errorf("status: reaper runs: %w", err)
 	}
-	if st.OpenReviews, err = groupCounts(ctx, tx, statusReviewsSQL); err != nil {
-		return fmt.Errorf("status: open reviews: %w", err)
+	reviews, err := review.Open(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	for _, r := range reviews {
+		st.OpenReviews = append(st.OpenReviews, GroupCount{Name: r.Reason, Count: r.Count, Oldest: r.Oldest})
 	}
 
 	if c.Format == "json" {
@@ -184,22 +188,6 @@ func runSummary(r *runhistory.Run, since func(time.Time) string) string {
 		s += ": " + r.Error
 	}
 	return s
-}
-
-func groupCounts(ctx context.Context, tx pgx.Tx, sql string) ([]GroupCount, error) {
-	rows, err := tx.Query(ctx, sql)
-	if err != nil {
-		return nil, err
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (GroupCount, error) {
-		var gc GroupCount
-		err := r.Scan(&gc.Name, &gc.Count, &gc.Oldest)
-		return gc, err
-	})
-	if out == nil {
-		out = []GroupCount{}
-	}
-	return out, err
 }
 
 func writeStatus(g *Globals, st *Status) error {

@@ -7,6 +7,7 @@ package review
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -71,4 +72,45 @@ func Flag(ctx context.Context, db DBTX, keyID int64, reason, detail, flaggedBy s
 		return false, fmt.Errorf("review flag: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// Querier runs a query: a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// OpenGroup is the unresolved reviews of one reason.
+type OpenGroup struct {
+	Reason string
+	Count  int64
+	Oldest time.Time     // flagged_at of the oldest
+	Age    time.Duration // how old the oldest is, by the database clock
+}
+
+// openSQL is served by the partial index of open reviews.
+const openSQL = `
+SELECT reason, count(*), min(flagged_at), EXTRACT(EPOCH FROM now() - min(flagged_at))::float8
+FROM idempotency_key_reviews
+WHERE resolved_at IS NULL
+GROUP BY reason
+ORDER BY reason`
+
+// Open counts the unresolved reviews by reason, the one definition the
+// completer's gauges and idemctl status both show.
+func Open(ctx context.Context, db Querier) ([]OpenGroup, error) {
+	rows, err := db.Query(ctx, openSQL)
+	if err != nil {
+		return nil, fmt.Errorf("review: open reviews: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OpenGroup, error) {
+		var g OpenGroup
+		var age float64
+		err := r.Scan(&g.Reason, &g.Count, &g.Oldest, &age)
+		g.Age = time.Duration(age * float64(time.Second))
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("review: open reviews: %w", err)
+	}
+	return out, nil
 }
