@@ -27,7 +27,8 @@ const listenerApplicationName = "idemd-enqueuer-listener"
 // Settings are the operator-facing knobs. The command parses them from
 // flags (each has an IDEMD_ environment variable through kong's
 // DefaultEnvars); their defaults are DefaultSettings. Zero is a value, and
-// for every number here a refused one: there is no "0 means the default".
+// for every number here but --wake-coalesce (0: off) a refused one: there
+// is no "0 means the default".
 type Settings struct {
 	BatchSize     int           `name:"batch-size" default:"${batch_size}" help:"Most staged rows moved per transaction."`
 	Workers       int           `name:"workers" default:"${workers}" help:"Batches moved at once while draining, each on its own connection."`
@@ -35,6 +36,7 @@ type Settings struct {
 	AllowedKinds  []string      `name:"allowed-kinds" sep:"," help:"Comma-separated job kinds to accept; others are dead-lettered. Empty accepts any kind."`
 	MaxArgsBytes  int           `name:"max-args-bytes" default:"${max_args_bytes}" help:"Dead-letter staged rows whose job_args exceed this many bytes."`
 	StatsInterval time.Duration `name:"stats-interval" default:"${stats_interval}" help:"How often the backlog gauges are refreshed."`
+	WakeCoalesce  time.Duration `name:"wake-coalesce" default:"${wake_coalesce}" help:"Under a stream of commits, start a pass no sooner than this after the previous one (when it took few rows), so one pass moves the rows of several notifications; an isolated commit is moved at once. 0 turns it off."`
 
 	ListenDatabaseURL     string        `name:"listen-database-url" help:"Connection URL for LISTEN only: a direct or session-mode URL when --database-url goes through a transaction-mode pooler. Empty: the --database-url connection (with --pooler transaction, no listening: wake every --poll-interval)."`
 	PollOnly              bool          `name:"poll-only" help:"Do not LISTEN; wake every --poll-interval. For setups where no connection can LISTEN."`
@@ -53,6 +55,10 @@ func DefaultSettings() Settings {
 		PollInterval:  2 * time.Second,
 		MaxArgsBytes:  256 << 10,
 		StatsInterval: 5 * time.Second,
+		// Wake-up coalescing (coalesce.go): at most this much added
+		// commit-to-River latency, and only while commits stream in;
+		// chosen by the load benchmark (docs/load.md).
+		WakeCoalesce: 5 * time.Millisecond,
 		// The listener's self-check: frequent enough that a deaf listener
 		// is found within a scrape or two, rare enough to cost nothing.
 		ListenerCheckInterval: 30 * time.Second,
@@ -82,6 +88,9 @@ func (s *Settings) Check() []string {
 		p = append(p, "--max-args-bytes must be positive")
 	}
 	pos("--stats-interval", s.StatsInterval)
+	if s.WakeCoalesce < 0 || s.WakeCoalesce > maxWakeCoalesce {
+		p = append(p, fmt.Sprintf("--wake-coalesce must be between 0 and %s, got %s", maxWakeCoalesce, s.WakeCoalesce))
+	}
 	pos("--listener-check-interval", s.ListenerCheckInterval)
 	pos("--listener-check-timeout", s.ListenerCheckTimeout)
 	if s.ListenDatabaseURL != "" {

@@ -228,11 +228,18 @@ func (s *Service) run(ctx context.Context, stop <-chan struct{}) {
 	s.floor.lower(fullPass)
 	s.metrics.wakeups.WithLabelValues(wakeStart).Inc()
 
-	var last *Result
+	var (
+		last    *Result
+		lastEnd time.Time
+	)
 	lifecycle.Loop{
 		Pass: func(ctx context.Context) error {
+			if last != nil {
+				s.coalesce(ctx, stop, last.taken(), lastEnd)
+			}
 			var err error
 			last, err = s.pass(ctx, stop)
+			lastEnd = time.Now()
 			return err
 		},
 		Next: func(err error, failures int) time.Duration {

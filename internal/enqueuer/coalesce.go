@@ -1,0 +1,60 @@
+package enqueuer
+
+import (
+	"context"
+	"time"
+)
+
+// coalesceRows: a pass that took at least this many rows ran behind a
+// backlog, and the next one starts at once, never waiting out a window.
+const coalesceRows = 16
+
+// maxWakeCoalesce bounds --wake-coalesce.
+const maxWakeCoalesce = time.Second
+
+// coalesceDelay is how long the loop waits, once woken, before the pass it
+// was woken for, so that under a stream of commits each pass moves the
+// rows of several notifications instead of one (each pass is a
+// transaction; at a few hundred commits a second a pass per commit takes
+// the API's CPU). The window runs from the end of the previous pass: the
+// next pass starts no sooner than window after it, and only when that
+// pass took fewer than coalesceRows rows. An isolated commit (the
+// previous pass ended window or longer ago) is moved at once, and a pass
+// behind a backlog is followed at once; the added latency is at most the
+// window. window 0 turns coalescing off.
+func coalesceDelay(window time.Duration, lastTaken int, lastEnd, now time.Time) time.Duration {
+	if window <= 0 || lastEnd.IsZero() || lastTaken >= coalesceRows {
+		return 0
+	}
+	since := now.Sub(lastEnd)
+	if since < 0 {
+		since = 0
+	}
+	if since >= window {
+		return 0
+	}
+	return window - since
+}
+
+// coalesce waits out coalesceDelay before a pass; it returns early when
+// stop is closed or ctx ends (the pass then sees them).
+func (s *Service) coalesce(ctx context.Context, stop <-chan struct{}, lastTaken int, lastEnd time.Time) {
+	d := coalesceDelay(s.cfg.WakeCoalesce, lastTaken, lastEnd, time.Now())
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-stop:
+	case <-ctx.Done():
+	}
+	// The wake-ups that arrived meanwhile are this pass's: the floor they
+	// lowered is taken below. Left pending, each would start a pass that
+	// finds the floor already taken.
+	select {
+	case <-s.wake:
+	default:
+	}
+}
