@@ -132,6 +132,7 @@ type testSignals struct {
 	listenerUp          testsignal.Signal[struct{}] // a listener connection's first self-check came back: notifications arrive
 	listenerChecked     testsignal.Signal[int]      // a self-check came back (its sequence number on this connection)
 	listenerCheckFailed testsignal.Signal[error]    // a self-check did not come back in time
+	passed              testsignal.Signal[struct{}] // the loop's pass ended (the first is the start's full pass)
 }
 
 // testHooks are where a test must act inside the service or see every
@@ -240,6 +241,7 @@ func (s *Service) run(ctx context.Context, stop <-chan struct{}) {
 			var err error
 			last, err = s.pass(ctx, stop)
 			lastEnd = time.Now()
+			s.signals.passed.Signal(struct{}{})
 			return err
 		},
 		Next: func(err error, failures int) time.Duration {

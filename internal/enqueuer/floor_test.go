@@ -384,11 +384,16 @@ func TestLostNotificationIsSweptAndCounted(t *testing.T) {
 	var lost sync.Map // payloads to lose
 	s.hooks.dropNotification = func(p string) bool { _, ok := lost.Load(p); return ok }
 	s.signals.listenerUp.Init()
+	s.signals.passed.Init()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop(ctx) //nolint:errcheck
 	s.signals.listenerUp.WaitOrTimeout(t)
+	// The start's full pass must be over before the late row exists: on a
+	// loaded machine it could otherwise be the pass that moves the row,
+	// which is no gap.
+	s.signals.passed.WaitOrTimeout(t)
 
 	lateID, late := lateLowID(t, pool)
 	lost.Store(strconv.FormatInt(lateID, 10), true)
