@@ -26,6 +26,7 @@ type CLI struct {
 	Review  ReviewCmd  `cmd:"" help:"List and resolve idempotency keys flagged for review."`
 	Keys    KeysCmd    `cmd:"" help:"Show one key, or hand a given-up key back to the completer."`
 	Dead    DeadCmd    `cmd:"" help:"List, show and requeue dead-lettered staged jobs."`
+	Reaper  ReaperCmd  `cmd:"" help:"The reaper's run history (reaper runs)."`
 	Console ConsoleCmd `cmd:"" help:"Serve the web console: status, review queue, key lookup, dead letters, River's UI (docs/console.md)."`
 }
 
