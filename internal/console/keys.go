@@ -102,8 +102,8 @@ func KeyState(k *Key, now time.Time, giveUpAfter time.Duration) string {
 	}
 }
 
-// Review is one idempotency_key_reviews row. Its JSON is that of
-// `idemctl review list -o json` (internal/ctl.Review).
+// Review is one idempotency_key_reviews row, as `idemctl review list`
+// prints it (internal/ctl's Review is this type) and the console shows it.
 type Review struct {
 	ID             int64           `json:"id"`
 	KeyID          int64           `json:"key_id"`
@@ -204,11 +204,14 @@ func scanKey(row pgx.Row) (*Key, error) {
 	return &k, nil
 }
 
-const reviewColumns = `id, key_id, user_id, idempotency_key, reason, detail, snapshot->>'recovery_point',
+// ReviewColumns are the columns ScanReviews reads, in its order.
+const ReviewColumns = `id, key_id, user_id, idempotency_key, reason, detail, snapshot->>'recovery_point',
        flagged_by, flagged_at, extract(epoch FROM now() - flagged_at)::float8,
        resolved_at, resolved_by, resolution_note, snapshot`
 
-func scanReviews(rows pgx.Rows) ([]Review, error) {
+// ScanReviews collects rows selected as ReviewColumns; none is [], not
+// nil, so JSON shows an empty list.
+func ScanReviews(rows pgx.Rows) ([]Review, error) {
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Review, error) {
 		var v Review
 		err := r.Scan(&v.ID, &v.KeyID, &v.UserID, &v.IdempotencyKey, &v.Reason, &v.Detail, &v.RecoveryPoint,
@@ -258,14 +261,14 @@ func ShowKey(ctx context.Context, db TxDB, ref KeyRef, giveUpAfter time.Duration
 	// named by user and key, by those (reviews keep them).
 	var rows pgx.Rows
 	if rep.KeyID > 0 {
-		rows, err = tx.Query(ctx, "SELECT "+reviewColumns+" FROM idempotency_key_reviews WHERE key_id = $1 ORDER BY flagged_at, id", rep.KeyID)
+		rows, err = tx.Query(ctx, "SELECT "+ReviewColumns+" FROM idempotency_key_reviews WHERE key_id = $1 ORDER BY flagged_at, id", rep.KeyID)
 	} else {
-		rows, err = tx.Query(ctx, "SELECT "+reviewColumns+" FROM idempotency_key_reviews WHERE user_id = $1 AND idempotency_key = $2 ORDER BY flagged_at, id", ref.UserID, ref.Key)
+		rows, err = tx.Query(ctx, "SELECT "+ReviewColumns+" FROM idempotency_key_reviews WHERE user_id = $1 AND idempotency_key = $2 ORDER BY flagged_at, id", ref.UserID, ref.Key)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("keys show: reviews: %w", err)
 	}
-	if rep.Reviews, err = scanReviews(rows); err != nil {
+	if rep.Reviews, err = ScanReviews(rows); err != nil {
 		return nil, fmt.Errorf("keys show: reviews: %w", err)
 	}
 	if rep.KeyID == 0 && len(rep.Reviews) > 0 {
@@ -435,11 +438,11 @@ func RetryKey(ctx context.Context, db TxDB, req RetryRequest) (*RetryResult, err
 		if err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, "SELECT "+reviewColumns+" FROM idempotency_key_reviews WHERE key_id = $1 AND resolved_at IS NULL", k.ID)
+		rows, err := tx.Query(ctx, "SELECT "+ReviewColumns+" FROM idempotency_key_reviews WHERE key_id = $1 AND resolved_at IS NULL", k.ID)
 		if err != nil {
 			return err
 		}
-		open, err := scanReviews(rows)
+		open, err := ScanReviews(rows)
 		if err != nil {
 			return err
 		}

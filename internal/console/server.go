@@ -38,23 +38,39 @@ type Backend interface {
 	ResolveReview(ctx context.Context, id int64, by, note string) error
 }
 
-// Overview is `idemctl status`'s document (internal/ctl.Status).
+// Overview is `idemctl status`'s document: internal/ctl's Status is this
+// type, so the command prints and the console decodes one definition.
 type Overview struct {
-	At                     time.Time        `json:"at"`
-	StagedJobs             int64            `json:"staged_jobs"`
-	OldestStagedJobAt      *time.Time       `json:"oldest_staged_job_at"`
-	OldestStagedJobAge     float64          `json:"oldest_staged_job_age_seconds"`
-	DeadStagedJobs         int64            `json:"dead_staged_jobs"`
-	RiverJobs              map[string]int64 `json:"river_jobs"`
-	UnfinishedKeys         []GroupCount     `json:"unfinished_keys"`
-	Retention              string           `json:"retention"`
-	KeysPastRetention      int64            `json:"keys_past_retention"`
-	OldestKeyPastRetention *time.Time       `json:"oldest_key_past_retention_at"`
-	// The reaper's run history (internal/runhistory), newest first, and
-	// when its last complete run ended (nil: none recorded).
+	At time.Time `json:"at"`
+
+	// Enqueuer: staged rows not yet moved to River, and dead-lettered ones.
+	StagedJobs         int64      `json:"staged_jobs"`
+	OldestStagedJobAt  *time.Time `json:"oldest_staged_job_at"`
+	OldestStagedJobAge float64    `json:"oldest_staged_job_age_seconds"`
+	DeadStagedJobs     int64      `json:"dead_staged_jobs"`
+	// River jobs not yet finalized, by state.
+	RiverJobs map[string]int64 `json:"river_jobs"`
+
+	// Completer: unfinished keys it may still work on, by recovery point.
+	UnfinishedKeys []GroupCount `json:"unfinished_keys"`
+
+	// Reaper: what a run would do now, by the reaper's own rules
+	// (reaper.PlanRun): keys past retention that are not in flight nor
+	// leased by the completer, and the reviews deleting them would create.
+	Retention              string     `json:"retention"`
+	LockWindow             string     `json:"lock_window"`
+	KeysPastRetention      int64      `json:"keys_past_retention"`
+	KeysToFlag             int64      `json:"keys_to_flag"`
+	OldestKeyPastRetention *time.Time `json:"oldest_key_past_retention_at"`
+	// The reaper's run history (runhistory.LastRuns), newest first: the runs
+	// of the CronJob, manual runs and --schedule reapers alike, a killed
+	// run as interrupted. LastReaperSuccess is when the last complete run
+	// ended (nil: none in the history).
 	ReaperRuns        []runhistory.Run `json:"reaper_runs"`
 	LastReaperSuccess *time.Time       `json:"last_reaper_success_at"`
-	OpenReviews       []GroupCount     `json:"open_reviews"`
+
+	// Humans: open reviews by reason.
+	OpenReviews []GroupCount `json:"open_reviews"`
 }
 
 // GroupCount is a count and the oldest timestamp of one group.

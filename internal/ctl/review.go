@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemd/idemd/internal/console"
 )
 
 // ReviewCmd groups the review subcommands.
@@ -45,28 +47,11 @@ func (c *ReviewListCmd) Validate() error {
 }
 
 // Review is one row of idempotency_key_reviews, as listed.
-type Review struct {
-	ID             int64           `json:"id"`
-	KeyID          int64           `json:"key_id"`
-	UserID         int64           `json:"user_id"`
-	IdempotencyKey string          `json:"idempotency_key"`
-	Reason         string          `json:"reason"`
-	Detail         *string         `json:"detail"`
-	RecoveryPoint  *string         `json:"recovery_point"`
-	FlaggedBy      string          `json:"flagged_by"`
-	FlaggedAt      time.Time       `json:"flagged_at"`
-	AgeSeconds     float64         `json:"age_seconds"`
-	ResolvedAt     *time.Time      `json:"resolved_at"`
-	ResolvedBy     *string         `json:"resolved_by"`
-	ResolutionNote *string         `json:"resolution_note"`
-	Snapshot       json.RawMessage `json:"snapshot"`
-}
+type Review = console.Review
 
 // listReviewsSQL is parameterised on every filter; NULL disables one.
 const listReviewsSQL = `
-SELECT id, key_id, user_id, idempotency_key, reason, detail, snapshot->>'recovery_point',
-       flagged_by, flagged_at, extract(epoch FROM now() - flagged_at)::float8,
-       resolved_at, resolved_by, resolution_note, snapshot
+SELECT ` + console.ReviewColumns + `
 FROM idempotency_key_reviews
 WHERE ($1::text IS NULL OR reason = $1)
   AND ($2::bigint IS NULL OR flagged_at < now() - $2::bigint * interval '1 microsecond')
@@ -83,19 +68,11 @@ func (c *ReviewListCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("review list: %w", err)
 	}
-	reviews, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Review, error) {
-		var v Review
-		err := r.Scan(&v.ID, &v.KeyID, &v.UserID, &v.IdempotencyKey, &v.Reason, &v.Detail, &v.RecoveryPoint,
-			&v.FlaggedBy, &v.FlaggedAt, &v.AgeSeconds, &v.ResolvedAt, &v.ResolvedBy, &v.ResolutionNote, &v.Snapshot)
-		return v, err
-	})
+	reviews, err := console.ScanReviews(rows) // [] rather than null for scripts
 	if err != nil {
 		return fmt.Errorf("review list: %w", err)
 	}
 	if c.Format == "json" {
-		if reviews == nil {
-			reviews = []Review{} // [] rather than null for scripts
-		}
 		return writeJSON(g.Stdout, reviews)
 	}
 	return writeReviewTable(g.Stdout, reviews, c.State != "open")

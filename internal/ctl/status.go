@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemd/idemd/internal/completer"
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/console"
 	"github.com/idemd/idemd/internal/dbstats"
 	"github.com/idemd/idemd/internal/enqueuer"
 	"github.com/idemd/idemd/internal/reaper"
@@ -45,46 +46,11 @@ func (c *StatusCmd) Validate() error {
 	return nil
 }
 
-// Status is idemctl status's output.
-type Status struct {
-	At time.Time `json:"at"`
-
-	// Enqueuer: staged rows not yet moved to River, and dead-lettered ones.
-	StagedJobs         int64      `json:"staged_jobs"`
-	OldestStagedJobAt  *time.Time `json:"oldest_staged_job_at"`
-	OldestStagedJobAge float64    `json:"oldest_staged_job_age_seconds"`
-	DeadStagedJobs     int64      `json:"dead_staged_jobs"`
-	// River jobs not yet finalized, by state.
-	RiverJobs map[string]int64 `json:"river_jobs"`
-
-	// Completer: unfinished keys it may still work on, by recovery point.
-	UnfinishedKeys []GroupCount `json:"unfinished_keys"`
-
-	// Reaper: what a run would do now, by the reaper's own rules
-	// (reaper.PlanRun): keys past retention that are not in flight nor
-	// leased by the completer, and the reviews deleting them would create.
-	Retention              string     `json:"retention"`
-	LockWindow             string     `json:"lock_window"`
-	KeysPastRetention      int64      `json:"keys_past_retention"`
-	KeysToFlag             int64      `json:"keys_to_flag"`
-	OldestKeyPastRetention *time.Time `json:"oldest_key_past_retention_at"`
-	// The reaper's run history (runhistory.LastRuns), newest first: the runs
-	// of the CronJob, manual runs and --schedule reapers alike, a killed
-	// run as interrupted. LastReaperSuccess is when the last complete run
-	// ended (nil: none in the history).
-	ReaperRuns        []runhistory.Run `json:"reaper_runs"`
-	LastReaperSuccess *time.Time       `json:"last_reaper_success_at"`
-
-	// Humans: open reviews by reason.
-	OpenReviews []GroupCount `json:"open_reviews"`
-}
+// Status is idemctl status's output; the console decodes the same type.
+type Status = console.Overview
 
 // GroupCount is a count and the oldest timestamp of one group.
-type GroupCount struct {
-	Name   string    `json:"name"`
-	Count  int64     `json:"count"`
-	Oldest time.Time `json:"oldest"`
-}
+type GroupCount = console.GroupCount
 
 // Each query is answered from an index or a short queue: the staged
 // backlog by enqueuer.Backlog (the enqueuer's own count, the one its
