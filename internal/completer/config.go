@@ -180,10 +180,7 @@ func (c *Config) check() error {
 	if c.Pool == nil {
 		p = append(p, "a database pool is required")
 	}
-	if len(p) > 0 {
-		return &config.Error{Problems: p}
-	}
-	return nil
+	return config.Problems(p)
 }
 
 // redactURL drops userinfo so a password in a mistyped URL is never echoed.

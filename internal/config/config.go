@@ -114,6 +114,15 @@ type Error struct {
 	Problems []string
 }
 
+// Problems is the error for a list of configuration problems: nil when
+// there are none, else an *Error (exit 2) listing every one.
+func Problems(p []string) error {
+	if len(p) == 0 {
+		return nil
+	}
+	return &Error{Problems: p}
+}
+
 func (e *Error) Error() string {
 	return "invalid configuration:\n  - " + strings.Join(e.Problems, "\n  - ")
 }

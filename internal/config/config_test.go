@@ -244,3 +244,13 @@ func TestParseValidateSkipsUndecodedFlags(t *testing.T) {
 		t.Errorf("got %v, want Validate's problem", err)
 	}
 }
+
+func TestProblems(t *testing.T) {
+	if err := Problems(nil); err != nil {
+		t.Fatalf("no problems: %v", err)
+	}
+	var cerr *Error
+	if err := Problems([]string{"--a", "--b"}); !errors.As(err, &cerr) || len(cerr.Problems) != 2 {
+		t.Fatalf("two problems: %v", err)
+	}
+}

@@ -40,10 +40,7 @@ func (c *StatusCmd) eligibility() reaper.Eligibility {
 // reaper's own rules.
 func (c *StatusCmd) Validate() error {
 	e := c.eligibility()
-	if p := e.Check(); len(p) > 0 {
-		return &config.Error{Problems: p}
-	}
-	return nil
+	return config.Problems(e.Check())
 }
 
 // Status is idemctl status's output; the console decodes the same type.

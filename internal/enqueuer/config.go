@@ -129,10 +129,7 @@ func (c *Config) check() error {
 	if c.Pool == nil {
 		p = append(p, "a database pool is required")
 	}
-	if len(p) > 0 {
-		return &config.Error{Problems: p}
-	}
-	return nil
+	return config.Problems(p)
 }
 
 // listenConfig is the listener's connection: --listen-database-url's, with
