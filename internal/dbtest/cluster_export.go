@@ -38,9 +38,22 @@ func StartCluster(tb testing.TB) *Cluster {
 	return c
 }
 
+// ClusterOptions change how NewClusterWith starts a cluster.
+type ClusterOptions struct {
+	// Durable keeps PostgreSQL's defaults (fsync and synchronous_commit on)
+	// instead of fsync off: a benchmark that measures WAL and CPU per
+	// request (internal/e2e/load) must pay what a real server pays.
+	Durable bool
+}
+
 // NewCluster is StartCluster for callers without a testing.TB; the caller
 // must call Remove.
 func NewCluster() (*Cluster, error) {
+	return NewClusterWith(ClusterOptions{})
+}
+
+// NewClusterWith is NewCluster with options.
+func NewClusterWith(o ClusterOptions) (*Cluster, error) {
 	bin, err := findPGBin()
 	if err != nil {
 		return nil, err
@@ -72,7 +85,10 @@ func NewCluster() (*Cluster, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("free port: %w", err)
 	}
-	c.opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300", c.port, dir)
+	c.opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c max_connections=300", c.port, dir)
+	if !o.Durable {
+		c.opts += " -c fsync=off"
+	}
 	if err := c.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err

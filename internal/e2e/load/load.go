@@ -101,7 +101,7 @@ type LoadOptions struct {
 	// Configs replaces the cost configurations (default a, b, c, d).
 	Configs []Config
 	// SharedServer runs on the server of Load's adminURL instead of a
-	// private cluster started for the run (StartServer; also the fallback
+	// private cluster started for the run (dbtest.NewClusterWith, durable; also the fallback
 	// when none can be started). A shared server's other work then counts
 	// in the WAL figure, and its background processes are not in the CPU
 	// figure.
@@ -246,11 +246,12 @@ func Load(ctx context.Context, adminURL string, opts LoadOptions) (*LoadReport, 
 		Server: "the shared server; CPU of the backends connected to each run's database, WAL server-wide"}
 	private := false
 	if !opts.SharedServer {
-		srv, err := StartServer(ctx)
+		// PostgreSQL's defaults (fsync on), so WAL and CPU are a real server's.
+		srv, err := dbtest.NewClusterWith(dbtest.ClusterOptions{Durable: true})
 		if err != nil {
 			opts.Logf("load: no private server (%v): measuring on the shared one", err)
 		} else {
-			defer srv.Stop()
+			defer srv.Remove()
 			adminURL, private = srv.URL(), true
 			rep.Server = "a private cluster (PostgreSQL's defaults, max_connections 300); CPU of all its processes, its WAL"
 		}
@@ -318,7 +319,7 @@ func Load(ctx context.Context, adminURL string, opts LoadOptions) (*LoadReport, 
 type bench struct {
 	admin    *pgxpool.Pool
 	adminURL string
-	private  bool // adminURL is a private cluster (StartServer)
+	private  bool // adminURL is a private cluster (dbtest.NewClusterWith)
 	bins     *system.Binaries
 	dir      string
 	opts     LoadOptions

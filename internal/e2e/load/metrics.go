@@ -23,7 +23,7 @@ type cpuMeter interface {
 	total() time.Duration
 }
 
-// serverCPU is the CPU time of a whole private cluster (Server): the
+// serverCPU is the CPU time of a whole private cluster (dbtest.Cluster): the
 // postmaster, every process it started (backends, autovacuum, the WAL
 // writer, checkpointer, background writer) and, through the postmaster's
 // cutime and cstime, those that exited since: exact at any two samples.
