@@ -66,9 +66,9 @@ var errRiverRejected = errors.New("river rejected the batch")
 
 // moveBatch takes, inserts and deletes one batch in one transaction.
 // rowByRow inserts each job under its own savepoint, so a job River rejects
-// is dead-lettered alone; the normal path inserts the batch in one COPY
-// with no savepoint (two round trips fewer per batch, which is most of a
-// small batch's time).
+// is dead-lettered alone; the normal path inserts the batch in one
+// statement (insertMany) with no savepoint (two round trips fewer per
+// batch, which is most of a small batch's time).
 func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow bool) (*batchResult, error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginSQL})
 	if err != nil {
@@ -159,7 +159,7 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 		return 0, nil, nil
 	}
 	if !rowByRow {
-		n, err := s.river.InsertManyFastTx(ctx, tx, params)
+		n, err := s.insertMany(ctx, tx, params)
 		if err == nil {
 			return n, nil, nil
 		}
@@ -175,7 +175,7 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 		if err != nil {
 			return 0, nil, fmt.Errorf("enqueuer batch: savepoint: %w", err)
 		}
-		if _, err := s.river.InsertManyFastTx(ctx, sp, params[i:i+1]); err != nil {
+		if _, err := s.insertMany(ctx, sp, params[i:i+1]); err != nil {
 			if !isDataError(err, tx.Conn()) {
 				return 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
 			}
@@ -191,6 +191,24 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 		moved++
 	}
 	return moved, dead, nil
+}
+
+// copyMinRows: a batch of at least this many rows goes into River with
+// COPY, a smaller one with one INSERT. COPY is two round trips (the
+// command, then its data) and an INSERT one; in the steady state a move
+// takes a handful of rows and the round trip is most of its cost (the
+// load benchmark, docs/load.md), while behind a backlog COPY's cheaper
+// rows win.
+const copyMinRows = 64
+
+// insertMany inserts params into River on tx, validated and encoded by
+// River either way, and returns how many rows it inserted.
+func (s *Service) insertMany(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (int, error) {
+	if len(params) >= copyMinRows {
+		return s.river.InsertManyFastTx(ctx, tx, params)
+	}
+	res, err := s.river.InsertManyTx(ctx, tx, params)
+	return len(res), err
 }
 
 // isDataError tells a row's fault from the environment's. River validates

@@ -1,8 +1,14 @@
 package enqueuer
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 // Under a stream of commits a pass waits until window after the previous
@@ -50,5 +56,46 @@ func TestWakeCoalesceIsChecked(t *testing.T) {
 		if p := s.Check(); (len(p) == 0) != c.ok {
 			t.Errorf("--wake-coalesce %s: %v", c.d, p)
 		}
+	}
+}
+
+// The floor counts the notifications since the last drain took it.
+func TestFloorCountsPendingNotifications(t *testing.T) {
+	f := newFloor()
+	for i := range 3 {
+		f.notify(int64(10 - i))
+	}
+	f.lowerSwept(5, true)
+	f.lower(fullPass) // a full-pass request is not a notification
+	if n := f.pending(); n != 3 {
+		t.Fatalf("pending %d, want 3", n)
+	}
+	if _, ok := f.take(0); !ok {
+		t.Fatal("no drain")
+	}
+	if n := f.pending(); n != 0 {
+		t.Fatalf("pending %d after the drain took the floor", n)
+	}
+}
+
+// A woken pass waits no longer than it takes coalesceNotifications to
+// arrive: with the window an hour long, rows staged in that many commits
+// still move.
+func TestCoalesceStartsOnceEnoughNotificationsArrive(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	s := newService(t, pool, func(st *Settings) { st.PollInterval = time.Hour })
+	s.cfg.WakeCoalesce = time.Hour // past the flag's bound: only the count can end the wait
+	s.signals.listenerUp.Init()
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(context.Background()) //nolint:errcheck
+	s.signals.listenerUp.WaitOrTimeout(t)
+	stageEach(t, pool, coalesceNotifications)
+	testwait.Until(t, time.Minute, "the rows of enough notifications to move", func() bool {
+		return count(t, pool, "SELECT count(*) FROM river_job") == coalesceNotifications
+	})
+	if testutil.ToFloat64(s.metrics.wakeups.WithLabelValues(wakePoll)) != 0 {
+		t.Fatal("a poll happened with an hour-long interval")
 	}
 }

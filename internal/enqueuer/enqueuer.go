@@ -4,8 +4,9 @@
 // Each batch is one transaction: take up to BatchSize committed rows in id
 // order from a starting id with FOR UPDATE SKIP LOCKED (deleting them and
 // returning them in the same statement), insert the valid ones into River
-// with COPY through an insert-only River client on the same transaction,
-// move the invalid ones to staged_jobs_dead with a reason, commit
+// through an insert-only River client on the same transaction (COPY for a
+// large batch, one INSERT for a small one), move the invalid ones to
+// staged_jobs_dead with a reason, commit
 // (batch.go). A row is therefore either still staged or (a River job xor a
 // dead row) — never both, never neither, whatever process dies or
 // connection drops. There is no high-water mark: a row whose transaction
@@ -19,7 +20,8 @@
 // due; runOnce, RunOnce for --once), returning a Result that tests call
 // directly. The loop is woken by LISTEN idemd_staged_jobs (a
 // statement-level trigger on staged_jobs sends it at commit, with the
-// lowest id the statement inserted; listen.go) and by the sweep, which
+// lowest id the statement inserted; listen.go) on the one replica that
+// is the drainer (the others stand by; drainer.go) and by the sweep, which
 // every PollInterval looks for rows no notification told it about
 // (sweep.go); both run beside the loop under the same Runner, with the
 // backlog gauges (backlog.go). The decisions are pure functions beside the
@@ -113,7 +115,7 @@ type Service struct {
 	// passed is the highest id this replica has taken.
 	passed atomic.Int64
 	// listening is true while notifications are known to arrive (the
-	// listener_up gauge).
+	// listener_up gauge): this replica is the drainer (drainer.go).
 	listening atomic.Bool
 	// gapLogged logs each notification gap reason once.
 	gapLogged [2]sync.Once
@@ -129,10 +131,11 @@ type Service struct {
 // testSignals tell tests that the enqueuer reached a point; tests only
 // wait on them (internal/testsignal). Free in production.
 type testSignals struct {
-	listenerUp          testsignal.Signal[struct{}] // a listener connection's first self-check came back: notifications arrive
+	listenerUp          testsignal.Signal[struct{}] // the listener is the drainer and its first self-check came back: notifications arrive and wake it
 	listenerChecked     testsignal.Signal[int]      // a self-check came back (its sequence number on this connection)
 	listenerCheckFailed testsignal.Signal[error]    // a self-check did not come back in time
 	passed              testsignal.Signal[struct{}] // the loop's pass ended (the first is the start's full pass)
+	standby             testsignal.Signal[struct{}] // the listener stands by, waiting for the drainer lock
 }
 
 // testHooks are where a test must act inside the service or see every
@@ -165,7 +168,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	// An insert-only River client: no queues, no workers. It validates and
-	// encodes jobs exactly as any River client would, and inserts with COPY.
+	// encodes jobs exactly as any River client would (insertMany).
 	rc, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{Logger: nil})
 	if err != nil {
 		return nil, fmt.Errorf("enqueuer: river client: %w", err)

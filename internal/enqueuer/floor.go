@@ -86,6 +86,9 @@ type floor struct {
 	// untilEmpty: the full pass asked for is --once's, repeated until one
 	// takes nothing (lowerUntilEmpty).
 	untilEmpty bool
+	// notifications counts the notifications that lowered the floor since
+	// the last drain took it (coalesce.go waits for a few).
+	notifications int
 }
 
 func newFloor() *floor { return &floor{notified: noFloor, swept: noFloor} }
@@ -95,6 +98,22 @@ func (f *floor) lower(id int64) {
 	f.mu.Lock()
 	f.notified = min(f.notified, id)
 	f.mu.Unlock()
+}
+
+// notify is lower for a notification's id, counted for coalescing.
+func (f *floor) notify(id int64) {
+	f.mu.Lock()
+	f.notified = min(f.notified, id)
+	f.notifications++
+	f.mu.Unlock()
+}
+
+// pending is how many notifications lowered the floor since the last drain
+// took it.
+func (f *floor) pending() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.notifications
 }
 
 // lowerUntilEmpty asks for full passes until one takes nothing: the pass
@@ -147,7 +166,7 @@ func (f *floor) take(passed int64) (spec drainSpec, ok bool) {
 		// simply new: neither is a gap.
 		spec.gapBelow = min(f.notified, passed)
 	}
-	f.notified, f.swept, f.sweptListening, f.untilEmpty = noFloor, noFloor, false, false
+	f.notified, f.swept, f.sweptListening, f.untilEmpty, f.notifications = noFloor, noFloor, false, false, 0
 	return spec, true
 }
 

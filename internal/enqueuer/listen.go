@@ -65,17 +65,47 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 	if err != nil {
 		return fmt.Errorf("enqueuer listen: connect: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing also releases the drainer lock
+	if _, err := conn.Exec(ctx, drainerSessionSQL); err != nil {
+		return fmt.Errorf("enqueuer listen: set up the session: %w", err)
+	}
+	if _, err := conn.Exec(ctx, listenSQL); err != nil {
 		return fmt.Errorf("enqueuer listen: %w", err)
 	}
+	// The first self-check proves this session hears what is committed
+	// through the pool (LISTEN through a transaction-mode pooler is deaf):
+	// only then may it hold the drainer lock, a session lock.
+	check := &selfCheck{}
+	if err := s.probeListener(ctx, conn, check); err != nil {
+		return err
+	}
+	s.signals.listenerChecked.Signal(0)
+	cause := wakeReconnect
+	drainer, err := s.elect(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if !drainer {
+		if ctx.Err() != nil {
+			return nil
+		}
+		cause = wakeDrainer
+	}
+	// The drainer: notifications wake the loop from here on, and a full
+	// pass finds what was committed while this replica did not listen
+	// (its snapshot is taken after LISTEN, so anything committed later
+	// notifies).
+	connected()
+	s.listening.Store(true)
+	s.metrics.listenerUp.Set(1)
+	s.trigger(cause)
+	s.signals.listenerUp.Signal(struct{}{})
 
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	check := &selfCheck{}
 	checkErr := make(chan error, 1)
 	go func() {
-		err := s.checkListener(lctx, check, connected)
+		err := s.checkListener(lctx, check)
 		checkErr <- err
 		cancel()
 	}()
@@ -88,29 +118,69 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 			}
 			return fmt.Errorf("enqueuer listen: wait: %w", err)
 		}
-		if strings.HasPrefix(n.Payload, listenerCheckPrefix) {
-			check.heard(n.Payload)
-			continue
+		s.heard(n.Payload, check)
+	}
+}
+
+// listenSQL starts listening on the channel.
+var listenSQL = "LISTEN " + pgx.Identifier{NotifyChannel}.Sanitize()
+
+// heard handles one payload on the channel: a self-check (this replica's or
+// another's) or a staged_jobs notification.
+func (s *Service) heard(payload string, check *selfCheck) {
+	if strings.HasPrefix(payload, listenerCheckPrefix) {
+		check.heard(payload)
+		return
+	}
+	if s.hooks.dropNotification != nil && s.hooks.dropNotification(payload) {
+		return
+	}
+	s.notified(payload)
+}
+
+// probeListener is the first self-check, on the listener's own goroutine
+// before it waits for the drainer lock: it sends a NOTIFY through the
+// pool and reads conn until it comes back, within --listener-check-timeout.
+func (s *Service) probeListener(ctx context.Context, conn *pgx.Conn, check *selfCheck) error {
+	payload := fmt.Sprintf("%s%s:probe", listenerCheckPrefix, s.instance)
+	came := check.expect(payload)
+	if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, payload); err != nil {
+		return fmt.Errorf("enqueuer listen: send the self-check NOTIFY: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.ListenerCheckTimeout)
+	defer cancel()
+	for {
+		select {
+		case <-came:
+			return nil
+		default:
 		}
-		if s.hooks.dropNotification != nil && s.hooks.dropNotification(n.Payload) {
-			continue
+		n, err := conn.WaitForNotification(wctx)
+		if err != nil {
+			if ctx.Err() == nil && wctx.Err() != nil {
+				return s.checkFailed()
+			}
+			return fmt.Errorf("enqueuer listen: wait: %w", err)
 		}
-		s.notified(n.Payload)
+		s.heard(n.Payload, check)
 	}
 }
 
 // notified handles a staged_jobs notification: its payload is the lowest
 // id its statement inserted (migration 00015), where the next drain must
 // start at the latest. One without a number makes the next drain a full
-// pass.
+// pass. Only the drainer wakes for it (drainer.go); a standby's floor
+// remembers it for its next drain (a sweep's, or its first as drainer).
 func (s *Service) notified(payload string) {
 	low, err := strconv.ParseInt(payload, 10, 64)
 	if err != nil {
 		s.gap(GapNoFloor, 1, zap.String("payload", truncate(payload, 64)))
 		low = fullPass
 	}
-	s.floor.lower(low)
-	s.signal(wakeNotify)
+	s.floor.notify(low)
+	if s.listening.Load() {
+		s.signal(wakeNotify)
+	}
 }
 
 func truncate(s string, n int) string {
@@ -121,13 +191,19 @@ func truncate(s string, n int) string {
 }
 
 // checkListener sends a NOTIFY through the pool, the path the API's own
-// notifications take, and waits for it on the listener; then again every
-// ListenerCheckInterval. The listener counts as up only once a round trip
-// came back, so listener_up means notifications arrive, not merely that a
-// connection is open. It returns (ending the listener's connection) when a
-// round trip fails.
-func (s *Service) checkListener(ctx context.Context, check *selfCheck, connected func()) error {
-	for seq := 0; ; seq++ {
+// notifications take, every ListenerCheckInterval and waits for it on the
+// listener (probeListener did the first), so listener_up means
+// notifications arrive, not merely that a connection is open. It returns
+// (ending the listener's connection) when a round trip fails.
+func (s *Service) checkListener(ctx context.Context, check *selfCheck) error {
+	for seq := 1; ; seq++ {
+		t := time.NewTimer(s.cfg.ListenerCheckInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
 		payload := fmt.Sprintf("%s%s:%d", listenerCheckPrefix, s.instance, seq)
 		// Expected before it is sent: the listener may hear it before
 		// pg_notify returns.
@@ -144,30 +220,22 @@ func (s *Service) checkListener(ctx context.Context, check *selfCheck, connected
 			timeout.Stop()
 			return nil
 		case <-timeout.C:
-			s.metrics.listenerCheckFailures.Inc()
-			err := fmt.Errorf("enqueuer listen: a NOTIFY sent through the pool did not reach the listener within %s "+
-				"(behind a transaction-mode pooler, give --listen-database-url a direct or session-mode URL)", s.cfg.ListenerCheckTimeout)
-			s.signals.listenerCheckFailed.Signal(err)
-			return err
+			return s.checkFailed()
 		case <-came:
 			timeout.Stop()
 		}
-		if seq == 0 {
-			connected()
-			s.listening.Store(true)
-			s.metrics.listenerUp.Set(1)
-			s.trigger(wakeReconnect)
-			s.signals.listenerUp.Signal(struct{}{})
-		}
 		s.signals.listenerChecked.Signal(seq)
-		t := time.NewTimer(s.cfg.ListenerCheckInterval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
 	}
+}
+
+// checkFailed counts a self-check that did not come back in time and
+// returns the error that ends the listener's connection.
+func (s *Service) checkFailed() error {
+	s.metrics.listenerCheckFailures.Inc()
+	err := fmt.Errorf("enqueuer listen: a NOTIFY sent through the pool did not reach the listener within %s "+
+		"(behind a transaction-mode pooler, give --listen-database-url a direct or session-mode URL)", s.cfg.ListenerCheckTimeout)
+	s.signals.listenerCheckFailed.Signal(err)
+	return err
 }
 
 // selfCheck picks the listener's own check out of everything it hears on

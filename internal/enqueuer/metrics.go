@@ -14,12 +14,13 @@ const (
 	wakeReconnect = "reconnect" // the listener is back: a full pass
 	wakeRetry     = "retry"     // a pass failed: a full pass after a backoff
 	wakeStart     = "start"     // Start: a full pass
+	wakeDrainer   = "drainer"   // a standby took over as the drainer: a full pass
 )
 
 // wakeCauses lists every cause above: each gets its series at 0 when the
 // process starts, so the first wake-up of a cause is an increase
 // Prometheus sees.
-var wakeCauses = []string{wakeNotify, wakePoll, wakeReconnect, wakeRetry, wakeStart}
+var wakeCauses = []string{wakeNotify, wakePoll, wakeReconnect, wakeRetry, wakeStart, wakeDrainer}
 
 type metrics struct {
 	moved         prometheus.Counter
@@ -41,6 +42,10 @@ type metrics struct {
 	notificationGaps *prometheus.CounterVec
 	// sweepDuration is the sweep's probe for the lowest staged id (sweep.go).
 	sweepDuration prometheus.Histogram
+	// standby is 1 while the listener waits for the drainer lock
+	// (drainer.go); takeovers counts the times it got it.
+	standby   prometheus.Gauge
+	takeovers prometheus.Counter
 }
 
 // newMetrics creates the enqueuer's collectors, every labelled series at 0,
@@ -67,10 +72,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_enqueuer_oldest_staged_age_seconds", Help: "Age of the oldest row in staged_jobs (0 when empty).",
 		}),
 		wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemd_enqueuer_wakeups_total", Help: "Drain wake-up signals by cause (notify, poll, reconnect, retry, start), counted even when coalesced into a pending wake-up.",
+			Name: "idemd_enqueuer_wakeups_total", Help: "Drain wake-up signals by cause (notify, poll, reconnect, retry, start, drainer), counted even when coalesced into a pending wake-up.",
 		}, []string{"cause"}),
 		listenerUp: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "idemd_enqueuer_listener_up", Help: "1 while notifications are known to arrive: the listener is connected and its last self-NOTIFY round trip came back.",
+			Name: "idemd_enqueuer_listener_up", Help: "1 while this replica is the drainer and notifications are known to arrive: the listener is connected, holds the drainer lock and its last self-NOTIFY round trip came back.",
 		}),
 		pollOnly: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "idemd_enqueuer_poll_only", Help: "1 when the enqueuer does not listen and wakes only every --poll-interval (--poll-only, or --pooler transaction without --listen-database-url).",
@@ -86,6 +91,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name:    "idemd_enqueuer_sweep_duration_seconds",
 			Help:    "Duration of the sweep's probe for the lowest staged id, every --poll-interval; it grows with the dead rows old snapshots keep in staged_jobs, off the move path.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		standby: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_enqueuer_standby", Help: "1 while this replica stands by: another replica is the drainer (listens and drains when notified); this one does not listen, sweeps every --poll-interval and waits to take over.",
+		}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_drainer_takeovers_total", Help: "Times this replica stopped standing by and became the drainer because the previous drainer's session ended.",
 		}),
 	}
 	// Every reason and cause starts at 0: increase() over a series that
@@ -104,7 +115,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.moved, m.deadLettered, m.batchDuration, m.batchErrors, m.backlog, m.oldestAge, m.wakeups,
-		m.listenerUp, m.pollOnly, m.listenerCheckFailures, m.notificationGaps, m.sweepDuration} {
+		m.listenerUp, m.pollOnly, m.listenerCheckFailures, m.notificationGaps, m.sweepDuration, m.standby, m.takeovers} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("enqueuer: register metrics: %w", err)
 		}

@@ -1,0 +1,97 @@
+package enqueuer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// One replica listens and drains; the others stand by.
+//
+// Every listening replica hears every notification: each commit woke
+// every replica's listener backend and process, and each replica ran a
+// move transaction for it, all but one finding nothing left to take. Two
+// replicas answered 0.72× the requests of the API inserting into River
+// itself where one replica answered 0.98× (docs/load.md, issue 19). So
+// exactly one replica, the drainer, listens and drains when notified; the
+// others stand by, not listening, and sweep every --poll-interval as
+// before (moving whatever the drainer leaves, as a poll-only replica
+// would).
+//
+// The drainer is the replica whose listener connection holds a session
+// advisory lock. A listener connects, LISTENs and proves with its first
+// self-check that the session hears what is committed through the pool
+// (LISTEN through a transaction-mode pooler is deaf, and a session lock
+// there would stay with a pooled server connection); then it takes the
+// lock, or UNLISTENs and waits for it in pg_advisory_lock, which costs
+// nothing and returns the moment the drainer's session ends: the drainer
+// stopped, was killed (the kernel closes its sockets), or lost its
+// connection, or its self-check failed (which ends the connection). The
+// standby then LISTENs again and, its snapshot taken after LISTEN, runs a
+// full pass for whatever was committed meanwhile, including the rows of
+// a batch the old drainer died holding.
+//
+// Why a session lock on the listener's connection and not a lease row
+// (internal/lease, the reaper's): a lease changes hands only after its
+// TTL, a lock the instant its session ends; LISTEN already needs this
+// session connection, so the lock needs nothing more; and holding both on
+// one session means the drainer is always a replica that hears
+// notifications. No drainer while replicas stand by (the lock held by a
+// session no running replica owns) is the degraded mode: jobs then move
+// only by the sweep, within --poll-interval, and IdemdEnqueuerNoDrainer
+// fires.
+
+// drainerLockSQL waits for the drainer lock; drainerTryLockSQL takes it if
+// it is free. The key is per schema (current_schema(): the search_path of
+// the installation), since advisory locks are per database and one
+// database may hold several installations.
+const (
+	drainerLockSQL    = `SELECT pg_advisory_lock(hashtextextended('idemd enqueuer drainer ' || current_schema(), 0))`
+	drainerTryLockSQL = `SELECT pg_try_advisory_lock(hashtextextended('idemd enqueuer drainer ' || current_schema(), 0))`
+)
+
+// drainerSessionSQL sets up the listener's session. No server timeout may
+// end a standby's wait or the drainer's idle listening (a role's or
+// database's statement_timeout, lock_timeout or idle_session_timeout), and
+// the server is to notice a client that vanished without closing its
+// socket (a partitioned node) within about half a minute, through
+// keepalives while the session idles (the drainer) and the connection
+// check while it waits (a standby), so the lock does not outlive its
+// replica.
+const drainerSessionSQL = `SET statement_timeout = 0; SET lock_timeout = 0; SET idle_session_timeout = 0;
+SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3;
+SET client_connection_check_interval = '5s'`
+
+// elect takes the drainer lock on the listener's connection conn, or
+// stands by until it can: it returns drainer true when the lock was free,
+// and false once it took the lock from a drainer that went away (or ctx
+// ended). A standby does not listen while it waits.
+func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (drainer bool, err error) {
+	var got bool
+	if err := conn.QueryRow(ctx, drainerTryLockSQL, pgx.QueryExecModeSimpleProtocol).Scan(&got); err != nil {
+		return false, fmt.Errorf("enqueuer listen: try the drainer lock: %w", err)
+	}
+	if got {
+		return true, nil
+	}
+	if _, err := conn.Exec(ctx, "UNLISTEN *"); err != nil {
+		return false, fmt.Errorf("enqueuer listen: unlisten to stand by: %w", err)
+	}
+	s.metrics.standby.Set(1)
+	s.signals.standby.Signal(struct{}{})
+	s.logger.Info("standing by: another replica is the drainer; this one sweeps every --poll-interval and takes over when the drainer goes")
+	defer s.metrics.standby.Set(0)
+	if _, err := conn.Exec(ctx, drainerLockSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+		if ctx.Err() != nil {
+			return false, nil
+		}
+		return false, fmt.Errorf("enqueuer listen: wait for the drainer lock: %w", err)
+	}
+	if _, err := conn.Exec(ctx, listenSQL); err != nil {
+		return false, fmt.Errorf("enqueuer listen: %w", err)
+	}
+	s.logger.Info("took over as the drainer: the previous drainer's session ended")
+	s.metrics.takeovers.Inc()
+	return false, nil
+}
