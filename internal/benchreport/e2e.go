@@ -27,8 +27,9 @@ func E2E(ctx context.Context, adminURL string, scale Scale, logf func(string, ..
 		row := Row{
 			Suite: "e2e",
 			Name:  fmt.Sprintf("POST /rides, %d clients, %d×%s: %s", ph.Clients, ph.Runs, run, ph.Name),
-			Value: fmt.Sprintf("%.0f req/s, p50 %s, p99 %s; DB CPU %s/req, WAL %.1f kB/req; 409s %.2f %%",
-				ph.Throughput, Dur(ph.P50), Dur(ph.P99), cpuPerRequest(ph), ph.WALPerRequest()/1e3, 100*ph.ConflictRate()),
+			Value: fmt.Sprintf("%.0f req/s, p50 %s, p99 %s; DB CPU %s/req, API process %s/req, daemons %s/req, WAL %.1f kB/req; 409s %.2f %%",
+				ph.Throughput, Dur(ph.P50), Dur(ph.P99), cpuPerRequest(ph), procCPU(ph, ph.APICPUPerRequest()), procCPU(ph, ph.DaemonCPUPerRequest()),
+				ph.WALPerRequest()/1e3, 100*ph.ConflictRate()),
 		}
 		if i > 0 {
 			prev := res.Cost[i-1]
@@ -85,4 +86,13 @@ func cpuPerRequest(ph load.Phase) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.2f ms", float64(ph.CPUPerRequest())/float64(time.Millisecond))
+}
+
+// procCPU is a process CPU figure per request, or n/a when /proc could not
+// be read.
+func procCPU(ph load.Phase, d time.Duration) string {
+	if !ph.ProcCPUOK {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 }

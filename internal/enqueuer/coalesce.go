@@ -2,6 +2,7 @@ package enqueuer
 
 import (
 	"context"
+	"math"
 	"time"
 )
 
@@ -17,6 +18,36 @@ const coalesceRows = 16
 // about 4 ms).
 const coalesceNotifications = 4
 
+// coalesceMinRate: below this many notifications a second every commit is
+// moved at once. A pass per commit then costs at most this many
+// transactions a second, and waiting would only add latency; above it,
+// passes would compete with the API for the machine (issue 19), so they
+// wait for company.
+const coalesceMinRate = 50.0
+
+// rateHalfLife is how fast the notification rate forgets: a burst
+// raises it within a few commits, and a quiet spell brings an isolated
+// commit back to being moved at once within about a second.
+const rateHalfLife = 250 * time.Millisecond
+
+// decayedRate is an exponentially decayed event rate (events a second,
+// remembering with rateHalfLife): the rate r measured at last, decayed to
+// now, plus one event at now when event. It is the mean rate of a steady
+// stream and follows a change of rate within a few half-lives.
+func decayedRate(r float64, last, now time.Time, event bool) float64 {
+	tau := rateHalfLife.Seconds() / math.Ln2
+	if !last.IsZero() {
+		dt := now.Sub(last).Seconds()
+		if dt > 0 {
+			r *= math.Exp(-dt / tau)
+		}
+	}
+	if event {
+		r += 1 / tau
+	}
+	return r
+}
+
 // maxWakeCoalesce bounds --wake-coalesce.
 const maxWakeCoalesce = time.Second
 
@@ -24,15 +55,16 @@ const maxWakeCoalesce = time.Second
 // it was woken for, so that under a stream of commits each pass moves the
 // rows of several notifications instead of one (each pass is a
 // transaction; at a few hundred commits a second a pass per commit takes
-// the API's CPU). The window runs from the end of the previous pass: the
-// next pass starts no sooner than window after it (or once
-// coalesceNotifications have arrived), and only when that pass took fewer
-// than coalesceRows rows. An isolated commit (the previous pass ended
-// window or longer ago) is moved at once, and a pass behind a backlog is
-// followed at once; the added latency is at most the window. window 0
-// turns coalescing off.
-func coalesceDelay(window time.Duration, lastTaken int, lastEnd, now time.Time) time.Duration {
-	if window <= 0 || lastEnd.IsZero() || lastTaken >= coalesceRows {
+// the API's CPU). It waits only while notifications arrive at
+// coalesceMinRate or more (rate, decayedRate's), so at an API's everyday
+// rates a commit is moved at once. The window runs from the end of the
+// previous pass: the next pass starts no sooner than window after it (or
+// once coalesceNotifications have arrived), and only when that pass took
+// fewer than coalesceRows rows. A pass behind a backlog is followed at
+// once; the added latency is at most the window. window 0 turns
+// coalescing off.
+func coalesceDelay(window time.Duration, lastTaken int, lastEnd, now time.Time, rate float64) time.Duration {
+	if window <= 0 || lastEnd.IsZero() || lastTaken >= coalesceRows || rate < coalesceMinRate {
 		return 0
 	}
 	since := now.Sub(lastEnd)
@@ -49,7 +81,8 @@ func coalesceDelay(window time.Duration, lastTaken int, lastEnd, now time.Time) 
 // coalesceNotifications are pending; it returns early when stop is closed
 // or ctx ends (the pass then sees them).
 func (s *Service) coalesce(ctx context.Context, stop <-chan struct{}, lastTaken int, lastEnd time.Time) {
-	d := coalesceDelay(s.cfg.WakeCoalesce, lastTaken, lastEnd, time.Now())
+	now := time.Now()
+	d := coalesceDelay(s.cfg.WakeCoalesce, lastTaken, lastEnd, now, s.floor.rate(now))
 	if d <= 0 {
 		return
 	}

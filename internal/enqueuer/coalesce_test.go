@@ -4,11 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/testwait"
 )
 
 // Under a stream of commits a pass waits until window after the previous
@@ -37,11 +32,15 @@ func TestCoalesceDelay(t *testing.T) {
 		{"just under the row threshold", ms(3), coalesceRows - 1, end, end, ms(3)},
 		{"clock went back", ms(3), 1, end, end.Add(-ms(5)), ms(3)},
 	} {
-		if got := coalesceDelay(c.window, c.lastTaken, c.lastEnd, c.now); got != c.want {
+		if got := coalesceDelay(c.window, c.lastTaken, c.lastEnd, c.now, 1000); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
-		if got := coalesceDelay(c.window, c.lastTaken, c.lastEnd, c.now); got < 0 || got > c.window {
+		if got := coalesceDelay(c.window, c.lastTaken, c.lastEnd, c.now, 1000); got < 0 || got > c.window {
 			t.Errorf("%s: %s outside [0, window]", c.name, got)
+		}
+		// Below coalesceMinRate notifications a second, never a wait.
+		if got := coalesceDelay(c.window, c.lastTaken, c.lastEnd, c.now, coalesceMinRate-1); got != 0 {
+			t.Errorf("%s at a low rate: %s, want 0", c.name, got)
 		}
 	}
 }
@@ -62,8 +61,9 @@ func TestWakeCoalesceIsChecked(t *testing.T) {
 // The floor counts the notifications since the last drain took it.
 func TestFloorCountsPendingNotifications(t *testing.T) {
 	f := newFloor()
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	for i := range 3 {
-		f.notify(int64(10 - i))
+		f.notify(int64(10-i), now)
 	}
 	f.lowerSwept(5, true)
 	f.lower(fullPass) // a full-pass request is not a notification
@@ -78,24 +78,62 @@ func TestFloorCountsPendingNotifications(t *testing.T) {
 	}
 }
 
-// A woken pass waits no longer than it takes coalesceNotifications to
-// arrive: with the window an hour long, rows staged in that many commits
-// still move.
-func TestCoalesceStartsOnceEnoughNotificationsArrive(t *testing.T) {
-	pool := dbtest.NewPool(t)
-	s := newService(t, pool, func(st *Settings) { st.PollInterval = time.Hour })
-	s.cfg.WakeCoalesce = time.Hour // past the flag's bound: only the count can end the wait
-	s.signals.listenerUp.Init()
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
+// decayedRate is the mean rate of a steady stream and forgets a burst
+// within about a second.
+func TestDecayedRate(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	stream := func(perSecond int, d time.Duration) (float64, time.Time) {
+		r, last := 0.0, time.Time{}
+		step := time.Second / time.Duration(perSecond)
+		for at := t0; at.Before(t0.Add(d)); at = at.Add(step) {
+			r, last = decayedRate(r, last, at, true), at
+		}
+		return r, last
 	}
-	defer s.Stop(context.Background()) //nolint:errcheck
-	s.signals.listenerUp.WaitOrTimeout(t)
-	stageEach(t, pool, coalesceNotifications)
-	testwait.Until(t, time.Minute, "the rows of enough notifications to move", func() bool {
-		return count(t, pool, "SELECT count(*) FROM river_job") == coalesceNotifications
-	})
-	if testutil.ToFloat64(s.metrics.wakeups.WithLabelValues(wakePoll)) != 0 {
-		t.Fatal("a poll happened with an hour-long interval")
+	for _, c := range []struct {
+		perSecond int
+		lo, hi    float64
+	}{{20, 17, 23}, {60, 54, 66}, {150, 140, 165}, {1000, 950, 1050}} {
+		if r, _ := stream(c.perSecond, 3*time.Second); r < c.lo || r > c.hi {
+			t.Errorf("%d a second: rate %.1f, want %v-%v", c.perSecond, r, c.lo, c.hi)
+		}
+	}
+	r, last := stream(150, 3*time.Second)
+	if q := decayedRate(r, last, last.Add(time.Second), false); q >= coalesceMinRate/4 {
+		t.Errorf("a second after a 150/s stream: %.1f a second", q)
+	}
+	if r, _ := stream(40, 3*time.Second); r >= coalesceMinRate {
+		t.Errorf("40 a second counts as %.1f, at or above coalesceMinRate", r)
+	}
+}
+
+// A woken pass under a stream waits no longer than it takes
+// coalesceNotifications to arrive: with the window an hour long it
+// returns once they did.
+func TestCoalesceReturnsOnceEnoughNotificationsArrive(t *testing.T) {
+	s := &Service{cfg: Config{Settings: Settings{WakeCoalesce: time.Hour}}, floor: newFloor(), wake: make(chan struct{}, 1)}
+	now := time.Now()
+	for range 100 {
+		s.floor.notify(1, now) // a stream: the rate is far above coalesceMinRate
+	}
+	if _, ok := s.floor.take(0); !ok {
+		t.Fatal("no drain")
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.coalesce(context.Background(), nil, 1, time.Now())
+	}()
+	for i := range coalesceNotifications {
+		s.floor.notify(int64(i), time.Now())
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("coalesce still waits after enough notifications")
 	}
 }

@@ -36,7 +36,7 @@ type Settings struct {
 	AllowedKinds  []string      `name:"allowed-kinds" sep:"," help:"Comma-separated job kinds to accept; others are dead-lettered. Empty accepts any kind."`
 	MaxArgsBytes  int           `name:"max-args-bytes" default:"${max_args_bytes}" help:"Dead-letter staged rows whose job_args exceed this many bytes."`
 	StatsInterval time.Duration `name:"stats-interval" default:"${stats_interval}" help:"How often the backlog gauges are refreshed."`
-	WakeCoalesce  time.Duration `name:"wake-coalesce" default:"${wake_coalesce}" help:"Under a stream of commits, start a pass no sooner than this after the previous one (when it took few rows), so one pass moves the rows of several notifications; an isolated commit is moved at once. 0 turns it off."`
+	WakeCoalesce  time.Duration `name:"wake-coalesce" default:"${wake_coalesce}" help:"Under a stream of commits (50 a second or more), start a pass no sooner than this after the previous one (when it took few rows) or once 4 notifications wait, so one pass moves the rows of several; below that rate a commit is moved at once. 0 turns it off."`
 
 	ListenDatabaseURL     string        `name:"listen-database-url" help:"Connection URL for LISTEN only: a direct or session-mode URL when --database-url goes through a transaction-mode pooler. Empty: the --database-url connection (with --pooler transaction, no listening: wake every --poll-interval)."`
 	PollOnly              bool          `name:"poll-only" help:"Do not LISTEN; wake every --poll-interval. For setups where no connection can LISTEN."`
@@ -56,9 +56,10 @@ func DefaultSettings() Settings {
 		MaxArgsBytes:  256 << 10,
 		StatsInterval: 5 * time.Second,
 		// Wake-up coalescing (coalesce.go): at most this much added
-		// commit-to-River latency, and only while commits stream in;
+		// commit-to-River latency, and only while commits stream in at
+		// 50 a second or more (River's own fetch cooldown is 100 ms);
 		// chosen by the load benchmark (docs/load.md).
-		WakeCoalesce: 5 * time.Millisecond,
+		WakeCoalesce: 50 * time.Millisecond,
 		// The listener's self-check: frequent enough that a deaf listener
 		// is found within a scrape or two, rare enough to cost nothing.
 		ListenerCheckInterval: 30 * time.Second,

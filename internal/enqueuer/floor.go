@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -87,8 +88,11 @@ type floor struct {
 	// takes nothing (lowerUntilEmpty).
 	untilEmpty bool
 	// notifications counts the notifications that lowered the floor since
-	// the last drain took it (coalesce.go waits for a few).
+	// the last drain took it (coalesce.go waits for a few); notifyRate is
+	// their decayed rate as of lastNotify (decayedRate).
 	notifications int
+	notifyRate    float64
+	lastNotify    time.Time
 }
 
 func newFloor() *floor { return &floor{notified: noFloor, swept: noFloor} }
@@ -100,12 +104,22 @@ func (f *floor) lower(id int64) {
 	f.mu.Unlock()
 }
 
-// notify is lower for a notification's id, counted for coalescing.
-func (f *floor) notify(id int64) {
+// notify is lower for a notification's id, heard at now, counted for
+// coalescing.
+func (f *floor) notify(id int64, now time.Time) {
 	f.mu.Lock()
 	f.notified = min(f.notified, id)
 	f.notifications++
+	f.notifyRate = decayedRate(f.notifyRate, f.lastNotify, now, true)
+	f.lastNotify = now
 	f.mu.Unlock()
+}
+
+// rate is the notifications' decayed rate at now, a second.
+func (f *floor) rate(now time.Time) float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return decayedRate(f.notifyRate, f.lastNotify, now, false)
 }
 
 // pending is how many notifications lowered the floor since the last drain

@@ -177,7 +177,7 @@ func (s *Service) notified(payload string) {
 		s.gap(GapNoFloor, 1, zap.String("payload", truncate(payload, 64)))
 		low = fullPass
 	}
-	s.floor.notify(low)
+	s.floor.notify(low, time.Now())
 	if s.listening.Load() {
 		s.signal(wakeNotify)
 	}

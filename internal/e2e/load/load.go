@@ -164,6 +164,13 @@ type Phase struct {
 	// /proc/<pid>/stat; DBCPUOK is false when /proc could not be read.
 	DBCPU   time.Duration
 	DBCPUOK bool
+	// APICPU and DaemonCPU are the CPU time (user + system) of the
+	// rocketrides process (the API, and the River worker where it runs)
+	// and of idemd's daemon processes over the same window, from
+	// /proc/<pid>/stat; ProcCPUOK is false when a process could not be
+	// read.
+	APICPU, DaemonCPU time.Duration
+	ProcCPUOK         bool
 	// WALBytes the server wrote during the measured window
 	// (pg_current_wal_insert_lsn before and after). Server-wide: other
 	// databases' writes at the same time count too.
@@ -182,6 +189,18 @@ func (p Phase) ConflictRate() float64 {
 		return 0
 	}
 	return float64(p.Status[http.StatusConflict]) / float64(p.Requests)
+}
+
+// APICPUPerRequest and DaemonCPUPerRequest are APICPU and DaemonCPU over
+// the answered requests.
+func (p Phase) APICPUPerRequest() time.Duration    { return perRequest(p.APICPU, p.Requests) }
+func (p Phase) DaemonCPUPerRequest() time.Duration { return perRequest(p.DaemonCPU, p.Requests) }
+
+func perRequest(d time.Duration, n int) time.Duration {
+	if n == 0 {
+		return 0
+	}
+	return d / time.Duration(n)
 }
 
 // CPUPerRequest is DBCPU over the answered requests.
@@ -403,7 +422,7 @@ func (b *bench) run(ctx context.Context, cfg Config, spec runSpec) (ph Phase, er
 		return ph, err
 	}
 	b.opts.Logf("load: %s, %s, %d clients, %s (%s warm-up)", cfg.Name, ph.Isolation, spec.clients, spec.length, b.opts.Warmup)
-	if err := b.drive(ctx, rr.APIURL, riders, dbName, spec, &ph); err != nil {
+	if err := b.drive(ctx, rr.APIURL, riders, dbName, spec, &ph, procMeter{api: rr.Proc, daemons: procs}); err != nil {
 		return ph, err
 	}
 	for _, p := range append([]*system.Proc{rr.Proc}, procs...) {
@@ -558,7 +577,7 @@ func (b *bench) daemons(cfg Config, dbURL, apiURL, secretPath, dir string) []fun
 // fresh key as soon as its previous one is answered. Requests started in
 // the warm-up are not measured; the database's CPU and WAL are measured
 // from the end of the warm-up to the end of the run.
-func (b *bench) drive(ctx context.Context, apiURL string, riders []string, dbName string, spec runSpec, ph *Phase) error {
+func (b *bench) drive(ctx context.Context, apiURL string, riders []string, dbName string, spec runSpec, ph *Phase, procs procMeter) error {
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: spec.clients}}
 	defer client.CloseIdleConnections()
 	runCtx, cancel := context.WithTimeout(ctx, spec.length)
@@ -627,6 +646,7 @@ func (b *bench) drive(ctx context.Context, apiURL string, riders []string, dbNam
 	}
 	lsn, lsnErr := walLSN(ctx, b.admin)
 	cpuErr := cpu.sample(ctx)
+	api0, daemons0, procErr := procs.sample()
 	mu.Lock()
 	measuring = true
 	mu.Unlock()
@@ -645,6 +665,14 @@ func (b *bench) drive(ctx context.Context, apiURL string, riders []string, dbNam
 	tick.Stop()
 	if err := cpu.sample(ctx); err != nil && cpuErr == nil {
 		cpuErr = err
+	}
+	api1, daemons1, err := procs.sample()
+	if procErr == nil {
+		procErr = err
+	}
+	ph.APICPU, ph.DaemonCPU, ph.ProcCPUOK = api1-api0, daemons1-daemons0, procErr == nil
+	if procErr != nil {
+		b.opts.Logf("load: process CPU not measured: %v", procErr)
 	}
 	ph.Duration = time.Since(start)
 	if lsnErr == nil {
@@ -684,6 +712,9 @@ func merge(a, b Phase) Phase {
 	a.Errors += b.Errors
 	a.DBCPU += b.DBCPU
 	a.DBCPUOK = a.DBCPUOK && b.DBCPUOK
+	a.APICPU += b.APICPU
+	a.DaemonCPU += b.DaemonCPU
+	a.ProcCPUOK = a.ProcCPUOK && b.ProcCPUOK
 	a.WALBytes += b.WALBytes
 	a.RiverJobs += b.RiverJobs
 	a.Staged += b.Staged

@@ -114,6 +114,9 @@ func TestLoadSmoke(t *testing.T) {
 	if c.RiverJobs == 0 {
 		t.Error("(c): the enqueuers moved no staged job into River")
 	}
+	if !a.ProcCPUOK || !c.ProcCPUOK || a.APICPU <= 0 || c.DaemonCPU <= 0 || a.DaemonCPU != 0 {
+		t.Errorf("process CPU: (a) API %s, daemons %s; (c) API %s, daemons %s (ok %v %v)", a.APICPU, a.DaemonCPU, c.APICPU, c.DaemonCPU, a.ProcCPUOK, c.ProcCPUOK)
+	}
 	if rc := rep.Conflicts[0]; rc.Isolation != "read-committed" || rc.Status[409] != 0 {
 		t.Errorf("read committed, distinct keys: %v", rc.Status)
 	}
@@ -140,8 +143,9 @@ func TestStagingCost(t *testing.T) {
 	b := rep.Cost[0]
 	for _, ph := range rep.Cost {
 		tp, p99 := Ratio(ph, b)
-		t.Logf("| %s | %.0f req/s (%.2f× b) | p50 %.1f ms | p99 %.1f ms (%.2f× b) | %.2f ms CPU/req | %.1f kB WAL/req | River jobs %d, staged %d |",
+		t.Logf("| %s | %.0f req/s (%.2f× b) | p50 %.1f ms | p99 %.1f ms (%.2f× b) | %.2f ms DB CPU/req | %.2f ms API CPU/req | %.2f ms daemons' CPU/req | %.1f kB WAL/req | River jobs %d, staged %d |",
 			ph.Name, ph.Throughput, tp, float64(ph.P50)/1e6, float64(ph.P99)/1e6, p99,
-			float64(ph.CPUPerRequest())/1e6, ph.WALPerRequest()/1e3, ph.RiverJobs, ph.Staged)
+			float64(ph.CPUPerRequest())/1e6, float64(ph.APICPUPerRequest())/1e6, float64(ph.DaemonCPUPerRequest())/1e6,
+			ph.WALPerRequest()/1e3, ph.RiverJobs, ph.Staged)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemd/idemd/internal/e2e/system"
 )
 
 // clockTick is Linux's USER_HZ, the unit of /proc/<pid>/stat's CPU times
@@ -226,4 +228,37 @@ func withParam(u, k, v string) (string, error) {
 	q.Set(k, v)
 	parsed.RawQuery = q.Encode()
 	return parsed.String(), nil
+}
+
+// procMeter reads the CPU time the API's process and the daemons' have
+// used so far. A process restarted during the window would be measured
+// wrongly; run fails on any restart.
+type procMeter struct {
+	api     *system.Proc
+	daemons []*system.Proc
+}
+
+func (m procMeter) sample() (api, daemons time.Duration, err error) {
+	read := func(p *system.Proc) (time.Duration, error) {
+		pid := p.Pid()
+		if pid == 0 {
+			return 0, fmt.Errorf("cpu: %s is not running", p.Name)
+		}
+		st, err := readProcStat(pid)
+		if err != nil {
+			return 0, err
+		}
+		return time.Duration(st.utime+st.stime) * clockTick, nil
+	}
+	if api, err = read(m.api); err != nil {
+		return 0, 0, err
+	}
+	for _, p := range m.daemons {
+		d, err := read(p)
+		if err != nil {
+			return 0, 0, err
+		}
+		daemons += d
+	}
+	return api, daemons, nil
 }

@@ -122,6 +122,16 @@ type Proc struct {
 	log        *os.File
 }
 
+// Pid is the running process's id, 0 when it is not running.
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Start starts the process (again). Output is appended to LogPath.
 func (p *Proc) Start() error {
 	p.mu.Lock()
