@@ -137,3 +137,25 @@ func TestCoalesceReturnsOnceEnoughNotificationsArrive(t *testing.T) {
 		t.Fatal("coalesce still waits after enough notifications")
 	}
 }
+
+// A pass ends after a drain that took few rows (the next one waits for
+// company in coalesce), goes on behind a backlog, and with coalescing off
+// drains whatever the floor asks for.
+func TestEndPass(t *testing.T) {
+	for _, c := range []struct {
+		window time.Duration
+		taken  int
+		want   bool
+	}{
+		{50 * time.Millisecond, 0, true},
+		{50 * time.Millisecond, 2, true},
+		{50 * time.Millisecond, coalesceRows - 1, true},
+		{50 * time.Millisecond, coalesceRows, false},
+		{50 * time.Millisecond, 5000, false},
+		{0, 1, false},
+	} {
+		if got := endPass(c.window, c.taken); got != c.want {
+			t.Errorf("window %s, %d rows: %v, want %v", c.window, c.taken, got, c.want)
+		}
+	}
+}

@@ -369,12 +369,29 @@ func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, erro
 		}
 		if spec.untilEmpty && d.taken() > 0 {
 			s.floor.lowerUntilEmpty()
+			continue
+		}
+		if endPass(s.cfg.WakeCoalesce, d.taken()) {
+			break
 		}
 	}
 	if res.taken() > 0 {
 		s.logger.Debug("drained", res.fields()...)
 	}
 	return res, nil
+}
+
+// endPass reports whether a pass ends after a drain that took taken rows
+// though the floor may ask for more. Under a stream of commits every drain
+// finds a notification or two that arrived while it ran; draining them at
+// once would chase each commit with a transaction of its own and never
+// reach the wait in coalesce (at 1,000 commits a second: 1.8 rows per
+// transaction). So a drain that took few rows ends the pass when
+// coalescing is on; the wake-up those notifications left pending starts
+// the next pass, which waits for company first. A drain behind a backlog
+// goes on.
+func endPass(window time.Duration, taken int) bool {
+	return window > 0 && taken < coalesceRows
 }
 
 // drain runs batches from spec.from until one comes back short, or stop
