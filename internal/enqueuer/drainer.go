@@ -64,34 +64,32 @@ SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalive
 SET client_connection_check_interval = '5s'`
 
 // elect takes the drainer lock on the listener's connection conn, or
-// stands by until it can: it returns drainer true when the lock was free,
-// and false once it took the lock from a drainer that went away (or ctx
-// ended). A standby does not listen while it waits.
-func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (drainer bool, err error) {
+// stands by until it can, and returns the cause of the full pass the new
+// drainer runs: wakeReconnect when the lock was free (the listener just
+// connected), wakeDrainer when it took over from a drainer that went away.
+// A standby does not listen while it waits.
+func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err error) {
 	var got bool
 	if err := conn.QueryRow(ctx, drainerTryLockSQL, pgx.QueryExecModeSimpleProtocol).Scan(&got); err != nil {
-		return false, fmt.Errorf("enqueuer listen: try the drainer lock: %w", err)
+		return "", fmt.Errorf("enqueuer listen: try the drainer lock: %w", err)
 	}
 	if got {
-		return true, nil
+		return wakeReconnect, nil
 	}
 	if _, err := conn.Exec(ctx, "UNLISTEN *"); err != nil {
-		return false, fmt.Errorf("enqueuer listen: unlisten to stand by: %w", err)
+		return "", fmt.Errorf("enqueuer listen: unlisten to stand by: %w", err)
 	}
 	s.metrics.standby.Set(1)
 	s.signals.standby.Signal(struct{}{})
 	s.logger.Info("standing by: another replica is the drainer; this one sweeps every --poll-interval and takes over when the drainer goes")
 	defer s.metrics.standby.Set(0)
 	if _, err := conn.Exec(ctx, drainerLockSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-		if ctx.Err() != nil {
-			return false, nil
-		}
-		return false, fmt.Errorf("enqueuer listen: wait for the drainer lock: %w", err)
+		return "", fmt.Errorf("enqueuer listen: wait for the drainer lock: %w", err)
 	}
 	if _, err := conn.Exec(ctx, listenSQL); err != nil {
-		return false, fmt.Errorf("enqueuer listen: %w", err)
+		return "", fmt.Errorf("enqueuer listen: %w", err)
 	}
 	s.logger.Info("took over as the drainer: the previous drainer's session ended")
 	s.metrics.takeovers.Inc()
-	return false, nil
+	return wakeDrainer, nil
 }

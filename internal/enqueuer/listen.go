@@ -80,16 +80,9 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 		return err
 	}
 	s.signals.listenerChecked.Signal(0)
-	cause := wakeReconnect
-	drainer, err := s.elect(ctx, conn)
+	cause, err := s.elect(ctx, conn)
 	if err != nil {
 		return err
-	}
-	if !drainer {
-		if ctx.Err() != nil {
-			return nil
-		}
-		cause = wakeDrainer
 	}
 	// The drainer: notifications wake the loop from here on, and a full
 	// pass finds what was committed while this replica did not listen
@@ -142,10 +135,9 @@ func (s *Service) heard(payload string, check *selfCheck) {
 // before it waits for the drainer lock: it sends a NOTIFY through the
 // pool and reads conn until it comes back, within --listener-check-timeout.
 func (s *Service) probeListener(ctx context.Context, conn *pgx.Conn, check *selfCheck) error {
-	payload := fmt.Sprintf("%s%s:probe", listenerCheckPrefix, s.instance)
-	came := check.expect(payload)
-	if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, payload); err != nil {
-		return fmt.Errorf("enqueuer listen: send the self-check NOTIFY: %w", err)
+	came, err := s.sendCheck(ctx, check, "probe")
+	if err != nil {
+		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, s.cfg.ListenerCheckTimeout)
 	defer cancel()
@@ -169,8 +161,10 @@ func (s *Service) probeListener(ctx context.Context, conn *pgx.Conn, check *self
 // notified handles a staged_jobs notification: its payload is the lowest
 // id its statement inserted (migration 00015), where the next drain must
 // start at the latest. One without a number makes the next drain a full
-// pass. Only the drainer wakes for it (drainer.go); a standby's floor
-// remembers it for its next drain (a sweep's, or its first as drainer).
+// pass. It wakes the loop only once the listener is the drainer
+// (drainer.go); one heard during the first self-check, before the
+// election, lowers the floor for the full pass the drainer starts with.
+// A standby has stopped listening and hears none.
 func (s *Service) notified(payload string) {
 	low, err := strconv.ParseInt(payload, 10, 64)
 	if err != nil {
@@ -204,15 +198,12 @@ func (s *Service) checkListener(ctx context.Context, check *selfCheck) error {
 			return nil
 		case <-t.C:
 		}
-		payload := fmt.Sprintf("%s%s:%d", listenerCheckPrefix, s.instance, seq)
-		// Expected before it is sent: the listener may hear it before
-		// pg_notify returns.
-		came := check.expect(payload)
-		if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, payload); err != nil {
+		came, err := s.sendCheck(ctx, check, strconv.Itoa(seq))
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("enqueuer listen: send the self-check NOTIFY: %w", err)
+			return err
 		}
 		timeout := time.NewTimer(s.cfg.ListenerCheckTimeout)
 		select {
@@ -226,6 +217,20 @@ func (s *Service) checkListener(ctx context.Context, check *selfCheck) error {
 		}
 		s.signals.listenerChecked.Signal(seq)
 	}
+}
+
+// sendCheck sends this replica's self-check payload named name through
+// the pool, the path the API's own notifications take, and returns a
+// channel closed when the listener hears it.
+func (s *Service) sendCheck(ctx context.Context, check *selfCheck, name string) (<-chan struct{}, error) {
+	payload := fmt.Sprintf("%s%s:%s", listenerCheckPrefix, s.instance, name)
+	// Expected before it is sent: the listener may hear it before
+	// pg_notify returns.
+	came := check.expect(payload)
+	if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, payload); err != nil {
+		return nil, fmt.Errorf("enqueuer listen: send the self-check NOTIFY: %w", err)
+	}
+	return came, nil
 }
 
 // checkFailed counts a self-check that did not come back in time and
