@@ -28,7 +28,7 @@ func E2E(ctx context.Context, adminURL string, scale Scale, logf func(string, ..
 			Suite: "e2e",
 			Name:  fmt.Sprintf("POST /rides, %d clients, %d×%s: %s", ph.Clients, ph.Runs, run, ph.Name),
 			Value: fmt.Sprintf("%.0f req/s, p50 %s, p99 %s; DB CPU %s/req, API process %s/req, daemons %s/req, WAL %.1f kB/req; 409s %.2f %%",
-				ph.Throughput, Dur(ph.P50), Dur(ph.P99), cpuPerRequest(ph), procCPU(ph, ph.APICPUPerRequest()), procCPU(ph, ph.DaemonCPUPerRequest()),
+				ph.Throughput, Dur(ph.P50), Dur(ph.P99), msPerRequest(ph.DBCPUOK, ph.CPUPerRequest()), msPerRequest(ph.ProcCPUOK, ph.APICPUPerRequest()), msPerRequest(ph.ProcCPUOK, ph.DaemonCPUPerRequest()),
 				ph.WALPerRequest()/1e3, 100*ph.ConflictRate()),
 		}
 		if i > 0 {
@@ -81,17 +81,10 @@ func E2E(ctx context.Context, adminURL string, scale Scale, logf func(string, ..
 	return nil
 }
 
-func cpuPerRequest(ph load.Phase) string {
-	if !ph.DBCPUOK {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.2f ms", float64(ph.CPUPerRequest())/float64(time.Millisecond))
-}
-
-// procCPU is a process CPU figure per request, or n/a when /proc could not
-// be read.
-func procCPU(ph load.Phase, d time.Duration) string {
-	if !ph.ProcCPUOK {
+// msPerRequest is a CPU figure per request in milliseconds, or n/a when
+// /proc could not be read (ok false).
+func msPerRequest(ok bool, d time.Duration) string {
+	if !ok {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))

@@ -204,12 +204,7 @@ func perRequest(d time.Duration, n int) time.Duration {
 }
 
 // CPUPerRequest is DBCPU over the answered requests.
-func (p Phase) CPUPerRequest() time.Duration {
-	if p.Requests == 0 {
-		return 0
-	}
-	return p.DBCPU / time.Duration(p.Requests)
-}
+func (p Phase) CPUPerRequest() time.Duration { return perRequest(p.DBCPU, p.Requests) }
 
 // WALPerRequest is WALBytes over the answered requests.
 func (p Phase) WALPerRequest() float64 {
