@@ -322,6 +322,29 @@ func newService(p *pgxpool.Pool, change func(*enqueuer.Settings), reg prometheus
 	return enqueuer.New(cfg)
 }
 
+// startService starts an enqueuer (newService's) on a pool of its own
+// with poolCfg, as a separate process would have. stop stops it and
+// closes the pool; calls after the first do nothing and return its error.
+func startService(ctx context.Context, poolCfg *pgxpool.Config, change func(*enqueuer.Settings), reg prometheus.Registerer) (stop func() error, err error) {
+	p, err := pgxpool.NewWithConfig(ctx, poolCfg.Copy())
+	if err != nil {
+		return nil, err
+	}
+	svc, err := newService(p, change, reg)
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	if err := svc.Start(ctx); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return sync.OnceValue(func() error {
+		defer p.Close()
+		return svc.Stop(ctx)
+	}), nil
+}
+
 // enqueuer drains with n replicas, each on its own pool as separate
 // processes would be.
 func (b *bench) enqueuer(n int, change func(*enqueuer.Settings)) func(context.Context) error {
@@ -375,24 +398,11 @@ func (b *bench) latency(ctx context.Context, name string, change func(*enqueuer.
 	if _, err := b.pool.Exec(ctx, `TRUNCATE staged_jobs, river_job`); err != nil {
 		return nil, err
 	}
-	svcPool, err := pgxpool.NewWithConfig(ctx, svcPoolCfg.Copy())
+	stop, err := startService(ctx, svcPoolCfg, change, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer svcPool.Close()
-	svc, err := newService(svcPool, change, nil)
-	if err != nil {
-		return nil, err
-	}
-	if err := svc.Start(ctx); err != nil {
-		return nil, err
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			svc.Stop(ctx) //nolint:errcheck
-		}
-	}()
+	defer stop() //nolint:errcheck // after the explicit stop below, a no-op
 
 	// The first seconds are a warm-up and are not measured: a daemon runs
 	// for days, and its pool's first connections (each opened, authenticated
@@ -459,8 +469,7 @@ func (b *bench) latency(ctx context.Context, name string, change func(*enqueuer.
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	stopped = true
-	if err := svc.Stop(ctx); err != nil {
+	if err := stop(); err != nil {
 		return nil, err
 	}
 

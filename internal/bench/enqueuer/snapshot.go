@@ -141,25 +141,12 @@ func snapshotRun(ctx context.Context, pool *pgxpool.Pool, opts SnapshotOptions, 
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE staged_jobs, river_job`); err != nil {
 		return nil, err
 	}
-	svcPool, err := pgxpool.NewWithConfig(ctx, pool.Config().Copy())
-	if err != nil {
-		return nil, err
-	}
-	defer svcPool.Close()
 	reg := prometheus.NewRegistry()
-	svc, err := newService(svcPool, nil, reg)
+	stop, err := startService(ctx, pool.Config(), nil, reg)
 	if err != nil {
 		return nil, err
 	}
-	if err := svc.Start(ctx); err != nil {
-		return nil, err
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			svc.Stop(ctx) //nolint:errcheck
-		}
-	}()
+	defer stop() //nolint:errcheck // after the explicit stop below, a no-op
 
 	// The stagers: one row per transaction, from several connections, paced
 	// against the start time. Each records when its INSERT returned (the
@@ -339,8 +326,7 @@ func snapshotRun(ctx context.Context, pool *pgxpool.Pool, opts SnapshotOptions, 
 			return nil, err
 		}
 	}
-	stopped = true
-	if err := svc.Stop(ctx); err != nil {
+	if err := stop(); err != nil {
 		return nil, err
 	}
 
