@@ -3,9 +3,11 @@
 // a transaction-mode pooler.
 //
 // A lease is a row in idemd_leases (name, holder, expires_at). It is taken
-// when free or expired, renewed inside every transaction it guards (Renew
-// takes the row lock, so a takeover waits for the guarded transaction to end
-// and then finds the renewed expiry), and deleted when the task ends. A
+// when free or expired, and every transaction it guards locks its row:
+// Renew renews it and takes the exclusive lock (one guarded transaction at
+// a time), Fence takes the share lock (several at once, renewed between
+// them). Either way a takeover waits for the guarded transactions to end
+// and then finds the expiry last renewed. It is deleted when the task ends. A
 // holder that dies leaves a lease that expires by itself within its TTL.
 //
 // It replaces session advisory locks, which belong to one server
@@ -141,6 +143,29 @@ func Renew(ctx context.Context, db DB, name, holder string, ttl time.Duration) e
 	tag, err := db.Exec(ctx, renewSQL, pgx.NamedArgs{"name": name, "holder": holder, "ttl": ttl})
 	if err != nil {
 		return fmt.Errorf("lease %s: renew: %w", name, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("lease %s held by %s: %w", name, holder, ErrLost)
+	}
+	return nil
+}
+
+// fenceSQL takes the lease row's share lock for the rest of the
+// transaction it runs in, if the lease is still holder's.
+const fenceSQL = `SELECT 1 FROM idemd_leases WHERE name = @name AND holder = @holder FOR SHARE`
+
+// Fence guards the transaction it runs in like Renew, without renewing:
+// the row's share lock keeps a taker out until the transaction ends (a
+// taker's upsert needs the row's exclusive lock), but, unlike Renew's
+// exclusive lock, it does not exclude the holder's other fenced
+// transactions, so a holder can run several guarded transactions at once.
+// The holder renews between them (a Renew waits for every fence to end).
+// ErrLost when the lease is no longer holder's.
+func Fence(ctx context.Context, tx pgx.Tx, name, holder string) error {
+	// A SELECT's command tag counts its rows.
+	tag, err := tx.Exec(ctx, fenceSQL, pgx.NamedArgs{"name": name, "holder": holder})
+	if err != nil {
+		return fmt.Errorf("lease %s: fence: %w", name, err)
 	}
 	if tag.RowsAffected() != 1 {
 		return fmt.Errorf("lease %s held by %s: %w", name, holder, ErrLost)

@@ -7,8 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/lease"
+	"github.com/idemd/idemd/internal/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -131,5 +134,71 @@ func TestConcurrentAcquireOneWinner(t *testing.T) {
 		if winners != 1 {
 			t.Fatalf("round %d: %d takers got the lease", round, winners)
 		}
+	}
+}
+
+// TestFenceLetsTheHolderOverlap: two transactions fenced by the same
+// holder run at once; while either is open a taker is told the holder is
+// busy, even after the expiry, and a renewal waits for both to end. A
+// fence by a holder who lost the lease fails.
+func TestFenceLetsTheHolderOverlap(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	if a, err := lease.Acquire(ctx, pool, "task", "a", time.Hour); err != nil || !a.Acquired {
+		t.Fatalf("acquire: %+v, %v", a, err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE idemd_leases SET expires_at = clock_timestamp() - interval '1 second'"); err != nil {
+		t.Fatal(err)
+	}
+	var txs []pgx.Tx
+	for range 2 {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		// A lock_timeout makes a fence that waited for the other fail here
+		// instead of hanging the test.
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '2s'"); err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Fence(ctx, tx, "task", "a"); err != nil {
+			t.Fatalf("fence %d: %v", len(txs)+1, err)
+		}
+		txs = append(txs, tx)
+	}
+	b, err := lease.Acquire(ctx, pool, "task", "b", time.Hour)
+	if err != nil || !b.Busy || b.Acquired {
+		t.Fatalf("acquire during the fenced transactions: %+v, %v", b, err)
+	}
+
+	renewed := make(chan error, 1)
+	go func() { renewed <- lease.Renew(ctx, pool, "task", "a", time.Hour) }()
+	// The renewal must be waiting on the row lock the fences hold.
+	testwait.Until(t, 10*time.Second, "the renewal waits for the fences", func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE idemd_leases%')`).Scan(&waiting)
+		return err == nil && waiting
+	})
+	for _, tx := range txs {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-renewed; err != nil {
+		t.Fatalf("renew after the fences: %v", err)
+	}
+	if b, err := lease.Acquire(ctx, pool, "task", "b", time.Hour); err != nil || b.Acquired || b.PrevHolder != "a" {
+		t.Fatalf("acquire after the renewal: %+v, %v", b, err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if err := lease.Fence(ctx, tx, "task", "b"); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("fence by a non-holder: %v, want ErrLost", err)
 	}
 }

@@ -40,6 +40,10 @@ type batchJob struct {
 	run    int64        // the run's row in idemd_reaper_runs
 	limit  int          // keys it may delete
 	cursor *batchCursor // where it starts (after); nil: from the oldest key
+	// until, in a concurrent round, is where the next batch of the round
+	// starts: this batch takes only keys created before it (the range form
+	// only). nil: the batch finds its own end.
+	until *time.Time
 	// deleted and flagged by the run's committed batches, for the caps.
 	deleted, flagged int64
 	// walCompression of its transaction; empty: the server's.
@@ -168,11 +172,13 @@ func (s *Service) beginBatch(ctx context.Context, tx pgx.Tx, lockTimeout time.Du
 	if _, err := tx.Exec(ctx, settings, args); err != nil {
 		return fmt.Errorf("set batch settings: %w", err)
 	}
-	// The lease fences the batch: its row stays locked until the batch
-	// commits, so no other run can take the lease while this batch's
+	// The lease fences the batch: its row stays share-locked until the
+	// batch commits, so no other run can take the lease while this batch's
 	// deletions are uncommitted, and a run that lost its lease (it stalled
-	// past --lease-ttl and another run took over) stops here.
-	return lease.Renew(ctx, tx, LeaseName, s.holder, s.cfg.LeaseTTL)
+	// past --lease-ttl and another run took over) stops here. A share lock,
+	// so the batches of one round do not wait for each other; the run
+	// renews the lease before each round (reap).
+	return lease.Fence(ctx, tx, LeaseName, s.holder)
 }
 
 // execBatch runs the batch's statement.
@@ -228,5 +234,6 @@ func (s *Service) batchArgs(job batchJob) pgx.NamedArgs {
 	if job.cursor != nil {
 		args["cursor_at"], args["cursor_id"] = job.cursor.createdAt, job.cursor.id
 	}
+	args["until"] = job.until
 	return args
 }

@@ -17,6 +17,9 @@ import (
 
 // Rules that are not defaults.
 const (
+	// MaxConcurrency bounds --concurrency: more batches at once than a
+	// database has cores only queue on its locks and its WAL.
+	MaxConcurrency = 64
 	// MinRetention guards against a typo ("--retention 72s") deleting keys
 	// that clients may still legitimately retry.
 	MinRetention = time.Hour
@@ -55,7 +58,8 @@ type Settings struct {
 	Schedule         string        `name:"schedule" default:"${schedule}" help:"Keep running and reap on this schedule: a robfig/cron spec (\"@every 1h\", \"@hourly\", \"15 * * * *\"). Empty: one run and exit."`
 	DryRun           bool          `name:"dry-run" default:"${dry_run}" help:"Change nothing: print how many keys would be deleted and which would be flagged for review."`
 	BatchSize        int           `name:"batch-size" default:"${batch_size}" help:"Keys deleted per batch; each batch is its own transaction."`
-	BatchPause       time.Duration `name:"batch-pause" default:"${batch_pause}" help:"Pause between batches, giving the API's writes room on a busy table."`
+	BatchPause       time.Duration `name:"batch-pause" default:"${batch_pause}" help:"Pause between batches (between rounds with --concurrency), giving the API's writes room on a busy table."`
+	Concurrency      int           `name:"concurrency" default:"${concurrency}" help:"Batches run at once, each in its own transaction on its own pooled connection, on consecutive ranges of keys: up to this many database cores. For catching up on a backlog, or a schema whose foreign keys make each deletion cost more; the pool needs as many connections (pool_max_conns)."`
 	StatementTimeout time.Duration `name:"statement-timeout" default:"${statement_timeout}" help:"statement_timeout of each batch (SET LOCAL). A batch that times out is retried at half the size."`
 	MaxRuntime       time.Duration `name:"max-runtime" default:"${max_runtime}" help:"Stop starting new batches after this long; the next run continues."`
 	MaxDeletes       int64         `name:"max-deletes" default:"${max_deletes}" help:"Refuse (exit 1) a run that would delete more keys than this. 0: no cap."`
@@ -78,8 +82,12 @@ func DefaultSettings() Settings {
 		// pause and commit, spread over more keys) and by 2% more at 50k,
 		// while each batch's transaction (its row locks, its WAL, the work
 		// a failed batch rolls back) keeps growing with the size.
-		BatchSize:        30000,
-		BatchPause:       10 * time.Millisecond,
+		BatchSize:  30000,
+		BatchPause: 10 * time.Millisecond,
+		// One batch at a time: a run then uses at most one of the
+		// database's cores and leaves the rest to the API. More is for an
+		// operator who knows the cores are there (docs/reaper.md).
+		Concurrency:      1,
 		StatementTimeout: 15 * time.Second,
 		MaxRuntime:       time.Hour,
 		FlaggedBy:        "reaper",
@@ -111,6 +119,9 @@ func (s *Settings) Check() []string {
 	p := s.Eligibility.Check()
 	if s.BatchSize < 1 || s.BatchSize > MaxBatchSize {
 		p = append(p, fmt.Sprintf("--batch-size %d must be between 1 and %d", s.BatchSize, MaxBatchSize))
+	}
+	if s.Concurrency < 1 || s.Concurrency > MaxConcurrency {
+		p = append(p, fmt.Sprintf("--concurrency %d must be between 1 and %d", s.Concurrency, MaxConcurrency))
 	}
 	if s.BatchPause < 0 {
 		p = append(p, "--batch-pause must not be negative")
@@ -165,6 +176,12 @@ func (c *Config) check() error {
 	p := c.Settings.Check()
 	if c.Pool == nil {
 		p = append(p, "a database pool is required")
+	} else if conns := c.Pool.Config().MaxConns; int64(conns) < int64(c.Concurrency) {
+		// Every batch of a round holds a connection. (The lease's
+		// heartbeat waits for the round to end anyway, so it needs none of
+		// its own.)
+		p = append(p, fmt.Sprintf("--concurrency %d needs a pool of at least %d connections, the pool has %d: add pool_max_conns=%d to the connection URL",
+			c.Concurrency, c.Concurrency, conns, c.Concurrency))
 	}
 	return config.Problems(p)
 }

@@ -32,10 +32,12 @@ type metrics struct {
 	batchTimeouts  prometheus.Counter
 	lockedBatches  prometheus.Counter
 	orderedBatches prometheus.Counter
-	runDuration    prometheus.Histogram
-	batchDuration  prometheus.Histogram
-	lastSuccess    *unsetGauge
-	leaseTakeovers prometheus.Counter
+	// concurrentBatches: committed in a round beside other batches.
+	concurrentBatches prometheus.Counter
+	runDuration       prometheus.Histogram
+	batchDuration     prometheus.Histogram
+	lastSuccess       *unsetGauge
+	leaseTakeovers    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -68,6 +70,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_reaper_ordered_batches_total",
 			Help: "Batches whose created_at range held nothing to delete (more than a batch of keys on one created_at, or all in flight), redone in id order.",
 		}),
+		concurrentBatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_reaper_concurrent_batches_total",
+			Help: "Batches committed in a round beside other batches (--concurrency above 1).",
+		}),
 		runDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "idemd_reaper_run_duration_seconds",
 			Help:    "Duration of reaper runs that took the lock.",
@@ -96,7 +102,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers} {
+	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.concurrentBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("reaper: register metrics: %w", err)
 		}

@@ -3,10 +3,10 @@
 // idempotency_key_reviews in the same statement that deletes them, so no
 // unprocessable key disappears silently (docs/design.md, invariant 4).
 //
-// A run holds the reaper's lease (internal/lease), renewed inside every
-// batch, so runs never overlap whether they come from a CronJob, a manual
-// run or a second Deployment, and whatever pooler sits between them and the
-// database; a run that finds another live run says so and ends
+// A run holds the reaper's lease (internal/lease), renewed before every
+// round of batches and fenced by each batch, so runs never overlap whether
+// they come from a CronJob, a manual run or a second Deployment, and
+// whatever pooler sits between them and the database; a run that finds another live run says so and ends
 // successfully, and a run that finds the lease of a dead run waits for it
 // to expire and takes over. Each batch is its own transaction on any pooled
 // connection, with every setting local to it: a failing batch never undoes
@@ -70,6 +70,8 @@ type Result struct {
 	// LockedBatches met a key whose row lock another transaction held and
 	// were redone skipping locked keys.
 	LockedBatches int
+	// ConcurrentBatches ran in a round beside other batches (--concurrency).
+	ConcurrentBatches int
 	// OrderedBatches found nothing to delete in their created_at range
 	// although keys were left (more than a batch of keys share one
 	// created_at, or every key in the range is in flight) and were redone
@@ -133,9 +135,9 @@ type testSignals struct {
 // wal_compression test), change or count the table between two batches
 // (the boundary and cap tests). nil in production.
 type testHooks struct {
-	afterLock  func(ctx context.Context)            // the lease is held, no batch yet
-	inBatch    func(ctx context.Context, tx pgx.Tx) // a batch's settings are in force, its statement not run yet
-	afterBatch func(ctx context.Context, batch int) // a batch committed, the next not begun
+	afterLock  func(ctx context.Context)              // the lease is held, no batch yet
+	inBatch    func(ctx context.Context, tx pgx.Tx)   // a batch's settings are in force, its statement not run yet
+	afterRound func(ctx context.Context, batches int) // a round's batches ended (batches committed so far), the next round not begun
 }
 
 // New validates cfg and builds a Service. A bad configuration returns a
@@ -280,12 +282,14 @@ func (s *Service) probeWALCompression(ctx context.Context) bool {
 	return false
 }
 
-// reap deletes batches until one comes back short (nothing eligible left),
-// the run's time is up, the run is asked to stop (soft), or a batch fails
-// for good. Batches run on ctx: only it cuts one short.
+// reap deletes keys round by round (round.go) until a batch comes back
+// short (nothing eligible left), the run's time is up, the run is asked to
+// stop (soft), or a batch fails for good. Batches run on ctx: only it cuts
+// one short.
 func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, run int64) error {
 	size := s.cfg.BatchSize
 	var cursor *batchCursor
+	alone := false // the next round redoes a batch of a concurrent round
 	for {
 		if soft.Err() != nil {
 			res.StopReason = "shutdown"
@@ -295,6 +299,12 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 			res.StopReason = "max_runtime"
 			return nil
 		}
+		// The round's batches only fence the lease, so renew it now: they
+		// run under an expiry that outlasts any of them (--lease-ttl is
+		// longer than --statement-timeout).
+		if err := lease.Renew(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL); err != nil {
+			return s.roundFailed(ctx, err, res)
+		}
 		job := batchJob{
 			run:            run,
 			limit:          s.batchLimit(size, res.Deleted),
@@ -303,8 +313,20 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 			flagged:        res.Flagged,
 			walCompression: res.WALCompression,
 		}
-		b, err := s.runBatch(ctx, job, res)
+		width := roundWidth(&s.cfg.Settings, size, res.Deleted, res.Flagged)
+		if alone {
+			width = 1
+		}
+		jobs, err := s.planRound(ctx, job, width)
 		if err != nil {
+			return s.roundFailed(ctx, err, res)
+		}
+		end := s.runRound(ctx, jobs, res)
+		cursor, alone = end.cursor, end.alone
+		if alone {
+			s.logger.Debug("a batch of a concurrent round is redone alone", zap.Int("batches", res.Batches), zap.Error(end.err))
+		}
+		if end.err != nil {
 			if ctx.Err() != nil {
 				// The batch was cut (SIGTERM in a one-shot run, Stop's
 				// deadline) and rolled back: the run was stopped, not
@@ -312,24 +334,31 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 				res.StopReason = "shutdown"
 				return nil
 			}
-			if size, err = s.batchFailed(soft, err, size, res); err != nil {
+			if size, err = s.batchFailed(soft, end.err, size, res); err != nil {
 				return err
 			}
 			continue
 		}
-		s.account(res, b)
-		if s.hooks.afterBatch != nil {
-			s.hooks.afterBatch(soft, res.Batches)
+		if s.hooks.afterRound != nil {
+			s.hooks.afterRound(soft, res.Batches)
 		}
-		if !b.more {
+		if !end.more {
 			res.Complete = true
 			return nil
 		}
-		if b.cursor != nil {
-			cursor = b.cursor
-		}
 		s.pause(soft)
 	}
+}
+
+// roundFailed ends the run for a failure outside the batches (the lease's
+// renewal, the round's ranges).
+func (s *Service) roundFailed(ctx context.Context, err error, res *Result) error {
+	if ctx.Err() != nil {
+		res.StopReason = "shutdown"
+		return nil
+	}
+	res.StopReason = "error"
+	return fmt.Errorf("reaper: before batch %d: %w", res.Batches+1, err)
 }
 
 // batchLimit is how many keys the next batch may take: the batch size, or
@@ -457,6 +486,7 @@ func (s *Service) finish(res *Result, err error) {
 		zap.Int("batch_timeouts", res.BatchTimeouts),
 		zap.Int("locked_batches", res.LockedBatches),
 		zap.Int("ordered_batches", res.OrderedBatches),
+		zap.Int("concurrent_batches", res.ConcurrentBatches),
 		zap.Duration("duration", res.Duration),
 		zap.Bool("complete", res.Complete),
 		zap.Duration("retention", s.cfg.Retention),

@@ -74,7 +74,7 @@ func TestBoundaries(t *testing.T) {
 	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 2 })
 	svc.pinnedNow = &t0
 	left := []int64{queryInt(t, pool, "SELECT count(*) FROM idempotency_keys")}
-	svc.hooks.afterBatch = func(context.Context, int) {
+	svc.hooks.afterRound = func(context.Context, int) {
 		left = append(left, queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"))
 	}
 	res, err := svc.runOnce(ctx)
@@ -248,7 +248,7 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 			}
 		}
 		svc.hooks.afterLock = enter
-		svc.hooks.afterBatch = func(context.Context, int) {}
+		svc.hooks.afterRound = func(context.Context, int) {}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -446,7 +446,7 @@ func TestMaxDeletesDuringRun(t *testing.T) {
 	ctx := context.Background()
 	insertOldKeys(t, pool, 10)
 	svc := newService(t, pool, func(s *Settings) { s.MaxDeletes = 10; s.BatchSize = 4 })
-	svc.hooks.afterBatch = func(ctx context.Context, batch int) {
+	svc.hooks.afterRound = func(ctx context.Context, batch int) {
 		if batch == 1 {
 			if _, err := pool.Exec(ctx, `
 INSERT INTO idempotency_keys (created_at, idempotency_key, request_method, request_params, request_path, recovery_point, user_id, locked_at)
@@ -566,7 +566,7 @@ FROM generate_series(1, 25) g`); err != nil {
 	}
 	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
 	var left []int64
-	svc.hooks.afterBatch = func(context.Context, int) {
+	svc.hooks.afterRound = func(context.Context, int) {
 		left = append(left, queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"))
 	}
 	res, err := svc.runOnce(ctx)

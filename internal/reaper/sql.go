@@ -65,19 +65,27 @@ import "github.com/idemd/idemd/internal/review"
 // (unfinished), flagged (gave up), the cursor to continue from (created_at,
 // id; NULL when there is nothing after this batch), and whether more
 // eligible keys may be left.
+//
+// A batch of a concurrent round (round.go) is a range batch whose end the
+// round chose: @until, the next batch's start. Without it (NULL) the
+// statement finds its own bound.
 var rangeBatchSQL = `
-WITH bound AS (
+WITH found AS (
     -- The created_at of the (@batch_size+1)-th key from the cursor,
     -- eligible or not (counting only eligible keys would need the heap).
     -- NULL when no more than @batch_size are left, and then this batch is
-    -- the last.
+    -- the last. Not looked for when the round set the end.
     SELECT k.created_at
     FROM idempotency_keys k
-    WHERE ` + pastHorizon + `
+    WHERE @until::timestamptz IS NULL
+      AND ` + pastHorizon + `
       AND ` + fromCursorStart + `
     ORDER BY k.created_at
     OFFSET @batch_size::int
     LIMIT 1
+),
+bound AS (
+    SELECT COALESCE(@until::timestamptz, (SELECT created_at FROM found)) AS created_at
 ),
 deleted AS (
     DELETE FROM idempotency_keys k
@@ -87,7 +95,38 @@ deleted AS (
 ),` + reviewTail + `,
     -- The next batch starts at the bound's created_at, all its ids included.
     b.created_at, ` + minID + `, b.created_at IS NOT NULL
-FROM counts c LEFT JOIN bound b ON true`
+FROM counts c CROSS JOIN bound b`
+
+// roundBoundsSQL finds where the batches of a concurrent round start: the
+// created_at of the first key from the cursor, then the bound the range
+// form would find from there (the created_at of the (@batch_size+1)-th
+// key), then the bound it would find from that one, and so on, @width
+// rows in all, or fewer when the keys past the horizon run out. So the
+// round's batches are exactly those a sequential run would take, each at
+// most @batch_size keys: an index-only scan of @batch_size entries per
+// bound.
+var roundBoundsSQL = `
+WITH RECURSIVE bounds (i, created_at) AS (
+    SELECT 0, (
+        SELECT k.created_at
+        FROM idempotency_keys k
+        WHERE ` + pastHorizon + `
+          AND ` + fromCursorStart + `
+        ORDER BY k.created_at
+        LIMIT 1)
+    UNION ALL
+    SELECT b.i + 1, (
+        SELECT k.created_at
+        FROM idempotency_keys k
+        WHERE ` + pastHorizon + `
+          AND k.created_at >= b.created_at
+        ORDER BY k.created_at
+        OFFSET @batch_size::int
+        LIMIT 1)
+    FROM bounds b
+    WHERE b.i < @width::int - 1 AND b.created_at IS NOT NULL
+)
+SELECT created_at FROM bounds WHERE created_at IS NOT NULL ORDER BY i`
 
 var orderedBatchSQL = `
 WITH bound AS (
