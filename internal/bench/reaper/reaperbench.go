@@ -54,6 +54,12 @@ type Options struct {
 	// NULL, one ride per two keys): the reaper, the article's loop and the
 	// single DELETE on that schema, three more loads per throughput round.
 	SkipRides bool
+	// Concurrency of the extra reaper runs, one on each schema, beside the
+	// runs with the settings under test. Default 2; 1 skips them.
+	Concurrency int
+	// RidesOnly runs only the runs on the schema with the rides foreign key
+	// (the reaper, with and without Concurrency, and both anchors).
+	RidesOnly bool
 	// LatencyOnly measures only the concurrent insert p99 (for tuning the
 	// batch size and pause against it; the ratios need the full run).
 	LatencyOnly bool
@@ -79,6 +85,8 @@ type Row struct {
 	// referencing the keys (ON DELETE SET NULL); its ratios are against the
 	// anchors run on that same schema.
 	Rides bool
+	// Concurrency of a reaper run (--concurrency); 0 for the anchors.
+	Concurrency int
 	// Ratios against the anchors (keys/s over the anchor's keys/s).
 	VsArticle float64
 	VsSingle  float64
@@ -123,6 +131,7 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 	opts.BaselineDuration = cmp.Or(opts.BaselineDuration, 5*time.Second)
 	opts.LatencyRounds = cmp.Or(opts.LatencyRounds, 5)
 	opts.ThroughputRounds = cmp.Or(opts.ThroughputRounds, 2)
+	opts.Concurrency = cmp.Or(opts.Concurrency, 2)
 	if opts.Reaper == nil {
 		s := reaper.DefaultSettings()
 		opts.Reaper = &s
@@ -219,6 +228,9 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		}
 	}
 	for round := range b.opts.ThroughputRounds {
+		if b.opts.RidesOnly {
+			break
+		}
 		first := round == 0
 		row, err := b.reaperRound(ctx, r, first)
 		if err != nil {
@@ -242,6 +254,15 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 			}
 			keep(row)
 		}
+		if b.opts.Concurrency > 1 {
+			if err := b.load(ctx, r, false); err != nil {
+				return nil, err
+			}
+			if row, err = b.timeReaper(ctx, "reaper", b.concurrent); err != nil {
+				return nil, err
+			}
+			keep(row)
+		}
 	}
 
 	// 4. The reaper with the article's rides table referencing the keys,
@@ -260,6 +281,16 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 			}
 			row.Rides = true
 			keep(row)
+			if b.opts.Concurrency > 1 {
+				if err := b.load(ctx, r, true); err != nil {
+					return nil, err
+				}
+				if row, err = b.timeReaper(ctx, "reaper, "+ridesFK, b.concurrent); err != nil {
+					return nil, err
+				}
+				row.Rides = true
+				keep(row)
+			}
 			if row, err = b.articleRound(ctx, r, false, true); err != nil {
 				return nil, err
 			}
@@ -275,6 +306,10 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 	}
 
 	// 5. Insert p99 without and with the reaper, on a freshly loaded table.
+	if b.opts.RidesOnly {
+		setRatios(r)
+		return r, nil
+	}
 	if err := b.load(ctx, r, false); err != nil {
 		return nil, err
 	}
@@ -282,7 +317,13 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 
-	// The anchors of each schema: with and without the rides foreign key.
+	setRatios(r)
+	return r, nil
+}
+
+// setRatios sets every row's ratios against the anchors of its schema: with
+// and without the rides foreign key.
+func setRatios(r *Report) {
 	article, single := map[bool]float64{}, map[bool]float64{}
 	for _, row := range r.Rows {
 		switch {
@@ -300,8 +341,10 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 			r.Rows[i].VsSingle = r.Rows[i].KeysPerSec / s
 		}
 	}
-	return r, nil
 }
+
+// concurrent makes the reaper run --concurrency batches at once.
+func (b *bench) concurrent(s *reaper.Settings) { s.Concurrency = b.opts.Concurrency }
 
 // reaperRound times one reaper run on a fresh load; with idle, also the
 // idle passes on the reaped table.
@@ -571,7 +614,12 @@ func (b *bench) timeReaper(ctx context.Context, name string, mutate func(*reaper
 	if !res.Complete {
 		return Row{}, fmt.Errorf("reaperbench: %s: run incomplete (%s)", name, res.StopReason)
 	}
-	row := newRow(fmt.Sprintf("%s (batch %d, pause %s, wal_compression %s)", name, s.BatchSize, s.BatchPause, walName(s.WALCompression, b.serverWAL)), res.Deleted, res.Duration)
+	conc := ""
+	if s.Concurrency > 1 {
+		conc = fmt.Sprintf(", concurrency %d", s.Concurrency)
+	}
+	row := newRow(fmt.Sprintf("%s (batch %d, pause %s, wal_compression %s%s)", name, s.BatchSize, s.BatchPause, walName(s.WALCompression, b.serverWAL), conc), res.Deleted, res.Duration)
+	row.Concurrency = s.Concurrency
 	if row.WALBytes, err = b.walSince(ctx, lsn); err != nil {
 		return Row{}, err
 	}

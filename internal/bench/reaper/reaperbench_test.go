@@ -47,7 +47,9 @@ func TestRunSmall(t *testing.T) {
 }
 
 // TestFullRun runs the benchmark at the size REAPERBENCH_KEYS (skipped when
-// unset), optionally with REAPERBENCH_BATCH and REAPERBENCH_PAUSE:
+// unset), optionally with REAPERBENCH_BATCH, REAPERBENCH_PAUSE,
+// REAPERBENCH_CONCURRENCY (of the extra runs; 1 skips them) and
+// REAPERBENCH_RIDES_ONLY (only the runs with the rides foreign key):
 //
 //	REAPERBENCH_KEYS=2000000 go test -run TestFullRun -v -timeout 1h ./internal/bench/reaper
 func TestFullRun(t *testing.T) {
@@ -63,7 +65,9 @@ func TestFullRun(t *testing.T) {
 		s.BatchPause = v
 	}
 	rounds, _ := strconv.Atoi(os.Getenv("REAPERBENCH_ROUNDS"))
+	concurrency, _ := strconv.Atoi(os.Getenv("REAPERBENCH_CONCURRENCY"))
 	r, err := Run(context.Background(), dbtest.ServerURL(t), Options{LatencyRounds: rounds, Keys: keys, Reaper: &s, SkipRides: os.Getenv("REAPERBENCH_SKIP_RIDES") != "",
+		RidesOnly: os.Getenv("REAPERBENCH_RIDES_ONLY") != "", Concurrency: concurrency,
 		LatencyOnly: os.Getenv("REAPERBENCH_LATENCY_ONLY") != "", Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
