@@ -13,7 +13,8 @@ import (
 
 // TestProcessThroughTransactionPooler runs reaper processes through a real
 // PgBouncer in transaction mode, with other clients sharing its pool: runs
-// back to back each delete (never lock_held: no other run exists), a run
+// back to back each delete (never lock_held: no other run exists; every
+// other one with --concurrency 3), a run
 // SIGKILLed mid-batch is followed by one that takes its lease over and
 // finishes, and afterwards no server connection of the pool holds an
 // advisory lock, a LISTEN, a prepared statement or a changed setting (the
@@ -46,9 +47,18 @@ func testProcessThroughPooler(t *testing.T, mode string) {
 
 	for run := range 4 {
 		insertOldKeys(t, pool, 25)
-		p := runReaper(t, bin, pooled, 0, args()...)
+		// Every other run takes its batches three at a time: one round of
+		// 10, 10 and 5 keys, each batch its own pooled transaction.
+		var extra []string
+		if run%2 == 1 {
+			extra = []string{"--concurrency", "3"}
+		}
+		p := runReaper(t, bin, pooled, 0, args(extra...)...)
 		if !strings.Contains(p.stderr.String(), `"result":"complete"`) || !strings.Contains(p.stderr.String(), `"deleted":25`) {
 			t.Fatalf("run %d did not delete its 25 keys:\n%s", run, p.stderr)
+		}
+		if extra != nil && !strings.Contains(p.stderr.String(), `"concurrent_batches":3`) {
+			t.Fatalf("run %d did not take its three batches in one round:\n%s", run, p.stderr)
 		}
 	}
 

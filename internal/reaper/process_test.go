@@ -396,3 +396,72 @@ func TestProcessDryRunPrints(t *testing.T) {
 		t.Fatal("dry run changed the tables")
 	}
 }
+
+// TestProcessSIGKILLMidConcurrentRun: a reaper with --concurrency 3 whose
+// first round meets a blocked ride in its second range commits the other
+// two batches of the round, redoes the second alone, and is SIGKILLed
+// while that batch waits on the ride: the two committed batches stay (with
+// their reviews), the killed one leaves no trace, and the next run takes
+// the lease over and finishes, by the tables' own counts.
+func TestProcessSIGKILLMidConcurrentRun(t *testing.T) {
+	bin, dbURL, pool := newProcessTest(t)
+	ids := insertOldKeys(t, pool, 60) // every third unfinished
+	createRides(t, pool, "SET NULL", ids[15])
+	release := blockOnRide(t, pool, ids[15])
+	args := []string{"--batch-size", "10", "--concurrency", "3", "--lease-ttl", "6s", "--statement-timeout", "5s"}
+	p := startReaper(t, bin, dbURL, args...)
+	// The batch redone alone skips locked keys and waits on the ride
+	// without a lock timeout; the round's own attempt gave up after 50 ms.
+	redoWaiting := func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = 'idemd-reaper' AND wait_event_type = 'Lock'
+  AND query LIKE '%SKIP LOCKED%'`) > 0
+	}
+	testwait.Until(t, time.Minute, "the redone batch to wait on the ride", redoWaiting)
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	testwait.Until(t, time.Minute, "the killed reaper's batch to be rolled back", func() bool { return !reaperWaitingOnLock(t, pool) })
+	release()
+
+	var left []int64
+	for i, id := range ids {
+		if keyExists(t, pool, id) {
+			left = append(left, int64(i))
+		}
+	}
+	// The round was [0,10), [10,20), [20,30): the first and third stay
+	// deleted, the second (redone alone when killed) is whole.
+	if len(left) != 40 || left[0] != 10 || left[9] != 19 || left[10] != 30 {
+		t.Fatalf("keys left by index: %v; want 10-19 and 30-59", left)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM idempotency_key_reviews r
+WHERE EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.id = r.key_id)`); n != 0 {
+		t.Fatalf("%d reviews of keys that were not deleted", n)
+	}
+	// Index i is unfinished when (i+1)%3 == 0: 3 in [0,10), 4 in [20,30).
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_key_reviews"); n != 7 {
+		t.Fatalf("%d reviews after the two committed batches, want their 7 unfinished keys", n)
+	}
+	if killed := lastRun(t, pool); killed.FinishedAt != nil || killed.Deleted != 20 {
+		t.Fatalf("the killed run is recorded as %+v", killed)
+	}
+
+	next := runReaper(t, bin, dbURL, 0, args...)
+	if !strings.Contains(next.stderr.String(), "took over the lease") {
+		t.Fatalf("the next run does not say it took over the lease:\n%s", next.stderr)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"); n != 0 {
+		t.Fatalf("%d keys left after the next run", n)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM idempotency_key_reviews"); n != 20 {
+		t.Fatalf("%d reviews, want one per unfinished key: 20", n)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM (SELECT key_id FROM idempotency_key_reviews GROUP BY key_id HAVING count(*) > 1) d"); n != 0 {
+		t.Fatalf("%d keys flagged twice", n)
+	}
+	if n := queryInt(t, pool, "SELECT count(*) FROM rides WHERE idempotency_key_id IS NULL"); n != 1 {
+		t.Fatal("the ride did not lose its reference")
+	}
+}

@@ -120,6 +120,8 @@ type Report struct {
 	InsertServerWAL *LatencyComparison
 	// ServerWALCompression is the server's wal_compression.
 	ServerWALCompression string
+	// RidesOnly: only the runs with the rides foreign key were measured.
+	RidesOnly bool
 }
 
 const retention = 72 * time.Hour
@@ -193,7 +195,7 @@ type bench struct {
 }
 
 func (b *bench) run(ctx context.Context) (*Report, error) {
-	r := &Report{Keys: b.opts.Keys, Settings: *b.opts.Reaper, InsertRate: b.opts.InsertRate, LatencyRounds: b.opts.LatencyRounds, ThroughputRounds: b.opts.ThroughputRounds}
+	r := &Report{RidesOnly: b.opts.RidesOnly, Keys: b.opts.Keys, Settings: *b.opts.Reaper, InsertRate: b.opts.InsertRate, LatencyRounds: b.opts.LatencyRounds, ThroughputRounds: b.opts.ThroughputRounds}
 	if err := b.prepare(ctx, r); err != nil {
 		return nil, err
 	}
@@ -905,6 +907,10 @@ func (r *Report) String() string {
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(&sb, "(rows with %s are compared with the anchors run on that schema)\n", ridesFK)
+	if r.RidesOnly {
+		// No idle passes and no insert latency were measured.
+		return sb.String()
+	}
 	fmt.Fprintf(&sb, "\nidle pass (nothing to reap), table vacuumed: reaper %s, article loop %s\n", r.IdleReaper.Round(10*time.Microsecond), r.IdleArticle.Round(10*time.Microsecond))
 	fmt.Fprintf(&sb, "idle pass right after deleting the old half, before vacuum: reaper %s, article loop %s\n", r.IdleReaperDirty.Round(10*time.Microsecond), r.IdleArticleDirty.Round(10*time.Microsecond))
 	fmt.Fprintf(&sb, "single-row inserts at %d/s, %d rounds pooled, reaper with wal_compression %s:\n%s", r.InsertRate, r.LatencyRounds, walName(r.Settings.WALCompression, r.ServerWALCompression), &r.Insert)
