@@ -136,6 +136,7 @@ type testSignals struct {
 	listenerCheckFailed testsignal.Signal[error]    // a self-check did not come back in time
 	passed              testsignal.Signal[struct{}] // the loop's pass ended (the first is the start's full pass)
 	standby             testsignal.Signal[struct{}] // the listener stands by, waiting for the drainer lock
+	swept               testsignal.Signal[bool]     // a sweep ended; true when it began with the listener up
 }
 
 // testHooks are where a test must act inside the service or see every

@@ -432,11 +432,19 @@ func TestRowsAnotherReplicaRolledBackAreSwept(t *testing.T) {
 
 	s := newService(t, pool, func(s *Settings) { s.PollInterval = 100 * time.Millisecond })
 	s.signals.listenerUp.Init()
+	s.signals.swept.Init()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop(ctx) //nolint:errcheck
 	s.signals.listenerUp.WaitOrTimeout(t)
+	// A sweep that began before the listener was up finds the locked row
+	// as one committed while nobody listened, which is no gap; on a loaded
+	// machine it can end late enough for the drain it asks for to be the
+	// one that moves the released row. Sweeps run one after another, so
+	// once one that began listening has ended, none of those is left.
+	for !s.signals.swept.WaitOrTimeout(t) {
+	}
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'later', '{}' FROM generate_series(1, 25)`); err != nil {
 		t.Fatal(err)
 	}

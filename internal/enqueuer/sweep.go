@@ -51,6 +51,7 @@ func (s *Service) sweep(ctx context.Context) error {
 	listening := s.listening.Load() && !s.cfg.PollOnly
 	start := time.Now()
 	low, err := s.sweepOnce(ctx)
+	defer s.signals.swept.Signal(listening)
 	s.metrics.sweepDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return err
