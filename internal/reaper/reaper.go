@@ -302,7 +302,7 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		// The round's batches only fence the lease, so renew it now: they
 		// run under an expiry that outlasts any of them (--lease-ttl is
 		// longer than --statement-timeout).
-		if err := lease.Renew(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL); err != nil {
+		if err := s.renewLease(ctx); err != nil {
 			return s.roundFailed(ctx, err, res)
 		}
 		job := batchJob{
@@ -348,6 +348,15 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		}
 		s.pause(soft)
 	}
+}
+
+// renewLease renews the run's lease between rounds, within
+// --statement-timeout like any of the run's statements (a renewal waits
+// only for a taker's short upsert or the heartbeat's own renewal).
+func (s *Service) renewLease(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+	defer cancel()
+	return lease.Renew(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
 }
 
 // roundFailed ends the run for a failure outside the batches (the lease's

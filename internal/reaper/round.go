@@ -88,6 +88,8 @@ func (s *Service) planRound(ctx context.Context, job batchJob, width int) ([]bat
 	}
 	args := s.batchArgs(job)
 	args["width"] = width
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+	defer cancel()
 	rows, err := s.cfg.Pool.Query(ctx, roundBoundsSQL, args)
 	if err != nil {
 		return nil, fmt.Errorf("reaper: find the round's ranges: %w", err)
