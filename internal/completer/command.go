@@ -3,7 +3,6 @@ package completer
 import (
 	"context"
 	"errors"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -88,10 +87,6 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 	})
 	if err != nil {
 		return err
-	}
-	if env.Ready != nil {
-		env.Ready.MaxPassAge = 3*c.PollInterval + 2*c.Lease
-		env.Ready.MarkStarted(time.Now())
 	}
 	env.Logger.Info("completer starting",
 		zap.String("api_url", redactURL(c.APIURL)), zap.Int("secrets", len(secrets)),

@@ -203,6 +203,13 @@ func (s *Service) breakerChanged(from, to BreakerState) {
 // ends first; backoff.Delay after a failed pass). Either stop request lets
 // the current batch finish; only Stop's deadline aborts in-flight replays.
 func (s *Service) Start(ctx context.Context) error {
+	// Readiness is set up before the loop can first mark a pass: a pass
+	// is due every --poll-interval and may hold a claim for its lease, so
+	// one older than three intervals and two leases means a stuck loop.
+	if s.cfg.Ready != nil {
+		s.cfg.Ready.MarkStarted(time.Now())
+		s.cfg.Ready.MaxPassAge = 3*s.cfg.PollInterval + 2*s.cfg.Lease
+	}
 	return s.runner.Start(ctx, func(ctx context.Context, stop <-chan struct{}) {
 		var last *Result
 		lifecycle.Loop{

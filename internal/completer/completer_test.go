@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemd/idemd/internal/backoff"
 	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/opshttp"
 	"github.com/idemd/idemd/internal/review"
 	"github.com/idemd/idemd/internal/testwait"
 )
@@ -777,4 +778,33 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// TestStartSetsReadiness: the service, not its command, owns its
+// readiness rule: Start marks it started and allows a pass three poll
+// intervals and two leases old, and a pass marks it ready.
+func TestStartSetsReadiness(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	api := newTestAPI(t, pool, always(actFinish))
+	cfg := testConfig(api.srv.URL)
+	cfg.PollInterval, cfg.Lease = 40*time.Millisecond, 30*time.Second
+	ready := &opshttp.Readiness{}
+	cfg.Ready = ready
+	svc := newTestService(t, pool, cfg)
+	if err := ready.Check(context.Background(), time.Now()); err != nil {
+		t.Fatalf("before Start the rule is not set, so readiness is the database's alone: %v", err)
+	}
+	if err := svc.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Stop(context.Background()) //nolint:errcheck
+	if want := 3*cfg.PollInterval + 2*cfg.Lease; ready.MaxPassAge != want {
+		t.Fatalf("MaxPassAge %s, want %s", ready.MaxPassAge, want)
+	}
+	if err := ready.Check(context.Background(), time.Now().Add(ready.MaxPassAge+time.Second)); err == nil {
+		t.Fatal("ready with no pass for longer than MaxPassAge")
+	}
+	testwait.Until(t, time.Minute, "a pass to mark readiness", func() bool {
+		return ready.Check(context.Background(), time.Now()) == nil
+	})
 }
