@@ -133,6 +133,9 @@ func Reaper(ctx context.Context, adminURL string, scale Scale, logf func(string,
 	if res.InsertServerWAL != nil {
 		rep.Rows = append(rep.Rows, insertRow(res, ", the reaper with the server's wal_compression "+res.ServerWALCompression, *res.InsertServerWAL, false))
 	}
+	if res.InsertConcurrent != nil {
+		rep.Rows = append(rep.Rows, insertRow(res, fmt.Sprintf(", the reaper with --concurrency %d", res.Concurrency), *res.InsertConcurrent, false))
+	}
 	return nil
 }
 

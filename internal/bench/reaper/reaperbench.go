@@ -118,10 +118,15 @@ type Report struct {
 	// server's wal_compression (nil when that is the setting under test).
 	Insert          LatencyComparison
 	InsertServerWAL *LatencyComparison
+	// InsertConcurrent does the same for the reaper with Options'
+	// Concurrency (nil when that is 1).
+	InsertConcurrent *LatencyComparison
 	// ServerWALCompression is the server's wal_compression.
 	ServerWALCompression string
 	// RidesOnly: only the runs with the rides foreign key were measured.
 	RidesOnly bool
+	// Concurrency of the extra reaper runs (1: none ran).
+	Concurrency int
 }
 
 const retention = 72 * time.Hour
@@ -195,7 +200,7 @@ type bench struct {
 }
 
 func (b *bench) run(ctx context.Context) (*Report, error) {
-	r := &Report{RidesOnly: b.opts.RidesOnly, Keys: b.opts.Keys, Settings: *b.opts.Reaper, InsertRate: b.opts.InsertRate, LatencyRounds: b.opts.LatencyRounds, ThroughputRounds: b.opts.ThroughputRounds}
+	r := &Report{RidesOnly: b.opts.RidesOnly, Concurrency: b.opts.Concurrency, Keys: b.opts.Keys, Settings: *b.opts.Reaper, InsertRate: b.opts.InsertRate, LatencyRounds: b.opts.LatencyRounds, ThroughputRounds: b.opts.ThroughputRounds}
 	if err := b.prepare(ctx, r); err != nil {
 		return nil, err
 	}
@@ -766,6 +771,10 @@ func (b *bench) insertLatency(ctx context.Context, r *Report) error {
 		r.InsertServerWAL = &LatencyComparison{}
 		configs = append(configs, config{"reaper with the server's wal_compression under insert load", keepServerWAL, r.InsertServerWAL})
 	}
+	if b.opts.Concurrency > 1 {
+		r.InsertConcurrent = &LatencyComparison{}
+		configs = append(configs, config{fmt.Sprintf("reaper with --concurrency %d under insert load", b.opts.Concurrency), b.concurrent, r.InsertConcurrent})
+	}
 	idle := func(d time.Duration) func(context.Context) error {
 		return func(ctx context.Context) error {
 			t := time.NewTimer(d)
@@ -916,6 +925,9 @@ func (r *Report) String() string {
 	fmt.Fprintf(&sb, "single-row inserts at %d/s, %d rounds pooled, reaper with wal_compression %s:\n%s", r.InsertRate, r.LatencyRounds, walName(r.Settings.WALCompression, r.ServerWALCompression), &r.Insert)
 	if r.InsertServerWAL != nil {
 		fmt.Fprintf(&sb, "the same, reaper with the server's wal_compression (%s), rounds interleaved:\n%s", r.ServerWALCompression, r.InsertServerWAL)
+	}
+	if r.InsertConcurrent != nil {
+		fmt.Fprintf(&sb, "the same, reaper with --concurrency %d, rounds interleaved:\n%s", r.Concurrency, r.InsertConcurrent)
 	}
 	return sb.String()
 }
