@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -117,6 +118,15 @@ func (e *env) startRecording(ctx context.Context) {
 	t.Cleanup(a.rec.Stop)
 }
 
+// alertNames lists the alerts of rules, in order.
+func alertNames(rules []byte) []string {
+	var names []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*- alert: (\S+)`).FindAllSubmatch(rules, -1) {
+		names = append(names, string(m[1]))
+	}
+	return names
+}
+
 // container is the container name a daemon would have in its pod.
 func container(p *system.Proc) string {
 	name, _, _ := strings.Cut(p.Name, "-")
@@ -214,6 +224,14 @@ func (e *env) checkAlerts(ctx context.Context) {
 		{Name: "PostgreSQL outage: IdemdEnqueuerListenerDown", Alert: "IdemdEnqueuerListenerDown",
 			From: m("outage start"), To: m("outage end"), Fires: true},
 		{Name: "signer clock skew: IdemdCompleterUnauthorized", Alert: "IdemdCompleterUnauthorized", From: m("skew start"), To: end, Fires: true},
+	}
+	// The same window alert by alert, so that a failure names the alert
+	// that fired (promtool reports only which check failed).
+	for _, name := range alertNames(a.rules) {
+		if slices.Contains(healthyExceptions, name) {
+			continue
+		}
+		checks = append(checks, alertcheck.Check{Name: "healthy start: no " + name, Alert: name, From: m("recording"), To: m("healthy end")})
 	}
 	a.mu.Lock()
 	reasons := a.poisonReasons

@@ -323,6 +323,21 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 			t.Fatalf("%s never became ready: %v\n%s", p.Name, err, p.LogTail(3000))
 		}
 	}
+	// Ready is not settled: an enqueuer answers /readyz after its first
+	// sweep, possibly before its listener has proved itself and won or
+	// lost the drainer election. Until then it is neither the drainer
+	// (listener_up 1) nor a standby (standby 1), which is what
+	// IdemdEnqueuerListenerDown reads, without its for:, in the healthy
+	// start; wait for every enqueuer to be one or the other.
+	for _, p := range e.daemons.Enqueuers {
+		if err := system.Poll(wctx, 50*time.Millisecond, func() (bool, error) {
+			up, _ := p.Gauge(wctx, "idemd_enqueuer_listener_up")
+			standby, _ := p.Gauge(wctx, "idemd_enqueuer_standby")
+			return up == 1 || standby == 1, nil
+		}); err != nil {
+			t.Fatalf("%s is neither the drainer nor a standby: %v\n%s", p.Name, err, p.LogTail(3000))
+		}
+	}
 	e.logf("set up in its own cluster (port %d), daemons through proxy %s (PgBouncer: %v), all ready", e.cluster.Port(), e.proxy.Addr(), pooled)
 	return e
 }

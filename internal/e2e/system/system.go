@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -300,6 +301,31 @@ func CloseIdleConnections() { httpClient.CloseIdleConnections() }
 // false with the error when the process does not answer).
 func (p *Proc) Ready(ctx context.Context) (bool, string) {
 	return get200(ctx, "http://"+p.OpsAddr+"/readyz")
+}
+
+// Gauge reads an unlabelled metric from /metrics; ok is false when the
+// process does not export it (or does not answer).
+func (p *Proc) Gauge(ctx context.Context, name string) (v float64, ok bool) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.OpsAddr+"/metrics", nil)
+	if err != nil {
+		return 0, false
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, found := strings.CutPrefix(line, name+" "); found {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
 }
 
 func get200(ctx context.Context, u string) (bool, string) {
