@@ -6,9 +6,9 @@
 // A run holds the reaper's lease (internal/lease), renewed before every
 // round of batches and fenced by each batch, so runs never overlap whether
 // they come from a CronJob, a manual run or a second Deployment, and
-// whatever pooler sits between them and the database; a run that finds another live run says so and ends
-// successfully, and a run that finds the lease of a dead run waits for it
-// to expire and takes over. Each batch is its own transaction on any pooled
+// whatever pooler sits between them and the database; a run that finds
+// another live run says so and ends successfully, and a run that finds the
+// lease of a dead run waits for it to expire and takes over. Each batch is its own transaction on any pooled
 // connection, with every setting local to it: a failing batch never undoes
 // the work of the batches before it, and nothing outlives a batch on a
 // server connection.

@@ -103,15 +103,20 @@ func (s *Service) planRound(ctx context.Context, job batchJob, width int) ([]bat
 
 // roundEnd is what a round means for the run.
 type roundEnd struct {
-	// cursor is where the next round starts; nil: where this one started
-	// (nothing was taken).
+	// cursor is where the next round starts (after); nil: from the oldest
+	// key. A round that leaves more keys always has one, unless it failed
+	// from the oldest key.
 	cursor *batchCursor
 	// more: eligible keys may be left.
 	more bool
 	// alone: the next round is one batch, redoing a batch of this round
 	// in the sequential path.
 	alone bool
-	// err failed the batch the next round redoes; nil when none did.
+	// err is the failure the run must judge (batchFailed): that of the one
+	// batch of a round of one, or of the first batch of a concurrent round
+	// that failed, unless the sequential path's other forms handle it
+	// (redoCause; a later batch's failure meets the run again when the
+	// rounds reach its range). nil: none.
 	err error
 }
 
