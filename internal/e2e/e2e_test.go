@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +23,7 @@ import (
 	"github.com/idemd/idemd/examples/rocketrides/api"
 	"github.com/idemd/idemd/examples/rocketrides/simulator"
 	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/e2e/alertcheck"
 	"github.com/idemd/idemd/internal/e2e/system"
 	"github.com/idemd/idemd/internal/e2e/tcpproxy"
 	"github.com/idemd/idemd/internal/pgbouncertest"
@@ -331,9 +334,17 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	// start; wait for every enqueuer to be one or the other.
 	for _, p := range e.daemons.Enqueuers {
 		if err := system.Poll(wctx, 50*time.Millisecond, func() (bool, error) {
-			up, _ := p.Gauge(wctx, "idemd_enqueuer_listener_up")
-			standby, _ := p.Gauge(wctx, "idemd_enqueuer_standby")
-			return up == 1 || standby == 1, nil
+			page, err := p.Metrics(wctx)
+			if err != nil {
+				return false, err
+			}
+			samples, err := alertcheck.ParseText(bytes.NewReader(page))
+			if err != nil {
+				return false, err
+			}
+			return slices.ContainsFunc(samples, func(s alertcheck.Sample) bool {
+				return (s.Name == "idemd_enqueuer_listener_up" || s.Name == "idemd_enqueuer_standby") && s.Value == 1
+			}), nil
 		}); err != nil {
 			t.Fatalf("%s is neither the drainer nor a standby: %v\n%s", p.Name, err, p.LogTail(3000))
 		}

@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -303,43 +302,40 @@ func (p *Proc) Ready(ctx context.Context) (bool, string) {
 	return get200(ctx, "http://"+p.OpsAddr+"/readyz")
 }
 
-// Gauge reads an unlabelled metric from /metrics; ok is false when the
-// process does not export it (or does not answer).
-func (p *Proc) Gauge(ctx context.Context, name string) (v float64, ok bool) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.OpsAddr+"/metrics", nil)
+// Metrics returns the process's /metrics page.
+func (p *Proc) Metrics(ctx context.Context) ([]byte, error) {
+	status, b, err := fetch(ctx, "http://"+p.OpsAddr+"/metrics", 16<<20)
 	if err != nil {
-		return 0, false
+		return nil, err
 	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		return 0, false
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("%s /metrics: status %d", p.Name, status)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return 0, false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, found := strings.CutPrefix(line, name+" "); found {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			return v, err == nil
-		}
-	}
-	return 0, false
+	return b, nil
 }
 
 func get200(ctx context.Context, u string) (bool, string) {
+	status, b, err := fetch(ctx, u, 4096)
+	if status == 0 {
+		// No answer; a body cut short still has its status.
+		return false, err.Error()
+	}
+	return status == http.StatusOK, strings.TrimSpace(string(b))
+}
+
+// fetch GETs u and returns its status and up to limit bytes of its body.
+func fetch(ctx context.Context, u string, limit int64) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return false, err.Error()
+		return 0, nil, err
 	}
 	resp, err := httpClient.Do(req)
 	if err != nil {
-		return false, err.Error()
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	return resp.StatusCode == http.StatusOK, strings.TrimSpace(string(b))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	return resp.StatusCode, b, err
 }
 
 // Poll calls cond every interval until it returns true or ctx ends.
