@@ -253,19 +253,13 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		}
 		keep(row)
 		if b.opts.Reaper.WALCompression != "server" {
-			if err := b.load(ctx, r, false); err != nil {
-				return nil, err
-			}
-			if row, err = b.timeReaper(ctx, "reaper", keepServerWAL); err != nil {
+			if row, err = b.reaperOnFreshLoad(ctx, r, false, keepServerWAL); err != nil {
 				return nil, err
 			}
 			keep(row)
 		}
 		if b.opts.Concurrency > 1 {
-			if err := b.load(ctx, r, false); err != nil {
-				return nil, err
-			}
-			if row, err = b.timeReaper(ctx, "reaper", b.concurrent); err != nil {
+			if row, err = b.reaperOnFreshLoad(ctx, r, false, b.concurrent); err != nil {
 				return nil, err
 			}
 			keep(row)
@@ -279,23 +273,15 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 	// above.
 	if !b.opts.SkipRides {
 		for range b.opts.ThroughputRounds {
-			if err := b.load(ctx, r, true); err != nil {
-				return nil, err
-			}
-			row, err := b.timeReaper(ctx, "reaper, "+ridesFK, nil)
+			row, err := b.reaperOnFreshLoad(ctx, r, true, nil)
 			if err != nil {
 				return nil, err
 			}
-			row.Rides = true
 			keep(row)
 			if b.opts.Concurrency > 1 {
-				if err := b.load(ctx, r, true); err != nil {
+				if row, err = b.reaperOnFreshLoad(ctx, r, true, b.concurrent); err != nil {
 					return nil, err
 				}
-				if row, err = b.timeReaper(ctx, "reaper, "+ridesFK, b.concurrent); err != nil {
-					return nil, err
-				}
-				row.Rides = true
 				keep(row)
 			}
 			if row, err = b.articleRound(ctx, r, false, true); err != nil {
@@ -356,10 +342,7 @@ func (b *bench) concurrent(s *reaper.Settings) { s.Concurrency = b.opts.Concurre
 // reaperRound times one reaper run on a fresh load; with idle, also the
 // idle passes on the reaped table.
 func (b *bench) reaperRound(ctx context.Context, r *Report, idle bool) (Row, error) {
-	if err := b.load(ctx, r, false); err != nil {
-		return Row{}, err
-	}
-	row, err := b.timeReaper(ctx, "reaper", nil)
+	row, err := b.reaperOnFreshLoad(ctx, r, false, nil)
 	row.UnderTest = true
 	if err != nil || !idle {
 		return row, err
@@ -379,6 +362,22 @@ func (b *bench) reaperRound(ctx context.Context, r *Report, idle bool) (Row, err
 	}
 	b.logf("reaper idle pass: %s right after the run, %s after vacuum", r.IdleReaperDirty, r.IdleReaper)
 	return row, nil
+}
+
+// reaperOnFreshLoad times one reaper run on a fresh load; with rides, on
+// the schema with the rides foreign key (named and marked so); mutate
+// adjusts the settings under test.
+func (b *bench) reaperOnFreshLoad(ctx context.Context, r *Report, rides bool, mutate func(*reaper.Settings)) (Row, error) {
+	if err := b.load(ctx, r, rides); err != nil {
+		return Row{}, err
+	}
+	name := "reaper"
+	if rides {
+		name += ", " + ridesFK
+	}
+	row, err := b.timeReaper(ctx, name, mutate)
+	row.Rides = rides
+	return row, err
 }
 
 // ridesFK names the runs on the schema with the rides foreign key.
