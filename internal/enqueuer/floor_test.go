@@ -406,6 +406,12 @@ func TestLostNotificationIsSweptAndCounted(t *testing.T) {
 	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
 		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
 	}
+	// The batch counts its gap after its commit, so the row can be seen
+	// in River a moment before the counter moves: wait for the count,
+	// then check it is exactly the one row.
+	testwait.Until(t, 2*time.Minute, "the counted gap", func() bool {
+		return testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)) >= 1
+	})
 	if v := testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)); v != 1 {
 		t.Fatalf("gap swept = %v, want 1 (the late row)", v)
 	}
@@ -460,6 +466,12 @@ func TestRowsAnotherReplicaRolledBackAreSwept(t *testing.T) {
 	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
 		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
 	}
+	// The batch counts its gap after its commit, so the row can be seen
+	// in River a moment before the counter moves: wait for the count,
+	// then check it is exactly the one row.
+	testwait.Until(t, 2*time.Minute, "the counted gap", func() bool {
+		return testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)) >= 1
+	})
 	if v := testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)); v != 1 {
 		t.Fatalf("gap swept = %v, want 1 (the released row)", v)
 	}
