@@ -3,6 +3,7 @@ package benchreport
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/idemd/idemd/internal/e2e/load"
@@ -16,7 +17,7 @@ import (
 // requests with distinct keys at 8 and 32 clients for each isolation,
 // against the article's protocol measured in the same run.
 func E2E(ctx context.Context, adminURL string, scale Scale, logf func(string, ...any), rep *Report) error {
-	d := time.Duration(float64(time.Minute) * float64(scale))
+	d := time.Duration(float64(90*time.Second) * float64(scale))
 	d = max(d, 20*time.Second)
 	res, err := load.Load(ctx, adminURL, load.LoadOptions{Duration: d, Logf: logf})
 	if err != nil {
@@ -37,7 +38,8 @@ func E2E(ctx context.Context, adminURL string, scale Scale, logf func(string, ..
 			label := prev.Name[:3] // "(a)", "(b)", ...
 			row.Ratio = Join(Ratio(tp, "throughput "+label), Ratio(p99, "p99 "+label),
 				ratioIf(float64(ph.CPUPerRequest())/float64(max(prev.CPUPerRequest(), 1)), "DB CPU/req "+label),
-				ratioIf(ph.WALPerRequest()/max(prev.WALPerRequest(), 1), "WAL/req "+label))
+				ratioIf(ph.WALPerRequest()/max(prev.WALPerRequest(), 1), "WAL/req "+label),
+				roundRatios(ph, prev, label))
 			switch ph.Name {
 			case load.ConfigC.Name:
 				row.Target = Goal("≥0.9× throughput (b), p99 ≤1.2× (b)", tp >= 0.9 && p99 <= 1.2)
@@ -69,7 +71,7 @@ func E2E(ctx context.Context, adminURL string, scale Scale, logf func(string, ..
 		rep.Rows = append(rep.Rows, row)
 	}
 	notes := []string{
-		fmt.Sprintf("e2e: measured on %s. Each run is a fresh database and rocketrides process (pool: a connection per client + 4); the first %s of a run is not measured; the cost runs go a-d then d-a and are pooled; 5 %% of their requests are abandoned mid-request and 1 rider of 20 is declined (402).", res.Server, res.Warmup),
+		fmt.Sprintf("e2e: measured on %s. Each run is a fresh database and rocketrides process (pool: a connection per client + 4); the first %s of a run is not measured; the cost runs go in %d rounds, each in another order (rotated, every other round reversed), and are pooled; 5 %% of their requests are abandoned mid-request and 1 rider of 20 is declined (402).", res.Server, res.Warmup, res.Rounds),
 		"e2e: DB CPU is utime+stime from /proc/<pid>/stat (on a private cluster: the postmaster and every process it started, exited ones through its cutime/cstime; on a shared server: the backends of the run's database, sampled every 250 ms); pg_stat_statements is not loaded. WAL is pg_current_wal_insert_lsn's advance over the window; a private cluster's window starts with a CHECKPOINT.",
 		"e2e: the daemons run at their defaults (2 enqueuers and 2 completers, as deployed; the reaper --schedule \"@every 10s\" instead of the hourly CronJob). The completers' default grace is 5 min, longer than a run: they poll and find nothing due.",
 	}
@@ -79,6 +81,19 @@ func E2E(ctx context.Context, adminURL string, scale Scale, logf func(string, ..
 	}
 	rep.Notes = append(rep.Notes, notes...)
 	return nil
+}
+
+// roundRatios says how the pooled ratios of a to b spread round by round:
+// the median and the range of the runs' own ratios.
+func roundRatios(a, b load.Phase, label string) string {
+	tp, p99 := load.RoundRatios(a, b)
+	if len(tp) < 2 {
+		return ""
+	}
+	spread := func(xs []float64) string {
+		return fmt.Sprintf("median %.2f×, %.2f-%.2f×", load.Median(xs), slices.Min(xs), slices.Max(xs))
+	}
+	return fmt.Sprintf("per round (%d): throughput %s %s, p99 %s", len(tp), label, spread(tp), spread(p99))
 }
 
 // msPerRequest is a CPU figure per request in milliseconds, or n/a when

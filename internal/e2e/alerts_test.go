@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -191,6 +192,50 @@ func (e *env) scraped(ctx context.Context, what string) {
 	if err := e.alerts.rec.WaitRound(wctx, time.Now()); err != nil {
 		e.t.Errorf("%s: %v", what, err)
 	}
+}
+
+// counted waits until the daemons procs, summed, show the counter name
+// with labels at 1 or more on their own /metrics pages. A batch or a
+// replay bumps its counter after the effect the caller waited for (the
+// commit, the API's answer), so a scrape right after that effect can
+// still read the old value; the caller holds off the killer, so once a
+// page shows the count the next scrape round sees it too.
+func (e *env) counted(ctx context.Context, procs []*system.Proc, name string, labels map[string]string) {
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var sum float64
+	err := system.Poll(wctx, 50*time.Millisecond, func() (bool, error) {
+		sum = 0
+		for _, p := range procs {
+			page, err := p.Metrics(wctx)
+			if err != nil {
+				return false, nil // a daemon between lives; the next poll asks again
+			}
+			samples, err := alertcheck.ParseText(bytes.NewReader(page))
+			if err != nil {
+				return false, err
+			}
+			for _, s := range samples {
+				if s.Name == name && labelsMatch(s.Labels, labels) {
+					sum += s.Value
+				}
+			}
+		}
+		return sum >= 1, nil
+	})
+	if err != nil {
+		e.t.Errorf("%s%v never counted on the daemons' /metrics (sum %v): %v", name, labels, sum, err)
+	}
+}
+
+// labelsMatch reports whether have carries every label of want.
+func labelsMatch(have, want map[string]string) bool {
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // checkAlerts stops the recording and has promtool evaluate the alerts over

@@ -531,6 +531,12 @@ func (e *env) insertPoison(ctx context.Context) {
 	if err := e.poisonReasons(ctx); err != nil {
 		e.t.Error(err)
 	}
+	e.alerts.mu.Lock()
+	reasons := slices.Clone(e.alerts.poisonReasons)
+	e.alerts.mu.Unlock()
+	for _, r := range reasons {
+		e.counted(ctx, e.daemons.Enqueuers, "idemd_enqueuer_jobs_dead_lettered_total", map[string]string{"reason": r})
+	}
 	e.scraped(ctx, "poison rows dead-lettered")
 }
 
@@ -611,6 +617,7 @@ func (e *env) clockSkew(ctx context.Context) {
 	}); err != nil {
 		t.Errorf("no replay was refused while the signer's clock was skewed: %v (%s)", err, e.front.summary())
 	}
+	e.counted(ctx, e.daemons.Completers, "idemd_completer_replays_total", map[string]string{"outcome": "unauthorized"})
 	e.scraped(ctx, "401s of the skewed clock")
 	e.chaos.Unlock()
 	if n := e.front.statusCount(modeSkewed, func(s int) bool { return s != http.StatusUnauthorized }); n > 0 {

@@ -330,6 +330,10 @@ func TestLateLowIDIsMovedByItsNotification(t *testing.T) {
 	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
 		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
 	}
+	// A batch counts after its commit: stopped, every count is in.
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if !slices.Contains(drains(), drainSpec{from: lateID, gapBelow: fullPass}) {
 		t.Fatalf("no drain started at the late id %d: %+v", lateID, drains())
 	}
@@ -364,6 +368,10 @@ func TestLateLowIDIsMovedWithoutNotifications(t *testing.T) {
 	})
 	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
 		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
+	}
+	// A batch counts after its commit: stopped, every count is in.
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if n := testutil.ToFloat64(s.metrics.wakeups.WithLabelValues("notify")); n != 0 {
 		t.Fatalf("%v notify wake-ups with --poll-only", n)

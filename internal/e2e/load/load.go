@@ -74,11 +74,13 @@ var Isolations = []string{"read-committed", "serializable", "article-serializabl
 // LoadOptions tunes a run; zero values take the defaults.
 type LoadOptions struct {
 	// Duration of each cost configuration, split over Rounds runs (default
-	// 60 s). The conflict runs last Duration/Rounds each.
+	// 90 s). The conflict runs last Duration/Rounds each.
 	Duration time.Duration
-	// Rounds: each cost configuration runs this many times, in order a-d
-	// and then d-a, and its runs are pooled (default 2), so a slow spell
-	// of the shared machine hits all of them alike.
+	// Rounds: each cost configuration runs this many times (default 6),
+	// once per round, in an order that changes from round to round
+	// (roundOrder), and its runs are pooled, so a slow spell of the
+	// shared machine hits all of them alike. Each configuration's runs
+	// are also kept apart (Phase.PerRun) for ratios round by round.
 	Rounds int
 	// Warmup at the start of each run is not measured (default 5 s, at
 	// most a sixth of a run): connections, plans, the first River jobs.
@@ -111,10 +113,10 @@ type LoadOptions struct {
 
 func (o *LoadOptions) defaults() {
 	if o.Duration <= 0 {
-		o.Duration = time.Minute
+		o.Duration = 90 * time.Second
 	}
 	if o.Rounds <= 0 {
-		o.Rounds = 2
+		o.Rounds = 6
 	}
 	run := o.Duration / time.Duration(o.Rounds)
 	if o.Warmup <= 0 {
@@ -179,8 +181,16 @@ type Phase struct {
 	// moved, and keys neither finished nor flagged (the completers'
 	// backlog).
 	RiverJobs, Staged, OpenKeys int
+	// PerRun holds each run's own figures, in round order.
+	PerRun []RunFigures
 
 	latencies []time.Duration // sorted, for pooling runs
+}
+
+// RunFigures are one run's throughput and p99.
+type RunFigures struct {
+	Throughput float64
+	P99        time.Duration
 }
 
 // ConflictRate is the share of answered requests that got 409.
@@ -239,6 +249,62 @@ func (r *LoadReport) Find(name string) (Phase, bool) {
 	return Phase{}, false
 }
 
+// RoundRatios are a's throughput and p99 over b's, run by run: the runs
+// of one round ran minutes apart at most, so a slow spell of the machine
+// that lasts a round touches both sides of each ratio. Nil when the two
+// have different numbers of runs.
+func RoundRatios(a, b Phase) (throughput, p99 []float64) {
+	if len(a.PerRun) != len(b.PerRun) {
+		return nil, nil
+	}
+	for i := range a.PerRun {
+		ra, rb := a.PerRun[i], b.PerRun[i]
+		if rb.Throughput > 0 && rb.P99 > 0 {
+			throughput = append(throughput, ra.Throughput/rb.Throughput)
+			p99 = append(p99, float64(ra.P99)/float64(rb.P99))
+		}
+	}
+	return throughput, p99
+}
+
+// Median of xs (0 when empty).
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// roundOrder is the order the n configurations run in round r: the rows
+// of a balanced Latin square (Williams' design: 0, 1, n-1, 2, n-2, ...,
+// shifted by r). Over n rounds every configuration runs once in every
+// position and, for even n, after every other configuration once, so
+// neither a drift over the whole run nor a slow spell that spans two
+// adjacent runs lands on one configuration more than another. (The
+// earlier a-d, d-a put the two runs of (d) side by side in every pair of
+// rounds.)
+func roundOrder(n, r int) []int {
+	order := make([]int, 0, n)
+	order = append(order, 0)
+	for lo, hi := 1, n-1; len(order) < n; {
+		order = append(order, lo)
+		lo++
+		if len(order) < n {
+			order = append(order, hi)
+			hi--
+		}
+	}
+	for i := range order {
+		order[i] = (order[i] + r) % n
+	}
+	return order
+}
+
 // Ratio of a's throughput and p99 to b's.
 func Ratio(a, b Phase) (throughput, p99 float64) {
 	if b.Throughput > 0 {
@@ -289,14 +355,7 @@ func Load(ctx context.Context, adminURL string, opts LoadOptions) (*LoadReport, 
 	runLen := opts.Duration / time.Duration(opts.Rounds)
 	pooled := make([]Phase, len(opts.Configs))
 	for round := range opts.Rounds {
-		order := make([]int, len(opts.Configs))
-		for i := range order {
-			order[i] = i
-		}
-		if round%2 == 1 {
-			slices.Reverse(order)
-		}
-		for _, i := range order {
+		for _, i := range roundOrder(len(opts.Configs), round) {
 			ph, err := b.run(ctx, opts.Configs[i], runSpec{clients: opts.Concurrency, riders: opts.Riders, declines: 1, giveUp: opts.GiveUpRate, length: runLen})
 			if err != nil {
 				return nil, err
@@ -688,6 +747,7 @@ func (b *bench) drive(ctx context.Context, apiURL string, riders []string, dbNam
 	if n := len(latencies); n > 0 {
 		ph.Max = latencies[n-1]
 	}
+	ph.PerRun = []RunFigures{{Throughput: ph.Throughput, P99: ph.P99}}
 	ph.latencies = latencies
 	return nil
 }
@@ -714,6 +774,7 @@ func merge(a, b Phase) Phase {
 	a.RiverJobs += b.RiverJobs
 	a.Staged += b.Staged
 	a.OpenKeys += b.OpenKeys
+	a.PerRun = append(a.PerRun, b.PerRun...)
 	a.latencies = append(a.latencies, b.latencies...)
 	slices.Sort(a.latencies)
 	a.Throughput = float64(a.Requests) / a.Duration.Seconds()

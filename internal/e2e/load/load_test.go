@@ -3,6 +3,7 @@ package load
 import (
 	"context"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -74,12 +75,74 @@ func TestMerge(t *testing.T) {
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 	a := Phase{Runs: 1, Duration: time.Second, Requests: 2, Status: map[int]int{201: 2}, DBCPU: ms(10), DBCPUOK: true, WALBytes: 100, latencies: []time.Duration{ms(1), ms(3)}}
 	b := Phase{Runs: 1, Duration: time.Second, Requests: 2, Status: map[int]int{201: 1, 409: 1}, DBCPU: ms(30), DBCPUOK: true, WALBytes: 300, latencies: []time.Duration{ms(2), ms(100)}}
+	a.PerRun, b.PerRun = []RunFigures{{Throughput: 2}}, []RunFigures{{Throughput: 3}}
 	m := merge(merge(Phase{}, a), b)
+	if len(m.PerRun) != 2 || m.PerRun[0].Throughput != 2 || m.PerRun[1].Throughput != 3 {
+		t.Fatalf("runs %+v", m.PerRun)
+	}
 	if m.Runs != 2 || m.Requests != 4 || m.Throughput != 2 || m.Status[201] != 3 || m.ConflictRate() != 0.25 {
 		t.Fatalf("%+v", m)
 	}
 	if m.P50 != ms(2) || m.Max != ms(100) || m.CPUPerRequest() != ms(10) || m.WALPerRequest() != 100 || !m.DBCPUOK {
 		t.Fatalf("p50 %s max %s cpu %s wal %f", m.P50, m.Max, m.CPUPerRequest(), m.WALPerRequest())
+	}
+}
+
+// TestRoundOrder: over as many rounds as configurations, every
+// configuration runs once in every position and after every other one
+// once, and none runs twice in a row, across a round's end included (a-d,
+// d-a put (d)'s runs side by side).
+func TestRoundOrder(t *testing.T) {
+	const n = 4
+	var seq []int
+	for r := range n {
+		order := roundOrder(n, r)
+		if got := slices.Sorted(slices.Values(order)); !slices.Equal(got, []int{0, 1, 2, 3}) {
+			t.Fatalf("round %d runs %v", r, order)
+		}
+		seq = append(seq, order...)
+	}
+	for pos := range n {
+		seen := map[int]bool{}
+		for r := range n {
+			seen[seq[r*n+pos]] = true
+		}
+		if len(seen) != n {
+			t.Errorf("position %d over %d rounds holds %v", pos, n, seen)
+		}
+	}
+	pairs := map[[2]int]int{}
+	for r := range n {
+		for i := 1; i < n; i++ {
+			pairs[[2]int{seq[r*n+i-1], seq[r*n+i]}]++
+		}
+	}
+	if len(pairs) != n*(n-1) {
+		t.Errorf("within rounds, %d of the %d ordered pairs occur: %v", len(pairs), n*(n-1), pairs)
+	}
+	for i := 1; i < len(seq); i++ {
+		if seq[i] == seq[i-1] {
+			t.Errorf("configuration %d runs twice in a row: %v", seq[i], seq)
+		}
+	}
+}
+
+func TestRoundRatios(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	a := Phase{PerRun: []RunFigures{{90, ms(12)}, {80, ms(10)}, {100, ms(10)}}}
+	b := Phase{PerRun: []RunFigures{{100, ms(10)}, {100, ms(10)}, {100, ms(10)}}}
+	tp, p99 := RoundRatios(a, b)
+	if !slices.Equal(tp, []float64{0.9, 0.8, 1}) || !slices.Equal(p99, []float64{1.2, 1, 1}) {
+		t.Fatalf("throughput %v, p99 %v", tp, p99)
+	}
+	if m := Median(tp); m != 0.9 {
+		t.Fatalf("median %v", m)
+	}
+	if m := Median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Fatalf("median of an even count %v", m)
+	}
+	if tp, _ := RoundRatios(a, Phase{PerRun: b.PerRun[:2]}); tp != nil {
+		t.Fatalf("unequal runs paired: %v", tp)
 	}
 }
 
