@@ -71,7 +71,7 @@ func E2E(ctx context.Context, adminURL string, scale Scale, logf func(string, ..
 		rep.Rows = append(rep.Rows, row)
 	}
 	notes := []string{
-		fmt.Sprintf("e2e: measured on %s. Each run is a fresh database and rocketrides process (pool: a connection per client + 4); the first %s of a run is not measured; the cost runs go in %d rounds, each in another order (rotated, every other round reversed), and are pooled; 5 %% of their requests are abandoned mid-request and 1 rider of 20 is declined (402).", res.Server, res.Warmup, res.Rounds),
+		fmt.Sprintf("e2e: measured on %s. Each run is a fresh database and rocketrides process (pool: a connection per client + 4); the first %s of a run is not measured; the cost runs go in %d rounds, in the orders of a balanced Latin square, and are pooled (per-round ratios beside the pooled ones); 5 %% of their requests are abandoned mid-request and 1 rider of 20 is declined (402).", res.Server, res.Warmup, res.Rounds),
 		"e2e: DB CPU is utime+stime from /proc/<pid>/stat (on a private cluster: the postmaster and every process it started, exited ones through its cutime/cstime; on a shared server: the backends of the run's database, sampled every 250 ms); pg_stat_statements is not loaded. WAL is pg_current_wal_insert_lsn's advance over the window; a private cluster's window starts with a CHECKPOINT.",
 		"e2e: the daemons run at their defaults (2 enqueuers and 2 completers, as deployed; the reaper --schedule \"@every 10s\" instead of the hourly CronJob). The completers' default grace is 5 min, longer than a run: they poll and find nothing due.",
 	}

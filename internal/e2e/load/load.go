@@ -56,8 +56,9 @@ type Config struct {
 	// fall inside the measurement).
 	Enqueuers, Completers int
 	Reaper                bool
-	// EnqueuerArgs are added to the enqueuers' flags (diagnostic runs).
-	EnqueuerArgs []string
+	// EnqueuerArgs are added to the enqueuers' flags and EnqueuerEnv to
+	// their environment (diagnostic runs).
+	EnqueuerArgs, EnqueuerEnv []string
 }
 
 // The four configurations of the cost comparison.
@@ -605,24 +606,24 @@ func (b *bench) newAPI(cfg Config, dbURL, secretPath, dir string, clients int) (
 func (b *bench) daemons(cfg Config, dbURL, apiURL, secretPath, dir string) []func() (*system.Proc, error) {
 	runtimeURL := dbtest.RuntimeURL(dbURL)
 	var procs []func() (*system.Proc, error)
-	add := func(name, bin string, extra ...string) {
+	add := func(name, bin string, env []string, extra ...string) {
 		procs = append(procs, func() (*system.Proc, error) {
 			addr, err := system.FreeAddr()
 			if err != nil {
 				return nil, fmt.Errorf("load: %w", err)
 			}
 			args := append([]string{"--database-url", runtimeURL, "--log-format", "console", "--log-level", "warn", "--http-addr", addr}, extra...)
-			return &system.Proc{Name: name, Bin: bin, Args: args, OpsAddr: addr, LogPath: filepath.Join(dir, name+".log")}, nil
+			return &system.Proc{Name: name, Bin: bin, Args: args, Env: env, OpsAddr: addr, LogPath: filepath.Join(dir, name+".log")}, nil
 		})
 	}
 	for i := range cfg.Enqueuers {
-		add(fmt.Sprintf("enqueuer-%d", i+1), b.bins.Enqueuer, cfg.EnqueuerArgs...)
+		add(fmt.Sprintf("enqueuer-%d", i+1), b.bins.Enqueuer, cfg.EnqueuerEnv, cfg.EnqueuerArgs...)
 	}
 	for i := range cfg.Completers {
-		add(fmt.Sprintf("completer-%d", i+1), b.bins.Completer, "--api-url", apiURL, "--auth-secret-file", secretPath)
+		add(fmt.Sprintf("completer-%d", i+1), b.bins.Completer, nil, "--api-url", apiURL, "--auth-secret-file", secretPath)
 	}
 	if cfg.Reaper {
-		add("reaper", b.bins.Reaper, "--schedule", "@every 10s")
+		add("reaper", b.bins.Reaper, nil, "--schedule", "@every 10s")
 	}
 	return procs
 }

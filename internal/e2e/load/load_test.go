@@ -187,9 +187,9 @@ func TestLoadSmoke(t *testing.T) {
 
 // TestStagingCost splits (c)'s price against (b) (IDEMD_LOAD_STAGING=1,
 // about 6 minutes): the API staging with no enqueuer running (the API's
-// side alone: the staged_jobs insert and its NOTIFY trigger), and with the
-// enqueuers polling instead of listening (no wake-up per commit), next to
-// (b) and (c) in the same run.
+// side alone: the staged_jobs insert and its NOTIFY trigger), with the
+// enqueuers polling instead of listening (no wake-up per commit), and with
+// the enqueuers' Go runtime on one P, next to (b) and (c) in the same run.
 func TestStagingCost(t *testing.T) {
 	if os.Getenv("IDEMD_LOAD_STAGING") != "1" {
 		t.Skip("set IDEMD_LOAD_STAGING=1 to split the staging hop's cost")
@@ -197,8 +197,11 @@ func TestStagingCost(t *testing.T) {
 	noEnqueuer := Config{Name: "(c0) API staging + worker, no enqueuer", ReceiptJobs: "staged", Worker: true}
 	polling := ConfigC
 	polling.Name, polling.EnqueuerArgs = "(cp) (c) with enqueuers --poll-only", []string{"--poll-only"}
+	oneProc := ConfigC
+	oneProc.Name, oneProc.EnqueuerEnv = "(c1) (c) with the enqueuers at GOMAXPROCS=1", []string{"GOMAXPROCS=1"}
 	rep, err := Load(context.Background(), dbtest.ServerURL(t), LoadOptions{
-		Configs: []Config{ConfigB, noEnqueuer, polling, ConfigC}, SkipConflicts: true, Logf: t.Logf,
+		Duration: 60 * time.Second, Rounds: 4,
+		Configs:  []Config{ConfigB, noEnqueuer, polling, oneProc, ConfigC}, SkipConflicts: true, Logf: t.Logf,
 	})
 	if err != nil {
 		t.Fatal(err)
