@@ -201,7 +201,7 @@ func TestStagingCost(t *testing.T) {
 	oneProc.Name, oneProc.EnqueuerEnv = "(c1) (c) with the enqueuers at GOMAXPROCS=1", []string{"GOMAXPROCS=1"}
 	rep, err := Load(context.Background(), dbtest.ServerURL(t), LoadOptions{
 		Duration: 60 * time.Second, Rounds: 4,
-		Configs:  []Config{ConfigB, noEnqueuer, polling, oneProc, ConfigC}, SkipConflicts: true, Logf: t.Logf,
+		Configs: []Config{ConfigB, noEnqueuer, polling, oneProc, ConfigC}, SkipConflicts: true, Logf: t.Logf,
 	})
 	if err != nil {
 		t.Fatal(err)
