@@ -115,7 +115,7 @@ func explainBuffers(t *testing.T, pool *pgxpool.Pool, sql string, args pgx.Named
 // abandoned keys are inserted after them. It returns the shared buffers a
 // claim's walk, and the mark read of a marked pass, read from the mark and
 // from the start of the index.
-func deadRowsUnderSnapshot(t *testing.T, dead int) (claimFromMark, markRead, claimFromStart int) {
+func deadRowsUnderSnapshot(t *testing.T, dead int) (claimFromMark, markRead, claimFromStart, gaugeFromMark, gaugeFromStart int) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	holder, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
@@ -171,24 +171,37 @@ FROM generate_series(1, $1) g`, dead); err != nil {
 	})
 	args["from_at"], args["from_id"] = walkStart.At, walkStart.ID
 	claimFromStart = explainBuffers(t, pool, candidateFromSQL, args)
+	mark := svc.walk.state.mark
+	gaugeFromMark = explainBuffers(t, pool, unfinishedKeysSQL, pgx.NamedArgs{"from_at": mark.At, "from_id": mark.ID})
+	gaugeFromStart = explainBuffers(t, pool, unfinishedKeysSQL, pgx.NamedArgs{"from_at": walkStart.At, "from_id": walkStart.ID})
+	// The gauges from the mark count every live key.
+	if err := svc.RefreshGauges(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(svc.metrics.pending.WithLabelValues("started")); n != 10 {
+		t.Fatalf("keys pending at started = %v, want the 10 live ones", n)
+	}
 	// The claim still claims every live key.
 	keys, err := svc.claim(ctx, 50)
 	if err != nil || len(keys) != 10 {
 		t.Fatalf("claimed %d keys (%v), want the 10 live ones", len(keys), err)
 	}
-	return claimFromMark, markRead, claimFromStart
+	return claimFromMark, markRead, claimFromStart, gaugeFromMark, gaugeFromStart
 }
 
-// Under a held snapshot, a claim and a mark read from the mark read as
-// many buffers with 20k dead rows below the mark as with 1k; from the start
+// Under a held snapshot, a claim, a mark read and the backlog gauges from
+// the mark read as many buffers with 20k dead rows below the mark as with 1k; from the start
 // of the index they grow with the dead rows (which shows they are there).
 func TestMarkSkipsDeadRows(t *testing.T) {
-	claim1k, read1k, start1k := deadRowsUnderSnapshot(t, 1000)
-	claim20k, read20k, start20k := deadRowsUnderSnapshot(t, 20000)
-	t.Logf("buffers: claim from the mark %d / %d, mark read %d / %d, claim from the start %d / %d (1k / 20k dead rows)",
-		claim1k, claim20k, read1k, read20k, start1k, start20k)
+	claim1k, read1k, start1k, gauge1k, gaugeStart1k := deadRowsUnderSnapshot(t, 1000)
+	claim20k, read20k, start20k, gauge20k, gaugeStart20k := deadRowsUnderSnapshot(t, 20000)
+	t.Logf("buffers: claim from the mark %d / %d, mark read %d / %d, claim from the start %d / %d, gauges from the mark %d / %d, from the start %d / %d (1k / 20k dead rows)",
+		claim1k, claim20k, read1k, read20k, start1k, start20k, gauge1k, gauge20k, gaugeStart1k, gaugeStart20k)
 	if start20k < start1k+50 {
 		t.Fatalf("from the start: %d buffers with 20k dead rows, %d with 1k: the dead rows are not in the walk", start20k, start1k)
+	}
+	if gaugeStart20k < gaugeStart1k+50 {
+		t.Fatalf("gauges from the start: %d buffers with 20k dead rows, %d with 1k: the dead rows are not in the walk", gaugeStart20k, gaugeStart1k)
 	}
 	const slack = 5
 	if claim20k > claim1k+slack {
@@ -196,6 +209,9 @@ func TestMarkSkipsDeadRows(t *testing.T) {
 	}
 	if read20k > read1k+slack {
 		t.Errorf("a mark read from the mark read %d buffers with 20k dead rows, %d with 1k", read20k, read1k)
+	}
+	if gauge20k > gauge1k+slack {
+		t.Errorf("the gauges from the mark read %d buffers with 20k dead rows, %d with 1k", gauge20k, gauge1k)
 	}
 }
 
@@ -231,6 +247,15 @@ INSERT INTO idempotency_keys (idempotency_key, user_id, request_method, request_
 VALUES ('late-1', 1, 'POST', '/charges', '{}', 'started', now() - interval '2 hours', now() - interval '2 hours'),
        ('fresh-1', 1, 'POST', '/charges', '{}', 'started', now() - interval '30 minutes', now() - interval '30 minutes')`); err != nil {
 		t.Fatal(err)
+	}
+	// The backlog gauges count from the mark too: the key below it is
+	// missed until a full walk finds it (the price of not walking the
+	// dead entries below the mark every poll interval).
+	if err := svc.RefreshGauges(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(svc.metrics.pending.WithLabelValues("started")); n != 2 {
+		t.Fatalf("keys pending at started = %v before the full walk, want 2 (hold-1, fresh-1; late-1 is below the mark)", n)
 	}
 	for svc.walk.state.passes%fullWalkEvery != 0 {
 		res, err := svc.pass(ctx, nil)

@@ -225,11 +225,16 @@ LEFT JOIN LATERAL (
 // unfinishedKeysSQL counts the completer's backlog by recovery point: keys
 // unfinished and not given up, with the created_at of the oldest and its
 // age by the database clock. It walks only idemd_unfinished_keys (every
-// unfinished key is in it) and the primary key of idempotency_keys.
+// unfinished key is in it) from the position (@from_at, @from_id) on, and
+// the primary key of idempotency_keys. In a transaction begun with
+// walkBeginSQL the walk goes through the side table's primary key from
+// that position, so from the low-water mark it skips the dead entries a
+// held snapshot keeps below it (mark.go).
 const unfinishedKeysSQL = `
 SELECT k.recovery_point, count(*), min(k.created_at), EXTRACT(EPOCH FROM now() - min(k.created_at))::float8
 FROM idemd_unfinished_keys u
 JOIN idempotency_keys k ON k.id = u.key_id
-WHERE k.recovery_point <> 'finished' AND k.completer_gave_up_at IS NULL
+WHERE (u.created_at, u.key_id) >= (@from_at::timestamptz, @from_id::bigint)
+  AND k.recovery_point <> 'finished' AND k.completer_gave_up_at IS NULL
 GROUP BY k.recovery_point
 ORDER BY k.recovery_point`

@@ -90,7 +90,16 @@ type UnfinishedKeys struct {
 // walks only idemd_unfinished_keys and the primary key of
 // idempotency_keys.
 func CountUnfinished(ctx context.Context, q Querier) ([]UnfinishedKeys, error) {
-	rows, err := q.Query(ctx, unfinishedKeysSQL)
+	return countUnfinished(ctx, q, walkStart)
+}
+
+// countUnfinished is CountUnfinished over the tracked rows at or above
+// from. The completer's gauges count from its low-water mark, so their
+// cost does not grow with the dead entries a held snapshot keeps below it;
+// they miss only keys committed below the mark, which the next full walk
+// finds and counts (idemd_completer_keys_below_mark_total).
+func countUnfinished(ctx context.Context, q Querier, from position) ([]UnfinishedKeys, error) {
+	rows, err := q.Query(ctx, unfinishedKeysSQL, pgx.NamedArgs{"from_at": from.At, "from_id": from.ID})
 	if err != nil {
 		return nil, fmt.Errorf("completer: unfinished keys: %w", err)
 	}
@@ -123,13 +132,21 @@ func (s *Service) maybeRefreshGauges(ctx context.Context, force bool) {
 }
 
 // RefreshGauges recomputes keys pending by recovery point and the oldest
-// unfinished key's age (CountUnfinished), and the open reviews by reason
-// and the oldest one's age (the partial index of open reviews). Every
-// review reason is always exported, at 0 when none is open, so an alert on
-// them never sees an absent series.
+// unfinished key's age (countUnfinished from the low-water mark, in a walk
+// transaction), and the open reviews by reason and the oldest one's age
+// (the partial index of open reviews). Every review reason is always
+// exported, at 0 when none is open, so an alert on them never sees an
+// absent series.
 func (s *Service) RefreshGauges(ctx context.Context) error {
-	groups, err := CountUnfinished(ctx, s.pool)
-	if err != nil {
+	s.walk.mu.Lock()
+	from := s.walk.state.mark
+	s.walk.mu.Unlock()
+	var groups []UnfinishedKeys
+	if err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		groups, err = countUnfinished(ctx, tx, from)
+		return err
+	}); err != nil {
 		return err
 	}
 	s.metrics.pending.Reset()
