@@ -12,51 +12,17 @@ import (
 
 	"github.com/idemd/idemd/idem/replayauth"
 	"github.com/idemd/idemd/internal/replaytest"
+	"github.com/idemd/idemd/internal/replayvectors"
 )
 
 // vectorsPath is the published vectors file, relative to this package.
 var vectorsPath = filepath.Join("..", "idem", "replayauth", "testdata", "vectors.json")
 
-// The vectors' shape (docs/api-authors.md, "The replay signature"). The
-// first fields are the signed request and what Go's signer makes of it;
-// steps are what a verifier holding verifier_secrets, with a skew window
-// of skew seconds and one nonce store for the whole vector, is given, in
-// order, with its clock at now, and what it must answer.
-type vector struct {
-	Name            string   `json:"name"`
-	Secrets         []string `json:"secrets"`
-	Timestamp       int64    `json:"timestamp"`
-	Nonce           string   `json:"nonce"`
-	Method          string   `json:"method"`
-	Path            string   `json:"path"`
-	UserID          int64    `json:"user_id"`
-	Key             string   `json:"idempotency_key"`
-	Body            string   `json:"body"`
-	Canonical       string   `json:"canonical"`
-	Header          string   `json:"header"`
-	VerifierSecrets []string `json:"verifier_secrets"`
-	Skew            int64    `json:"skew"`
-	Steps           []step   `json:"steps"`
-}
-
-type step struct {
-	Now     float64 `json:"now"`
-	Header  string  `json:"header"`
-	Request request `json:"request"`
-	// Expect is ok, or the refusal: missing, malformed, expired, mismatch,
-	// replayed (replayauth's ErrMissing ... ErrReplayed).
-	Expect string `json:"expect"`
-	// UserID is the accepted user id, in decimal (a string: JavaScript's
-	// numbers cannot hold every int64); empty unless Expect is ok.
-	UserID string `json:"user_id,omitempty"`
-}
-
-type request struct {
-	Method string `json:"method"`
-	Path   string `json:"path"`
-	Key    string `json:"idempotency_key"`
-	Body   string `json:"body"`
-}
+type (
+	vector  = replayvectors.Vector
+	step    = replayvectors.Step
+	request = replayvectors.Request
+)
 
 const (
 	secretA = "0123456789abcdef0123456789abcdef"

@@ -10,39 +10,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemd/idemd/internal/replayvectors"
 )
 
-type vector struct {
-	Name      string   `json:"name"`
-	Secrets   []string `json:"secrets"`
-	Timestamp int64    `json:"timestamp"`
-	Nonce     string   `json:"nonce"`
-	Method    string   `json:"method"`
-	Path      string   `json:"path"`
-	UserID    int64    `json:"user_id"`
-	Key       string   `json:"idempotency_key"`
-	Body      string   `json:"body"`
-	Canonical string   `json:"canonical"`
-	Header    string   `json:"header"`
-	// What a verifier holding VerifierSecrets with a window of Skew
-	// seconds, one nonce store for the vector, answers at each step.
-	VerifierSecrets []string     `json:"verifier_secrets"`
-	Skew            int64        `json:"skew"`
-	Steps           []vectorStep `json:"steps"`
-}
-
-type vectorStep struct {
-	Now     float64 `json:"now"`
-	Header  string  `json:"header"`
-	Request struct {
-		Method string `json:"method"`
-		Path   string `json:"path"`
-		Key    string `json:"idempotency_key"`
-		Body   string `json:"body"`
-	} `json:"request"`
-	Expect string `json:"expect"`
-	UserID string `json:"user_id"`
-}
+type (
+	vector     = replayvectors.Vector
+	vectorStep = replayvectors.Step
+)
 
 // vectorErrors are the refusals a step may expect, by name.
 var vectorErrors = map[string]error{

@@ -408,20 +408,27 @@ func TestLostNotificationIsSweptAndCounted(t *testing.T) {
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, 2*time.Minute, "the late row to move", func() bool {
-		return slices.Contains(stagedIDsInRiver(t, pool), lateID)
+	sweptOnce(t, s, pool, lateID, "the late row")
+}
+
+// sweptOnce waits until the row id is in River, checks River holds the 26
+// rows of lateLowID's set-up once each, and that the sweep's gap was
+// counted exactly once. The batch counts its gap after its commit, so the
+// row can be seen in River a moment before the counter moves: it waits for
+// the count, then checks it is exactly the one row.
+func sweptOnce(t *testing.T, s *Service, pool *pgxpool.Pool, id int64, what string) {
+	t.Helper()
+	testwait.Until(t, 2*time.Minute, what+" to move", func() bool {
+		return slices.Contains(stagedIDsInRiver(t, pool), id)
 	})
 	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
 		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
 	}
-	// The batch counts its gap after its commit, so the row can be seen
-	// in River a moment before the counter moves: wait for the count,
-	// then check it is exactly the one row.
 	testwait.Until(t, 2*time.Minute, "the counted gap", func() bool {
 		return testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)) >= 1
 	})
 	if v := testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)); v != 1 {
-		t.Fatalf("gap swept = %v, want 1 (the late row)", v)
+		t.Fatalf("gap swept = %v, want 1 (%s)", v, what)
 	}
 }
 
@@ -468,21 +475,7 @@ func TestRowsAnotherReplicaRolledBackAreSwept(t *testing.T) {
 	if err := other.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, 2*time.Minute, "the released row to move", func() bool {
-		return slices.Contains(stagedIDsInRiver(t, pool), lockedID)
-	})
-	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
-		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
-	}
-	// The batch counts its gap after its commit, so the row can be seen
-	// in River a moment before the counter moves: wait for the count,
-	// then check it is exactly the one row.
-	testwait.Until(t, 2*time.Minute, "the counted gap", func() bool {
-		return testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)) >= 1
-	})
-	if v := testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)); v != 1 {
-		t.Fatalf("gap swept = %v, want 1 (the released row)", v)
-	}
+	sweptOnce(t, s, pool, lockedID, "the released row")
 }
 
 // TestNotificationWithoutFloorIsAFullPass: a notification with no id in it
