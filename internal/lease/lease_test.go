@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/lease"
@@ -45,6 +46,15 @@ func TestAcquireRenewRelease(t *testing.T) {
 	}
 }
 
+// expire ends every lease by the database clock, rather than waiting for
+// it.
+func expire(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), "UPDATE idemd_leases SET expires_at = clock_timestamp() - interval '1 second'"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestExpiredLeaseIsTakenOver: a holder that stops renewing loses its lease
 // to the next taker, and its own later renewal fails.
 func TestExpiredLeaseIsTakenOver(t *testing.T) {
@@ -53,10 +63,7 @@ func TestExpiredLeaseIsTakenOver(t *testing.T) {
 	if a, err := lease.Acquire(ctx, pool, "task", "dead", time.Hour); err != nil || !a.Acquired {
 		t.Fatalf("acquire: %+v, %v", a, err)
 	}
-	// Expire it by the database clock rather than waiting for it.
-	if _, err := pool.Exec(ctx, "UPDATE idemd_leases SET expires_at = clock_timestamp() - interval '1 second'"); err != nil {
-		t.Fatal(err)
-	}
+	expire(t, pool)
 	a, err := lease.Acquire(ctx, pool, "task", "next", time.Hour)
 	if err != nil || !a.Acquired || !a.TookOver("next") || a.PrevHolder != "dead" {
 		t.Fatalf("takeover: %+v, %v", a, err)
@@ -75,9 +82,7 @@ func TestRenewFencesTheTransaction(t *testing.T) {
 	if a, err := lease.Acquire(ctx, pool, "task", "a", time.Hour); err != nil || !a.Acquired {
 		t.Fatalf("acquire: %+v, %v", a, err)
 	}
-	if _, err := pool.Exec(ctx, "UPDATE idemd_leases SET expires_at = clock_timestamp() - interval '1 second'"); err != nil {
-		t.Fatal(err)
-	}
+	expire(t, pool)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -105,9 +110,7 @@ func TestConcurrentAcquireOneWinner(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	for round := range 10 {
-		if _, err := pool.Exec(ctx, "UPDATE idemd_leases SET expires_at = clock_timestamp() - interval '1 second'"); err != nil {
-			t.Fatal(err)
-		}
+		expire(t, pool)
 		var mu sync.Mutex
 		winners := 0
 		var wg sync.WaitGroup
@@ -147,9 +150,7 @@ func TestFenceLetsTheHolderOverlap(t *testing.T) {
 	if a, err := lease.Acquire(ctx, pool, "task", "a", time.Hour); err != nil || !a.Acquired {
 		t.Fatalf("acquire: %+v, %v", a, err)
 	}
-	if _, err := pool.Exec(ctx, "UPDATE idemd_leases SET expires_at = clock_timestamp() - interval '1 second'"); err != nil {
-		t.Fatal(err)
-	}
+	expire(t, pool)
 	var txs []pgx.Tx
 	for range 2 {
 		tx, err := pool.Begin(ctx)
