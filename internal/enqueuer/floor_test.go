@@ -324,12 +324,7 @@ func TestLateLowIDIsMovedByItsNotification(t *testing.T) {
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, 2*time.Minute, "the late row to move", func() bool {
-		return slices.Contains(stagedIDsInRiver(t, pool), lateID)
-	})
-	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
-		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
-	}
+	movedOnce(t, pool, lateID, "the late row")
 	// A batch counts after its commit: stopped, every count is in.
 	if err := s.Stop(ctx); err != nil {
 		t.Fatal(err)
@@ -363,12 +358,7 @@ func TestLateLowIDIsMovedWithoutNotifications(t *testing.T) {
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, 2*time.Minute, "the late row to move", func() bool {
-		return slices.Contains(stagedIDsInRiver(t, pool), lateID)
-	})
-	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
-		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
-	}
+	movedOnce(t, pool, lateID, "the late row")
 	// A batch counts after its commit: stopped, every count is in.
 	if err := s.Stop(ctx); err != nil {
 		t.Fatal(err)
@@ -411,12 +401,9 @@ func TestLostNotificationIsSweptAndCounted(t *testing.T) {
 	sweptOnce(t, s, pool, lateID, "the late row")
 }
 
-// sweptOnce waits until the row id is in River, checks River holds the 26
-// rows of lateLowID's set-up once each, and that the sweep's gap was
-// counted exactly once. The batch counts its gap after its commit, so the
-// row can be seen in River a moment before the counter moves: it waits for
-// the count, then checks it is exactly the one row.
-func sweptOnce(t *testing.T, s *Service, pool *pgxpool.Pool, id int64, what string) {
+// movedOnce waits until the row id is in River and checks River holds the
+// 26 rows of lateLowID's set-up once each.
+func movedOnce(t *testing.T, pool *pgxpool.Pool, id int64, what string) {
 	t.Helper()
 	testwait.Until(t, 2*time.Minute, what+" to move", func() bool {
 		return slices.Contains(stagedIDsInRiver(t, pool), id)
@@ -424,6 +411,15 @@ func sweptOnce(t *testing.T, s *Service, pool *pgxpool.Pool, id int64, what stri
 	if ids := stagedIDsInRiver(t, pool); len(ids) != 26 || len(slices.Compact(ids)) != 26 {
 		t.Fatalf("River holds %v, want 26 distinct jobs", ids)
 	}
+}
+
+// sweptOnce is movedOnce, and checks that the sweep's gap was counted
+// exactly once. The batch counts its gap after its commit, so the
+// row can be seen in River a moment before the counter moves: it waits for
+// the count, then checks it is exactly the one row.
+func sweptOnce(t *testing.T, s *Service, pool *pgxpool.Pool, id int64, what string) {
+	t.Helper()
+	movedOnce(t, pool, id, what)
 	testwait.Until(t, 2*time.Minute, "the counted gap", func() bool {
 		return testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)) >= 1
 	})
