@@ -5,7 +5,8 @@
 # CI=true a missing one fails the tests.
 #
 #   ruby + ruby-pg              Rack middleware tests; minitest ships with ruby
-#   python3 + python3-psycopg2  WSGI/ASGI tests and the end-to-end API; the
+#   ruby-webrick                the end-to-end Ruby API's HTTP server
+#   python3 + python3-psycopg2  WSGI/ASGI tests and the end-to-end Python API; the
 #                               tests use Debian's /usr/bin/python3 ahead of
 #                               any other python3 on PATH (pyenv)
 #   nodejs                      Express/connect middleware tests (node:test);
@@ -23,9 +24,10 @@ install() {
   "$here/install-debian-quietly.sh" "$1" "$1"
 }
 
-if ! command -v ruby >/dev/null || ! ruby -e 'require "pg"; require "minitest"; require "openssl"' 2>/dev/null; then
+if ! command -v ruby >/dev/null || ! ruby -e 'require "pg"; require "minitest"; require "openssl"; require "webrick"' 2>/dev/null; then
   install ruby
   install ruby-pg
+  install ruby-webrick
 fi
 if ! /usr/bin/python3 -c 'import psycopg2' 2>/dev/null; then
   install python3-psycopg2
@@ -38,7 +40,7 @@ if ! command -v psql >/dev/null; then
 fi
 
 ok=1
-ruby -e 'require "pg"; require "minitest"; require "openssl"' || { echo "ensure-runtimes: ruby with pg and minitest missing" >&2; ok=0; }
+ruby -e 'require "pg"; require "minitest"; require "openssl"; require "webrick"' || { echo "ensure-runtimes: ruby with pg, minitest and webrick missing" >&2; ok=0; }
 /usr/bin/python3 -c 'import psycopg2' || { echo "ensure-runtimes: Debian's python3 with psycopg2 missing" >&2; ok=0; }
 node -e 'if (+process.versions.node.split(".")[0] < 18) process.exit(1)' || { echo "ensure-runtimes: node 18 or later missing" >&2; ok=0; }
 command -v psql >/dev/null || { echo "ensure-runtimes: psql missing" >&2; ok=0; }

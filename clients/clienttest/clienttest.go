@@ -78,13 +78,14 @@ func Python(tb testing.TB) string {
 	return ""
 }
 
-// Ruby returns ruby with the pg gem and minitest (Debian: ruby, ruby-pg).
+// Ruby returns ruby with the pg gem, minitest and WEBrick, which the
+// example API serves with (Debian: ruby, ruby-pg, ruby-webrick).
 func Ruby(tb testing.TB) string {
 	tb.Helper()
-	if p, err := exec.LookPath("ruby"); err == nil && works(p, "-e", `require "pg"; require "minitest"; require "openssl"`) {
+	if p, err := exec.LookPath("ruby"); err == nil && works(p, "-e", `require "pg"; require "minitest"; require "openssl"; require "webrick"`) {
 		return p
 	}
-	missing(tb, "no ruby with the pg gem and minitest (Debian: ruby, ruby-pg)")
+	missing(tb, "no ruby with the pg gem, minitest and webrick (Debian: ruby, ruby-pg, ruby-webrick)")
 	return ""
 }
 

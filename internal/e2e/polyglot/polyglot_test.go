@@ -187,18 +187,18 @@ type system struct {
 	api       *proc
 	apiURL    string
 	apiArgs   []string
-	py        string
+	lang      lang
 	secret    replayauth.Secret
 	secretFil string
 }
 
 func (s *system) startAPI() {
 	s.t.Helper()
-	s.api = start(s.t, s.dir, "orders-api", s.py, s.apiArgs...)
-	until(s.t, 30*time.Second, "the Python API to answer", func() (bool, error) {
+	s.api = start(s.t, s.dir, "orders-api", s.lang.interpreter, s.apiArgs...)
+	until(s.t, 30*time.Second, "the "+s.lang.name+" API to answer", func() (bool, error) {
 		if !s.api.running() {
 			b, _ := os.ReadFile(s.api.log)
-			s.t.Fatalf("the Python API exited: %v\n%s", s.api.err, b)
+			s.t.Fatalf("the %s API exited: %v\n%s", s.lang.name, s.api.err, b)
 		}
 		resp, err := http.Get(s.apiURL + "/healthz")
 		if err != nil {
@@ -257,11 +257,32 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
+// lang is one language's example order API: the same routes, answers and
+// faults in each (clients/<language>/example/).
+type lang struct {
+	name        string // as the messages say it
+	interpreter string
+	script      []string // path below the repository's root
+	source      string   // the metadata "source" its staged jobs carry
+}
+
 // TestPythonAPI: abandoned requests of a Python API finished by the real
 // completer through the Python verifier, staged jobs moved into River by
 // the real enqueuer, forged and replayed signatures refused.
 func TestPythonAPI(t *testing.T) {
-	py := clienttest.Python(t)
+	runOrdersAPI(t, lang{name: "Python", interpreter: clienttest.Python(t),
+		script: []string{"clients", "python", "example", "orders_api.py"}, source: "python-example"})
+}
+
+// TestRubyAPI is TestPythonAPI with the Ruby API (WEBrick, ruby-pg and the
+// Rack middleware of clients/ruby).
+func TestRubyAPI(t *testing.T) {
+	runOrdersAPI(t, lang{name: "Ruby", interpreter: clienttest.Ruby(t),
+		script: []string{"clients", "ruby", "example", "orders_api.rb"}, source: "ruby-example"})
+}
+
+// runOrdersAPI is the test of one language's order API.
+func runOrdersAPI(t *testing.T, l lang) {
 	completer := testbin.Build(t, "github.com/idemd/idemd/cmd/completer")
 	enqueuer := testbin.Build(t, "github.com/idemd/idemd/cmd/enqueuer")
 	root := clienttest.Root(t)
@@ -283,8 +304,8 @@ func TestPythonAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
-	s := &system{t: t, dir: dir, db: db, admin: admin, apiURL: "http://" + addr, py: py, secret: secret, secretFil: secretFile,
-		apiArgs: []string{filepath.Join(root, "clients", "python", "example", "orders_api.py"),
+	s := &system{t: t, dir: dir, db: db, admin: admin, apiURL: "http://" + addr, lang: l, secret: secret, secretFil: secretFile,
+		apiArgs: []string{filepath.Join(append([]string{root}, l.script...)...),
 			"--addr", addr, "--database-url", db.APIURL, "--replay-secret-file", secretFile,
 			"--lock-timeout", lockTimeout, "--test-control"}}
 	s.startAPI()
@@ -437,7 +458,7 @@ func TestPythonAPI(t *testing.T) {
 	if r := s.replay(replaytest.SignAt(good, now, nonce, mallory), target, params); r.status != http.StatusUnauthorized {
 		t.Fatalf("another user's key: %d %s, want 401", r.status, r.body)
 	}
-	// A nonce a Go replica of the API accepted is refused by the Python one.
+	// A nonce a Go replica of the API accepted is refused by this one.
 	goPool, err := pgxpool.New(context.Background(), db.APIURL)
 	if err != nil {
 		t.Fatal(err)
@@ -488,7 +509,7 @@ func TestPythonAPI(t *testing.T) {
 	}
 
 	// --- The daemons, as deployed: they finish every abandoned key
-	// through the Python verifier and move every staged job into River.
+	// through the API's verifier and move every staged job into River.
 	common := []string{"--database-url", db.URL, "--log-format", "console", "--http-addr=", "--shutdown-timeout", "10s"}
 	enq := start(t, dir, "enqueuer", enqueuer, append(common, "--allowed-kinds", "send_order_receipt", "--poll-interval", "1s")...)
 	comp := start(t, dir, "completer", completer, append(common, "--api-url", s.apiURL, "--auth-secret-file", secretFile,
@@ -528,16 +549,16 @@ func TestPythonAPI(t *testing.T) {
 	}
 	if n := s.scalar(`SELECT count(*) FROM river_job WHERE kind = 'send_order_receipt'
 		AND queue = 'receipts' AND priority = 2 AND max_attempts = 5 AND tags::text[] = ARRAY['orders']
-		AND metadata ->> 'source' = 'python-example'`); n != total {
+		AND metadata ->> 'source' = $1`, l.source); n != total {
 		t.Errorf("%d River jobs carry the staged queue, priority, max_attempts, tags and metadata, want %d", n, total)
 	}
 	if n := s.scalar(`SELECT count(*) FROM staged_jobs_dead`); n != 0 {
 		t.Errorf("%d dead-lettered staged jobs", n)
 	}
-	// Each abandoned key was replayed through the Python verifier, which
+	// Each abandoned key was replayed through the API's verifier, which
 	// recorded the completer's nonce.
 	if n := completerNonces(); n < int64(len(abandoned)) {
-		t.Errorf("%d completer nonces recorded by the Python verifier, want at least %d", n, len(abandoned))
+		t.Errorf("%d completer nonces recorded by the %s verifier, want at least %d", n, l.name, len(abandoned))
 	}
 	var rows pgx.Rows
 	rows, err = admin.Query(ctx, `SELECT idempotency_key FROM idempotency_keys WHERE completer_gave_up_at IS NOT NULL`)
