@@ -190,8 +190,9 @@ FROM generate_series(1, $1) g`, dead); err != nil {
 }
 
 // Under a held snapshot, a claim, a mark read and the backlog gauges from
-// the mark read as many buffers with 20k dead rows below the mark as with 1k; from the start
-// of the index they grow with the dead rows (which shows they are there).
+// the mark read as many buffers with 20k dead rows below the mark as with
+// 1k; from the start of the index they grow with the dead rows (which
+// shows they are there).
 func TestMarkSkipsDeadRows(t *testing.T) {
 	claim1k, read1k, start1k, gauge1k, gaugeStart1k := deadRowsUnderSnapshot(t, 1000)
 	claim20k, read20k, start20k, gauge20k, gaugeStart20k := deadRowsUnderSnapshot(t, 20000)

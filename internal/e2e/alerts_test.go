@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -207,11 +208,10 @@ func (e *env) counted(ctx context.Context, procs []*system.Proc, name string, la
 	err := system.Poll(wctx, 50*time.Millisecond, func() (bool, error) {
 		sum = 0
 		for _, p := range procs {
-			page, err := p.Metrics(wctx)
-			if err != nil {
+			samples, err := metricSamples(wctx, p)
+			if errors.Is(err, errNoPage) {
 				return false, nil // a daemon between lives; the next poll asks again
 			}
-			samples, err := alertcheck.ParseText(bytes.NewReader(page))
 			if err != nil {
 				return false, err
 			}
@@ -226,6 +226,18 @@ func (e *env) counted(ctx context.Context, procs []*system.Proc, name string, la
 	if err != nil {
 		e.t.Errorf("%s%v never counted on the daemons' /metrics (sum %v): %v", name, labels, sum, err)
 	}
+}
+
+// errNoPage: a daemon's /metrics did not answer.
+var errNoPage = errors.New("no /metrics page")
+
+// metricSamples reads p's /metrics page, parsed as the recorder parses it.
+func metricSamples(ctx context.Context, p *system.Proc) ([]alertcheck.Sample, error) {
+	page, err := p.Metrics(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errNoPage, err)
+	}
+	return alertcheck.ParseText(bytes.NewReader(page))
 }
 
 // labelsMatch reports whether have carries every label of want.
@@ -313,8 +325,9 @@ func (e *env) checkAlerts(ctx context.Context) {
 }
 
 // poisonReasons reads the reason codes the enqueuers gave the poison rows
-// once all of them are dead-lettered.
-func (e *env) poisonReasons(ctx context.Context) error {
+// once all of them are dead-lettered, records them for checkAlerts and
+// returns them.
+func (e *env) poisonReasons(ctx context.Context) ([]string, error) {
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var reasons []string
@@ -325,10 +338,10 @@ func (e *env) poisonReasons(ctx context.Context) error {
 		return n == len(e.poison), err
 	})
 	if err != nil {
-		return fmt.Errorf("poison rows not all dead-lettered: %w", err)
+		return nil, fmt.Errorf("poison rows not all dead-lettered: %w", err)
 	}
 	e.alerts.mu.Lock()
 	e.alerts.poisonReasons = reasons
 	e.alerts.mu.Unlock()
-	return nil
+	return reasons, nil
 }

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -334,11 +333,7 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	// start; wait for every enqueuer to be one or the other.
 	for _, p := range e.daemons.Enqueuers {
 		if err := system.Poll(wctx, 50*time.Millisecond, func() (bool, error) {
-			page, err := p.Metrics(wctx)
-			if err != nil {
-				return false, err
-			}
-			samples, err := alertcheck.ParseText(bytes.NewReader(page))
+			samples, err := metricSamples(wctx, p)
 			if err != nil {
 				return false, err
 			}
@@ -528,12 +523,10 @@ func (e *env) insertPoison(ctx context.Context) {
 		e.poison = append(e.poison, id)
 	}
 	e.logf("poison staged rows %v", e.poison)
-	if err := e.poisonReasons(ctx); err != nil {
+	reasons, err := e.poisonReasons(ctx)
+	if err != nil {
 		e.t.Error(err)
 	}
-	e.alerts.mu.Lock()
-	reasons := slices.Clone(e.alerts.poisonReasons)
-	e.alerts.mu.Unlock()
 	for _, r := range reasons {
 		e.counted(ctx, e.daemons.Enqueuers, "idemd_enqueuer_jobs_dead_lettered_total", map[string]string{"reason": r})
 	}
