@@ -402,7 +402,8 @@ func TestLostNotificationIsSweptAndCounted(t *testing.T) {
 }
 
 // movedOnce waits until the row id is in River and checks River holds the
-// 26 rows of lateLowID's set-up once each.
+// 26 rows these tests stage (the late or locked row and 25 others) once
+// each.
 func movedOnce(t *testing.T, pool *pgxpool.Pool, id int64, what string) {
 	t.Helper()
 	testwait.Until(t, 2*time.Minute, what+" to move", func() bool {
