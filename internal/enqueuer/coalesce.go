@@ -32,9 +32,9 @@ const rateHalfLife = 250 * time.Millisecond
 
 // decayedRate is an exponentially decayed event rate (events a second,
 // remembering with rateHalfLife): the rate r measured at last, decayed to
-// now, plus one event at now when event. It is the mean rate of a steady
-// stream and follows a change of rate within a few half-lives.
-func decayedRate(r float64, last, now time.Time, event bool) float64 {
+// now, plus n events at now. It is the mean rate of a steady stream and
+// follows a change of rate within a few half-lives.
+func decayedRate(r float64, last, now time.Time, n float64) float64 {
 	tau := rateHalfLife.Seconds() / math.Ln2
 	if !last.IsZero() {
 		dt := now.Sub(last).Seconds()
@@ -42,10 +42,7 @@ func decayedRate(r float64, last, now time.Time, event bool) float64 {
 			r *= math.Exp(-dt / tau)
 		}
 	}
-	if event {
-		r += 1 / tau
-	}
-	return r
+	return r + n/tau
 }
 
 // maxWakeCoalesce bounds --wake-coalesce.

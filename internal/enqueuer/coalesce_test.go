@@ -86,7 +86,7 @@ func TestDecayedRate(t *testing.T) {
 		r, last := 0.0, time.Time{}
 		step := time.Second / time.Duration(perSecond)
 		for at := t0; at.Before(t0.Add(d)); at = at.Add(step) {
-			r, last = decayedRate(r, last, at, true), at
+			r, last = decayedRate(r, last, at, 1), at
 		}
 		return r, last
 	}
@@ -99,7 +99,7 @@ func TestDecayedRate(t *testing.T) {
 		}
 	}
 	r, last := stream(150, 3*time.Second)
-	if q := decayedRate(r, last, last.Add(time.Second), false); q >= coalesceMinRate/4 {
+	if q := decayedRate(r, last, last.Add(time.Second), 0); q >= coalesceMinRate/4 {
 		t.Errorf("a second after a 150/s stream: %.1f a second", q)
 	}
 	if r, _ := stream(40, 3*time.Second); r >= coalesceMinRate {

@@ -27,16 +27,17 @@ const listenerApplicationName = "idemd-enqueuer-listener"
 // Settings are the operator-facing knobs. The command parses them from
 // flags (each has an IDEMD_ environment variable through kong's
 // DefaultEnvars); their defaults are DefaultSettings. Zero is a value, and
-// for every number here but --wake-coalesce (0: off) a refused one: there
+// for every number here but --wake-coalesce and --polling-interval (0: off) a refused one: there
 // is no "0 means the default".
 type Settings struct {
-	BatchSize     int           `name:"batch-size" default:"${batch_size}" help:"Most staged rows moved per transaction."`
-	Workers       int           `name:"workers" default:"${workers}" help:"Batches moved at once while draining, each on its own connection."`
-	PollInterval  time.Duration `name:"poll-interval" default:"${poll_interval}" help:"How often the sweep looks for staged rows no notification reported (the only wake-up with --poll-only; notifications are the normal wake-up)."`
-	AllowedKinds  []string      `name:"allowed-kinds" sep:"," help:"Comma-separated job kinds to accept; others are dead-lettered. Empty accepts any kind."`
-	MaxArgsBytes  int           `name:"max-args-bytes" default:"${max_args_bytes}" help:"Dead-letter staged rows whose job_args exceed this many bytes."`
-	StatsInterval time.Duration `name:"stats-interval" default:"${stats_interval}" help:"How often the backlog gauges are refreshed."`
-	WakeCoalesce  time.Duration `name:"wake-coalesce" default:"${wake_coalesce}" help:"Under a stream of commits (50 a second or more), start a pass no sooner than this after the previous one (when it took few rows) or once 4 notifications wait, so one pass moves the rows of several; below that rate a commit is moved at once. 0 turns it off."`
+	BatchSize       int           `name:"batch-size" default:"${batch_size}" help:"Most staged rows moved per transaction."`
+	Workers         int           `name:"workers" default:"${workers}" help:"Batches moved at once while draining, each on its own connection."`
+	PollInterval    time.Duration `name:"poll-interval" default:"${poll_interval}" help:"How often the sweep looks for staged rows no notification reported (the only wake-up with --poll-only; notifications are the normal wake-up)."`
+	AllowedKinds    []string      `name:"allowed-kinds" sep:"," help:"Comma-separated job kinds to accept; others are dead-lettered. Empty accepts any kind."`
+	MaxArgsBytes    int           `name:"max-args-bytes" default:"${max_args_bytes}" help:"Dead-letter staged rows whose job_args exceed this many bytes."`
+	StatsInterval   time.Duration `name:"stats-interval" default:"${stats_interval}" help:"How often the backlog gauges are refreshed."`
+	PollingInterval time.Duration `name:"polling-interval" default:"${polling_interval}" help:"Under a stream of commits (200 notifications a second or more) the drainer stops being notified and polls staged_jobs this often instead, so the API's commits skip their NOTIFY, which would make them wait for one another's WAL flush; it goes back to notifications when the stream ebbs. 0 turns polling off: every commit notifies."`
+	WakeCoalesce    time.Duration `name:"wake-coalesce" default:"${wake_coalesce}" help:"Under a stream of commits (50 a second or more), start a pass no sooner than this after the previous one (when it took few rows) or once 4 notifications wait, so one pass moves the rows of several; below that rate a commit is moved at once. 0 turns it off."`
 
 	ListenDatabaseURL     string        `name:"listen-database-url" help:"Connection URL for LISTEN only: a direct or session-mode URL when --database-url goes through a transaction-mode pooler. Empty: the --database-url connection (with --pooler transaction, no listening: wake every --poll-interval)."`
 	PollOnly              bool          `name:"poll-only" help:"Do not LISTEN; wake every --poll-interval. For setups where no connection can LISTEN."`
@@ -60,6 +61,11 @@ func DefaultSettings() Settings {
 		// 50 a second or more (River's own fetch cooldown is 100 ms);
 		// chosen by the load benchmark (docs/load.md).
 		WakeCoalesce: 50 * time.Millisecond,
+		// Polling under a stream of commits (poll.go): a committed row
+		// waits at most this long for the next poll; at thousands of
+		// commits a second each poll moves dozens of rows in one
+		// transaction. Chosen by the staging benchmark (docs/enqueuer.md).
+		PollingInterval: 5 * time.Millisecond,
 		// The listener's self-check: frequent enough that a deaf listener
 		// is found within a scrape or two, rare enough to cost nothing.
 		ListenerCheckInterval: 30 * time.Second,
@@ -91,6 +97,9 @@ func (s *Settings) Check() []string {
 	pos("--stats-interval", s.StatsInterval)
 	if s.WakeCoalesce < 0 || s.WakeCoalesce > maxWakeCoalesce {
 		p = append(p, fmt.Sprintf("--wake-coalesce must be between 0 and %s, got %s", maxWakeCoalesce, s.WakeCoalesce))
+	}
+	if s.PollingInterval < 0 || s.PollingInterval > maxPollingInterval {
+		p = append(p, fmt.Sprintf("--polling-interval must be between 0 and %s, got %s", maxPollingInterval, s.PollingInterval))
 	}
 	pos("--listener-check-interval", s.ListenerCheckInterval)
 	pos("--listener-check-timeout", s.ListenerCheckTimeout)

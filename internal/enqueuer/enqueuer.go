@@ -119,6 +119,11 @@ type Service struct {
 	listening atomic.Bool
 	// gapLogged logs each notification gap reason once.
 	gapLogged [2]sync.Once
+	// gate is the drainer's session for the polling lock; polling is true
+	// while the drainer polls instead of being notified (poll.go).
+	gate             gate
+	polling          atomic.Bool
+	pollingErrLogged sync.Once
 
 	runner lifecycle.Runner
 	// instance tells this replica's listener self-checks from others'.
@@ -137,6 +142,7 @@ type testSignals struct {
 	passed              testsignal.Signal[struct{}] // the loop's pass ended (the first is the start's full pass)
 	standby             testsignal.Signal[struct{}] // the listener stands by, waiting for the drainer lock
 	swept               testsignal.Signal[bool]     // a sweep ended; true when it began with the listener up
+	polling             testsignal.Signal[bool]     // the drainer started (true) or stopped (false) polling; false once the handoff's drain ended
 }
 
 // testHooks are where a test must act inside the service or see every
@@ -149,6 +155,9 @@ type testHooks struct {
 	// dropNotification, when it returns true, loses a staged_jobs
 	// notification: the listener asks the test which one.
 	dropNotification func(payload string) bool
+	// sweepMarkOnly keeps the sweep to moving the low-water mark: the rows
+	// it finds wake nothing, so only notifications and polls move rows.
+	sweepMarkOnly bool
 }
 
 // New validates cfg and builds a Service. A bad configuration returns a
@@ -236,22 +245,44 @@ func (s *Service) run(ctx context.Context, stop <-chan struct{}) {
 	var (
 		last    *Result
 		lastEnd time.Time
+		poll    pollState
+		handoff bool // the pass after a handoff: polling ends with it
 	)
+	defer func() {
+		if poll.polling || handoff {
+			s.setPolling(false)
+		}
+	}()
 	lifecycle.Loop{
 		Pass: func(ctx context.Context) error {
-			if last != nil {
+			switch {
+			case poll.polling:
+				s.pollFloor()
+			case last != nil:
 				s.coalesce(ctx, stop, last.taken(), lastEnd)
 			}
 			var err error
 			last, err = s.pass(ctx, stop)
 			lastEnd = time.Now()
+			if handoff && err == nil {
+				// The drain that saw the rows of every transaction that
+				// skipped its notification is done.
+				handoff = false
+				s.setPolling(false)
+			}
+			if err == nil {
+				handoff = s.steerPolling(ctx, &poll, last.taken(), lastEnd) || handoff
+			}
 			s.signals.passed.Signal(struct{}{})
 			return err
 		},
 		Next: func(err error, failures int) time.Duration {
 			d := nextPass(err, failures, s.cfg.PollInterval)
-			if err != nil {
+			switch {
+			case err != nil:
 				s.retryAfter(d)
+			case poll.polling:
+				d = s.cfg.PollingInterval
 			}
 			return d
 		},

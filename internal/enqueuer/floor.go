@@ -110,7 +110,7 @@ func (f *floor) notify(id int64, now time.Time) {
 	f.mu.Lock()
 	f.notified = min(f.notified, id)
 	f.notifications++
-	f.notifyRate = decayedRate(f.notifyRate, f.lastNotify, now, true)
+	f.notifyRate = decayedRate(f.notifyRate, f.lastNotify, now, 1)
 	f.lastNotify = now
 	f.mu.Unlock()
 }
@@ -119,7 +119,7 @@ func (f *floor) notify(id int64, now time.Time) {
 func (f *floor) rate(now time.Time) float64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return decayedRate(f.notifyRate, f.lastNotify, now, false)
+	return decayedRate(f.notifyRate, f.lastNotify, now, 0)
 }
 
 // pending is how many notifications lowered the floor since the last drain

@@ -640,7 +640,7 @@ func TestSweepLowWaterMark(t *testing.T) {
 	s := newService(t, pool)
 	sweep := func() *int64 {
 		t.Helper()
-		low, err := s.sweepOnce(ctx)
+		low, err := s.sweepOnce(ctx, true)
 		if err != nil {
 			t.Fatal(err)
 		}

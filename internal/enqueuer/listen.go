@@ -89,6 +89,14 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 	// (its snapshot is taken after LISTEN, so anything committed later
 	// notifies).
 	connected()
+	if s.cfg.PollingInterval > 0 {
+		// The polling lock's session (poll.go) lives as long as this
+		// replica is the drainer.
+		if err := s.gate.open(ctx, s.listenCfg); err != nil {
+			s.pollingFailed(err)
+		}
+		defer s.gate.close(ctx)
+	}
 	s.listening.Store(true)
 	s.metrics.listenerUp.Set(1)
 	s.trigger(cause)

@@ -15,12 +15,13 @@ const (
 	wakeRetry     = "retry"     // a pass failed: a full pass after a backoff
 	wakeStart     = "start"     // Start: a full pass
 	wakeDrainer   = "drainer"   // a standby took over as the drainer: a full pass
+	wakeHandoff   = "handoff"   // the drainer stopped polling: a drain from the low-water mark
 )
 
 // wakeCauses lists every cause above: each gets its series at 0 when the
 // process starts, so the first wake-up of a cause is an increase
 // Prometheus sees.
-var wakeCauses = []string{wakeNotify, wakePoll, wakeReconnect, wakeRetry, wakeStart, wakeDrainer}
+var wakeCauses = []string{wakeNotify, wakePoll, wakeReconnect, wakeRetry, wakeStart, wakeDrainer, wakeHandoff}
 
 type metrics struct {
 	moved         prometheus.Counter
@@ -46,6 +47,14 @@ type metrics struct {
 	// (drainer.go); takeovers counts the times it got it.
 	standby   prometheus.Gauge
 	takeovers prometheus.Counter
+	// polling is 1 while the drainer polls instead of being notified
+	// (poll.go); pollingStarts counts the times it started, handoffTimeouts
+	// the handoffs that timed out waiting for committing transactions,
+	// pollingErrors the takes and handoffs that failed.
+	polling         prometheus.Gauge
+	pollingStarts   prometheus.Counter
+	handoffTimeouts prometheus.Counter
+	pollingErrors   prometheus.Counter
 }
 
 // newMetrics creates the enqueuer's collectors, every labelled series at 0,
@@ -72,7 +81,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_enqueuer_oldest_staged_age_seconds", Help: "Age of the oldest row in staged_jobs (0 when empty).",
 		}),
 		wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemd_enqueuer_wakeups_total", Help: "Drain wake-up signals by cause (notify, poll, reconnect, retry, start, drainer), counted even when coalesced into a pending wake-up.",
+			Name: "idemd_enqueuer_wakeups_total", Help: "Drain wake-up signals by cause (notify, poll, reconnect, retry, start, drainer, handoff), counted even when coalesced into a pending wake-up.",
 		}, []string{"cause"}),
 		listenerUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "idemd_enqueuer_listener_up", Help: "1 while this replica is the drainer and notifications are known to arrive: the listener is connected, holds the drainer lock and its last self-NOTIFY round trip came back.",
@@ -98,6 +107,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemd_enqueuer_drainer_takeovers_total", Help: "Times this replica stopped standing by and became the drainer because the previous drainer's session ended.",
 		}),
+		polling: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_enqueuer_polling", Help: "1 while this replica, the drainer, polls staged_jobs every --polling-interval under a stream of commits instead of being notified (the API's commits then skip their NOTIFY).",
+		}),
+		pollingStarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_polling_starts_total", Help: "Times the drainer started polling under a stream of commits.",
+		}),
+		handoffTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_polling_handoff_timeouts_total", Help: "Handoffs from polling back to notifications that timed out waiting for committing transactions (the drainer keeps polling and retries).",
+		}),
+		pollingErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_polling_errors_total", Help: "Failures to take the polling lock or to hand off (the drainer stays in its mode and retries); should stay 0.",
+		}),
 	}
 	// Every reason and cause starts at 0: increase() over a series that
 	// appears at 1 is 0, so the first dead-lettered row of a reason would
@@ -115,7 +136,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.moved, m.deadLettered, m.batchDuration, m.batchErrors, m.backlog, m.oldestAge, m.wakeups,
-		m.listenerUp, m.pollOnly, m.listenerCheckFailures, m.notificationGaps, m.sweepDuration, m.standby, m.takeovers} {
+		m.listenerUp, m.pollOnly, m.listenerCheckFailures, m.notificationGaps, m.sweepDuration, m.standby, m.takeovers,
+		m.polling, m.pollingStarts, m.handoffTimeouts, m.pollingErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("enqueuer: register metrics: %w", err)
 		}

@@ -28,29 +28,45 @@ type lowWater struct {
 	count int           // sweeps so far
 }
 
-// sweepLoop runs the sweep every PollInterval until ctx ends.
+// sweepLoop runs the sweep every PollInterval until ctx ends, and every
+// pollingSweepInterval while the drainer polls (poll.go: each poll drains
+// from the mark, so the mark must follow the moves closely). Only the
+// sweeps PollInterval apart count towards the full ones.
 func (s *Service) sweepLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.PollInterval)
+	t := time.NewTimer(s.cfg.PollInterval)
 	defer t.Stop()
+	lastRegular := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if err := s.sweep(ctx); err != nil && ctx.Err() == nil {
+		regular := time.Since(lastRegular) >= s.cfg.PollInterval
+		if regular {
+			lastRegular = time.Now()
+		}
+		if err := s.sweep(ctx, regular); err != nil && ctx.Err() == nil {
 			s.logger.Debug("sweep failed", zap.Error(err))
 		}
+		d := s.cfg.PollInterval
+		if s.polling.Load() {
+			d = min(d, pollingSweepInterval)
+		}
+		t.Reset(d)
 	}
 }
 
 // sweep finds the lowest committed staged id and has the loop drain from
 // there. A table found empty counts as a pass for /readyz: with nothing
-// staged there is nothing to drain.
-func (s *Service) sweep(ctx context.Context) error {
+// staged there is nothing to drain. Rows it finds count as notification
+// gaps only when notifications were expected to report them: the listener
+// up and the drainer not polling.
+func (s *Service) sweep(ctx context.Context, regular bool) error {
 	listening := s.listening.Load() && !s.cfg.PollOnly
+	notified := listening && !s.polling.Load()
 	start := time.Now()
-	low, err := s.sweepOnce(ctx)
+	low, err := s.sweepOnce(ctx, regular)
 	defer s.signals.swept.Signal(listening)
 	s.metrics.sweepDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -60,7 +76,10 @@ func (s *Service) sweep(ctx context.Context) error {
 		s.markReady(time.Now())
 		return nil
 	}
-	s.floor.lowerSwept(*low, listening)
+	if s.hooks.sweepMarkOnly {
+		return nil
+	}
+	s.floor.lowerSwept(*low, notified)
 	s.signal(wakePoll)
 	return nil
 }
@@ -68,11 +87,15 @@ func (s *Service) sweep(ctx context.Context) error {
 // sweepOnce runs one sweep's statements, in this order, each with its own
 // snapshot (READ COMMITTED): the sequence, the lock holders, the read of
 // the lowest id. It moves the low-water mark (nextLowWater) and returns
-// the lowest id (nil: none).
-func (s *Service) sweepOnce(ctx context.Context) (*int64, error) {
+// the lowest id (nil: none). Every sweepFullEvery-th regular sweep reads
+// from the start of the index.
+func (s *Service) sweepOnce(ctx context.Context, regular bool) (*int64, error) {
 	lw := &s.lw
-	lw.count++
-	full := lw.count%sweepFullEvery == 0
+	full := false
+	if regular {
+		lw.count++
+		full = lw.count%sweepFullEvery == 0
+	}
 	// The mark's statements and the read run in one transaction begun as a
 	// move transaction is, so the read walks the index from the mark
 	// whatever the planner thinks of the table (see beginSQL).

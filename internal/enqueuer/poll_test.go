@@ -1,0 +1,374 @@
+package enqueuer
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testwait"
+)
+
+// nextPollAction, without a database: when a drainer starts and stops
+// polling.
+func TestNextPollAction(t *testing.T) {
+	const iv = 5 * time.Millisecond
+	cases := []struct {
+		name                string
+		polling, canPoll    bool
+		interval            time.Duration
+		notifyRate, rowRate float64
+		want                pollAction
+	}{
+		{"notified, everyday rate", false, true, iv, pollStartRate - 1, 0, pollStay},
+		{"notified, a stream", false, true, iv, pollStartRate, 0, pollStart},
+		{"a stream, polling off", false, true, 0, 10 * pollStartRate, 0, pollStay},
+		{"a stream, no listener or gate", false, false, iv, 10 * pollStartRate, 0, pollStay},
+		{"polling, rows keep coming", true, true, iv, 0, pollStopRate, pollStay},
+		{"polling, between the thresholds", true, true, iv, 0, (pollStartRate + pollStopRate) / 2, pollStay},
+		{"polling, the stream ebbed", true, true, iv, 0, pollStopRate - 1, pollStop},
+		{"polling, the listener went", true, false, iv, 0, 10 * pollStartRate, pollStop},
+		{"polling, turned off", true, true, 0, 0, 10 * pollStartRate, pollStop},
+	}
+	for _, c := range cases {
+		if got := nextPollAction(c.polling, c.canPoll, c.interval, c.notifyRate, c.rowRate); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// heardUntil reads notifications on the staged_jobs channel from conn until
+// the sentinel payload arrives (NOTIFYs are delivered in commit order, so
+// everything committed before the sentinel was sent has been heard by then)
+// and returns the staged_jobs payloads before it.
+func heardUntil(t *testing.T, conn *pgx.Conn, pool *pgxpool.Pool, sentinel string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, sentinel); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			t.Fatalf("waiting for %q: %v", sentinel, err)
+		}
+		if n.Payload == sentinel {
+			return got
+		}
+		got = append(got, n.Payload)
+	}
+}
+
+// pollLocks returns P's and H's keys for the test database's staged_jobs.
+func pollLocks(t *testing.T, pool *pgxpool.Pool) (p, h int64) {
+	t.Helper()
+	if err := pool.QueryRow(context.Background(), pollKeysSQL, pollingLockClass, handoffLockClass).Scan(&p, &h); err != nil {
+		t.Fatal(err)
+	}
+	return p, h
+}
+
+// The trigger's protocol (migration 00018), seen from outside: with no one
+// holding P every commit notifies with the lowest id it staged; while P is
+// held commits skip their notification and hold H until they end; while H
+// is taken (a handoff) they notify again. The independent oracle is a
+// LISTENing session.
+func TestTriggerNotifiesUnlessPolled(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	listener, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, listenSQL); err != nil {
+		t.Fatal(err)
+	}
+	stage := func(ids ...int64) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (id, job_name, job_args) SELECT i, 'k', '{}' FROM unnest($1::bigint[]) WITH ORDINALITY u(i, o) ORDER BY o`, ids); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Nobody polls: one notification per transaction, its lowest id; a
+	// later row with a lower id notifies again.
+	stage(100, 101, 102)
+	stage(300, 200)
+	if got, want := heardUntil(t, listener, pool, "s1"), []string{"100", "300", "200"}; !slices.Equal(got, want) {
+		t.Fatalf("heard %q, want %q", got, want)
+	}
+
+	p, h := pollLocks(t, pool)
+	drainer, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drainer.Close(ctx)
+	if _, err := drainer.Exec(ctx, "SELECT pg_advisory_lock($1)", p); err != nil {
+		t.Fatal(err)
+	}
+
+	// Polled: no notification.
+	stage(400)
+	if got := heardUntil(t, listener, pool, "s2"); len(got) != 0 {
+		t.Fatalf("a polled commit notified: %q", got)
+	}
+
+	// A transaction that skipped its notification holds H until it ends
+	// (the trigger fires early here, at SET CONSTRAINTS, as it would for
+	// an API that sets its constraints immediate).
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `INSERT INTO staged_jobs (id, job_name, job_args) VALUES (500, 'k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	tryH := func() bool {
+		var got bool
+		if err := drainer.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", h).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if tryH() {
+		t.Fatal("H was free while a transaction that skipped its notification was open")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !tryH() {
+		t.Fatal("H still taken after that transaction committed")
+	}
+	if got := heardUntil(t, listener, pool, "s3"); len(got) != 0 {
+		t.Fatalf("a polled commit notified: %q", got)
+	}
+
+	// A handoff in progress (H taken exclusively): commits notify.
+	htx, err := drainer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := htx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", h); err != nil {
+		t.Fatal(err)
+	}
+	stage(600)
+	if err := htx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := heardUntil(t, listener, pool, "s4"), []string{"600"}; !slices.Equal(got, want) {
+		t.Fatalf("during a handoff heard %q, want %q", got, want)
+	}
+
+	// The drainer's session ends (it died): commits notify at once.
+	if err := drainer.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stage(700)
+	if got, want := heardUntil(t, listener, pool, "s5"), []string{"700"}; !slices.Equal(got, want) {
+		t.Fatalf("after the drainer's session ended heard %q, want %q", got, want)
+	}
+}
+
+// The gate's handoff waits for the transactions that skipped their
+// notification: while one is open it times out and keeps P (commits still
+// skip their notification), and once that transaction has committed it
+// succeeds and releases P (commits notify again).
+func TestHandoffWaitsForSkippedCommits(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	listener, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, listenSQL); err != nil {
+		t.Fatal(err)
+	}
+	var g gate
+	if err := g.open(ctx, pool.Config().ConnConfig); err != nil {
+		t.Fatal(err)
+	}
+	defer g.close(ctx)
+	gen, err := g.take(ctx)
+	if err != nil || gen == 0 {
+		t.Fatalf("take P: generation %d, %v", gen, err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := g.release(ctx, pool, gen); err != nil || ok {
+		t.Fatalf("handoff with a skipped commit open: %v, %v; want a timeout", ok, err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	if got := heardUntil(t, listener, pool, "s1"); len(got) != 0 {
+		t.Fatalf("P was given up by a handoff that timed out: %q", got)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := g.release(ctx, pool, gen); err != nil || !ok {
+		t.Fatalf("handoff once the skipped commit ended: %v, %v", ok, err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (id, job_name, job_args) VALUES (1000, 'k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := heardUntil(t, listener, pool, "s2"), []string{"1000"}; !slices.Equal(got, want) {
+		t.Fatalf("after the handoff heard %q, want %q", got, want)
+	}
+}
+
+// Streams of commits make the drainer poll, and each stream's end hands it
+// back to notifications; the sweep wakes nothing here (it only moves the
+// low-water mark), so a row that a handoff lost would stay staged and fail
+// the test. Every committed row becomes exactly one River job (the oracle:
+// SQL on river_job), and no gap is counted.
+func TestPollingUnderStreamsLosesNothing(t *testing.T) {
+	ctx := context.Background()
+	pcfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 16 // the writers' and the enqueuer's
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := newService(t, pool, func(s *Settings) { s.PollInterval = 20 * time.Millisecond })
+	s.hooks.sweepMarkOnly = true
+	s.signals.polling.Init()
+	s.signals.listenerUp.Init()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(ctx) //nolint:errcheck
+	s.signals.listenerUp.WaitOrTimeout(t)
+	testwait.Until(t, time.Minute, "the low-water mark", func() bool { return s.lw.mark.Load() != fullPass })
+
+	var (
+		mu        sync.Mutex
+		committed []int64
+	)
+	const rounds, writers = 3, 8
+	for round := range rounds {
+		// A stream: writers commit one row at a time until the drainer
+		// polls, and a little longer, so commits race the start. They stop
+		// between commits, so every committed id is recorded.
+		var stopped atomic.Bool
+		var wg sync.WaitGroup
+		for range writers {
+			wg.Go(func() {
+				for n := 0; n < 20_000 && !stopped.Load(); n++ {
+					var id int64
+					err := pool.QueryRow(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('k', '{}') RETURNING id`).Scan(&id)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					committed = append(committed, id)
+					mu.Unlock()
+				}
+			})
+		}
+		if on := s.signals.polling.WaitOrTimeout(t); !on {
+			t.Fatalf("round %d: polling stopped before it started", round)
+		}
+		// Keep streaming for a few polls' worth of commits.
+		mu.Lock()
+		target := len(committed) + 500
+		mu.Unlock()
+		testwait.Until(t, time.Minute, "more commits while polling", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(committed) >= target
+		})
+		stopped.Store(true)
+		wg.Wait()
+		if on := s.signals.polling.WaitOrTimeout(t); on {
+			t.Fatalf("round %d: polling started twice", round)
+		}
+		testwait.Until(t, time.Minute, "staged_jobs to drain after the handoff", func() bool {
+			return count(t, pool, "SELECT count(*) FROM staged_jobs") == 0
+		})
+	}
+	got := stagedIDsInRiver(t, pool)
+	slices.Sort(committed)
+	if !slices.Equal(got, committed) {
+		t.Fatalf("River holds %d jobs for %d committed rows (duplicates or losses)", len(got), len(committed))
+	}
+	if n := testutil.ToFloat64(s.metrics.pollingStarts); n != rounds {
+		t.Errorf("polling started %v times, want %d", n, rounds)
+	}
+	if n := testutil.ToFloat64(s.metrics.pollingErrors); n != 0 {
+		t.Errorf("%v polling errors", n)
+	}
+	if n := testutil.ToFloat64(s.metrics.notificationGaps.WithLabelValues(GapSwept)); n != 0 {
+		t.Errorf("%v swept gaps", n)
+	}
+}
+
+// A drainer killed while it polls (its gate's session ends, releasing P):
+// the next commits notify at once, so a replica that takes over, or this
+// one once its listener is back, is woken by them.
+func TestPollingLockDiesWithItsSession(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	var g gate
+	if err := g.open(ctx, pool.Config().ConnConfig); err != nil {
+		t.Fatal(err)
+	}
+	if gen, err := g.take(ctx); err != nil || gen == 0 {
+		t.Fatalf("take P: %d, %v", gen, err)
+	}
+	var pid int
+	g.mu.Lock()
+	err := g.conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid)
+	g.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := pollLocks(t, pool)
+	held := func() bool {
+		// Scoped to this test's database: advisory locks carry it.
+		return count(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND ((classid::bigint << 32) | objid::bigint) = $1`, p) == 1
+	}
+	if !held() {
+		t.Fatal("P is not held after take")
+	}
+	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, time.Minute, "P to go with the session", func() bool { return !held() })
+	if gen, err := g.take(ctx); err == nil || gen != 0 {
+		t.Fatalf("take on a dead session: %d, %v; want an error", gen, err)
+	}
+}
