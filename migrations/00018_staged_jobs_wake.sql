@@ -14,7 +14,7 @@
 --
 --   polling (P): the enqueuer that drains holds it, exclusively, on a
 --     session of its own while it polls staged_jobs every few
---     milliseconds under a stream of commits.
+--     milliseconds under a stream of commits. The trigger only probes it.
 --   handoff (H): a transaction that skipped its notification because P
 --     was held holds H, shared, until it ends. The enqueuer stops polling
 --     by taking H exclusively, releasing P and then H, and draining once
@@ -45,8 +45,12 @@ DECLARE
     sent bigint;
 BEGIN
     -- x'1d3e0001' and x'1d3e0002' name P and H (internal/enqueuer, poll.go).
-    IF NOT pg_try_advisory_xact_lock_shared((x'1d3e0001'::bigint << 32) | TG_RELID::bigint)
-       AND pg_try_advisory_xact_lock_shared((x'1d3e0002'::bigint << 32) | TG_RELID::bigint) THEN
+    -- P is only probed, never kept: a transaction that notifies waits at
+    -- commit for the flushes of the others that notify, and holding P
+    -- through that wait would keep the enqueuer from taking it.
+    IF pg_try_advisory_lock_shared((x'1d3e0001'::bigint << 32) | TG_RELID::bigint) THEN
+        PERFORM pg_advisory_unlock_shared((x'1d3e0001'::bigint << 32) | TG_RELID::bigint);
+    ELSIF pg_try_advisory_xact_lock_shared((x'1d3e0002'::bigint << 32) | TG_RELID::bigint) THEN
         RETURN NULL;
     END IF;
     sent := nullif(current_setting('idemd.staged_jobs_notified', true), '')::bigint;

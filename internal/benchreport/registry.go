@@ -8,4 +8,5 @@ var Suites = map[string]func(ctx context.Context, adminURL string, scale Scale, 
 	"reaper":    Reaper,
 	"completer": Completer,
 	"e2e":       E2E,
+	"staging":   Staging,
 }

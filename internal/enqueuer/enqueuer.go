@@ -282,7 +282,7 @@ func (s *Service) run(ctx context.Context, stop <-chan struct{}) {
 			case err != nil:
 				s.retryAfter(d)
 			case poll.polling:
-				d = s.cfg.PollingInterval
+				d = poll.wait
 			}
 			return d
 		},

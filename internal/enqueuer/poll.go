@@ -28,8 +28,9 @@ import (
 //   - P, the polling lock: the drainer holds it exclusively on a session of
 //     its own (the gate, on the listener's URL: a session lock through a
 //     transaction-mode pooler would stay with a server connection) while it
-//     polls. A committing transaction that finds P held skips its
-//     notification, holding H shared until it ends.
+//     polls. A committing transaction probes it (takes it shared and lets
+//     it go at once); one that finds it held skips its notification,
+//     holding H shared until it ends.
 //   - H, the handoff lock: to stop polling, the drainer takes H exclusively
 //     (waiting, at most handoffTimeout, for the transactions that skipped
 //     their notification to end), releases P, then H, and drains once more
@@ -59,15 +60,22 @@ const (
 const pollKeysSQL = `SELECT ($1::bigint << 32) | t, ($2::bigint << 32) | t FROM (SELECT 'staged_jobs'::regclass::oid::bigint AS t) s`
 
 // pollStartRate: from this many notifications a second the drainer polls.
-// Below it commits rarely overlap, so their notifications cost the API
-// little, and a poll every few milliseconds would cost the database more
-// than the notifications it saves.
-const pollStartRate = 200.0
+// Low, because the rate the drainer hears is what the notifications let
+// through: commits that notify wait for one another's flush, so under
+// contention their rate collapses however many clients want to commit
+// (tens a second at 64 clients on a busy two-core machine). Below it a
+// notification costs the API nothing measurable.
+const pollStartRate = 20.0
 
 // pollStopRate: a polling drainer hands back to notifications once the rows
 // it takes fall below this many a second (well below pollStartRate, so a
 // rate near the threshold does not switch back and forth).
-const pollStopRate = 50.0
+const pollStopRate = 5.0
+
+// maxPollBackoff: while polls come back empty the drainer doubles its wait
+// between them, from --polling-interval up to this, so a stream that ebbs
+// costs no more passes than rows; one that takes a row resets it.
+const maxPollBackoff = 50 * time.Millisecond
 
 // handoffTimeout bounds the handoff's wait for the transactions that skipped
 // their notification to end. They hold H only while they commit, unless one
@@ -119,6 +127,18 @@ type pollState struct {
 	held    uint64
 	rowRate float64   // rows taken a second (decayedRate)
 	last    time.Time // when rowRate was measured
+	// wait is the time to the next poll (nextPollWait).
+	wait time.Duration
+}
+
+// nextPollWait is the wait before the next poll after one that took taken
+// rows: --polling-interval after a poll that took rows, otherwise the last
+// wait doubled, at most maxPollBackoff (and never less than interval).
+func nextPollWait(last, interval time.Duration, taken int) time.Duration {
+	if taken > 0 || last < interval {
+		return interval
+	}
+	return max(interval, min(2*last, maxPollBackoff))
 }
 
 // gate is the drainer's session for P. The listener opens it once it is the
@@ -176,11 +196,11 @@ func (g *gate) current() uint64 {
 }
 
 // take takes P on the gate's session, waiting at most handoffTimeout for
-// the committing transactions that hold it shared for a moment while they
-// notify. While it waits, committing transactions skip their notification
-// as if it held P, so the drainer polls from before it asks. It returns the
-// generation P was taken on (0: not taken, the wait timed out or the gate
-// is closed).
+// the committing transactions that are probing it (each holds it shared
+// for an instant). While it waits, committing transactions skip their
+// notification as if it held P, so the drainer polls from before it asks.
+// It returns the generation P was taken on (0: not taken, the wait timed
+// out or the gate is closed).
 func (g *gate) take(ctx context.Context) (uint64, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -267,6 +287,7 @@ const lockNotAvailable = "55P03"
 func (s *Service) steerPolling(ctx context.Context, p *pollState, taken int, now time.Time) (handedOff bool) {
 	p.rowRate = decayedRate(p.rowRate, p.last, now, float64(taken))
 	p.last = now
+	p.wait = nextPollWait(p.wait, s.cfg.PollingInterval, taken)
 	gen := s.gate.current()
 	// A poll drains from the low-water mark: without one (not established
 	// yet, or ids that do not come from a CACHE 1 sequence) every poll

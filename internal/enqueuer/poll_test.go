@@ -2,7 +2,9 @@ package enqueuer
 
 import (
 	"context"
+	"io/fs"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/migrations"
 )
 
 // nextPollAction, without a database: when a drainer starts and stops
@@ -41,6 +44,30 @@ func TestNextPollAction(t *testing.T) {
 		if got := nextPollAction(c.polling, c.canPoll, c.interval, c.notifyRate, c.rowRate); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// nextPollWait, without a database: a poll that took rows is followed
+// after --polling-interval; empty ones back off to maxPollBackoff.
+func TestNextPollWait(t *testing.T) {
+	const iv = 5 * time.Millisecond
+	w := nextPollWait(0, iv, 0)
+	if w != iv {
+		t.Fatalf("first wait %s", w)
+	}
+	var seen []time.Duration
+	for range 6 {
+		w = nextPollWait(w, iv, 0)
+		seen = append(seen, w)
+	}
+	if want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond, maxPollBackoff, maxPollBackoff, maxPollBackoff}; !slices.Equal(seen, want) {
+		t.Fatalf("empty polls wait %v, want %v", seen, want)
+	}
+	if w = nextPollWait(w, iv, 3); w != iv {
+		t.Fatalf("after a poll that took rows: %s", w)
+	}
+	if w = nextPollWait(maxPollBackoff, 200*time.Millisecond, 0); w != 200*time.Millisecond {
+		t.Fatalf("an interval above the backoff's ceiling: %s", w)
 	}
 }
 
@@ -249,17 +276,64 @@ func TestHandoffWaitsForSkippedCommits(t *testing.T) {
 // the test. Every committed row becomes exactly one River job (the oracle:
 // SQL on river_job), and no gap is counted.
 func TestPollingUnderStreamsLosesNothing(t *testing.T) {
-	ctx := context.Background()
+	streamsLoseNothing(t, streamPool(t, nil))
+}
+
+// The same with the trigger of the previous release (migration 00015's,
+// a NOTIFY per statement, which knows nothing of the polling lock), as
+// during a rollout whose enqueuers start before `idemctl migrate`: the
+// drainer polls all the same and nothing is lost.
+func TestPollingWithThePreviousTrigger(t *testing.T) {
+	streamsLoseNothing(t, streamPool(t, func(migrator *pgxpool.Pool) {
+		up := previousTrigger(t)
+		if _, err := migrator.Exec(context.Background(), "DROP TRIGGER idemd_staged_jobs_wake ON staged_jobs; "+up); err != nil {
+			t.Fatal(err)
+		}
+	}))
+}
+
+// previousTrigger is migration 00015's Up section, its goose annotations
+// left out.
+func previousTrigger(t *testing.T) string {
+	t.Helper()
+	b, err := fs.ReadFile(migrations.FS, "00015_staged_jobs_notify_low_id.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	up := text[strings.Index(text, "-- +goose Up"):strings.Index(text, "-- +goose Down")]
+	var keep []string
+	for _, line := range strings.Split(up, "\n") {
+		if !strings.HasPrefix(line, "-- +goose") {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+// streamPool is a pool on a fresh database with room for the writers and
+// the enqueuer, after setup ran as the schema's owner.
+func streamPool(t *testing.T, setup func(migrator *pgxpool.Pool)) *pgxpool.Pool {
+	t.Helper()
 	pcfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	pcfg.MaxConns = 16 // the writers' and the enqueuer's
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
+	if setup != nil {
+		setup(dbtest.MigratorPool(t, pool))
+	}
+	return pool
+}
+
+func streamsLoseNothing(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
 	s := newService(t, pool, func(s *Settings) { s.PollInterval = 20 * time.Millisecond })
 	s.hooks.sweepMarkOnly = true
 	s.signals.polling.Init()

@@ -33,9 +33,10 @@ type lowWater struct {
 // from the mark, so the mark must follow the moves closely). Only the
 // sweeps PollInterval apart count towards the full ones.
 func (s *Service) sweepLoop(ctx context.Context) {
-	t := time.NewTimer(s.cfg.PollInterval)
+	t := time.NewTimer(min(s.cfg.PollInterval, pollingSweepInterval))
 	defer t.Stop()
 	lastRegular := time.Now()
+	starting := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -50,7 +51,10 @@ func (s *Service) sweepLoop(ctx context.Context) {
 			s.logger.Debug("sweep failed", zap.Error(err))
 		}
 		d := s.cfg.PollInterval
-		if s.polling.Load() {
+		starting++
+		if s.polling.Load() || s.lw.mark.Load() == fullPass && starting < 3 {
+			// Polling, or the mark not yet established at start (it
+			// takes two sweeps, and the drainer polls only with one).
 			d = min(d, pollingSweepInterval)
 		}
 		t.Reset(d)
