@@ -63,7 +63,7 @@ var (
 	// "issue 19", "issues 14 and 16", "#19".
 	issueRef = regexp.MustCompile(`(?i)\bissues? #?\d+|(?:^|[\s(\[])#\d+\b`)
 	// Who measured when: "this session", "the previous session's run".
-	sessionTalk = regexp.MustCompile(`(?i)\b(?:this|previous|last|earlier|first|second|third|fourth|one|another) session\b`)
+	sessionTalk = regexp.MustCompile(`(?i)\b(?:previous|last|earlier|second|third|fourth|another) session\b|\bthis session[,;)]`)
 )
 
 // TestGuidesCarryNoLabNotebook: outside docs/benchmarks/ the pages say
@@ -111,6 +111,10 @@ func TestLabNotebookPatterns(t *testing.T) {
 		{issueRef, "# a shell comment", false},
 		{sessionTalk, "Run 4 (this session, after", true},
 		{sessionTalk, "a session advisory lock", false},
+		{sessionTalk, "(third session, 2026-12-03)", true},
+		{sessionTalk, "On the previous session's machine", true},
+		{sessionTalk, "LISTEN already needs this session connection", false},
+		{sessionTalk, "with both on one session the drainer", false},
 	} {
 		if got := c.re.MatchString(c.line); got != c.want {
 			t.Errorf("%v on %q: matched %v, want %v", c.re, c.line, got, c.want)
