@@ -67,11 +67,13 @@ var allowedDeployments = map[string]string{
 	"idemd-console": "docs/console.md port-forwards to a console Deployment that the manifests do not define (yet): owned by the manifests' rework, remove this entry when it lands",
 }
 
-// clientEnvs are the IDEMD_ variables the other-language clients and
-// their tests read (clients/ruby, clients/python, clients/node).
-func clientEnvs(t *testing.T) map[string]bool {
+// clientNames are the IDEMD_ variables the other-language clients and
+// their tests read, and the command-line flags their example APIs define
+// ("--x" literals: argparse, OptionParser, parseArgs), in clients/ruby,
+// clients/python and clients/node.
+func clientNames(t *testing.T) (envs, flags map[string]bool) {
 	t.Helper()
-	out := map[string]bool{}
+	envs, flags = map[string]bool{}, map[string]bool{}
 	err := filepath.WalkDir(filepath.Join(root, "clients"), func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -86,7 +88,10 @@ func clientEnvs(t *testing.T) map[string]bool {
 				return err
 			}
 			for _, e := range docEnv.FindAllString(string(b), -1) {
-				out[e] = true
+				envs[e] = true
+			}
+			for _, m := range flagLiteral.FindAllStringSubmatch(string(b), -1) {
+				flags[m[1]] = true
 			}
 		}
 		return nil
@@ -94,7 +99,7 @@ func clientEnvs(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatalf("walk clients: %v", err)
 	}
-	return out
+	return envs, flags
 }
 
 // flagsOf builds cli's parser the way the binaries do (config.Parse) and
@@ -167,6 +172,7 @@ var (
 	goFlagDef = regexp.MustCompile(`flag\.(?:String|Int|Int64|Bool|Duration|Float64|Uint)(?:Var)?\((?:[^,()]+, )?"([a-z][a-z0-9-]*)"`)
 	// Struct tags of kong commands that are package main (the simulator).
 	kongNameTag    = regexp.MustCompile("`[^`]*\\bname:\"([a-z][a-z0-9-]*)\"[^`]*`")
+	flagLiteral    = regexp.MustCompile(`["']--([a-z][a-z0-9-]*)["']`)
 	goIdentLiteral = regexp.MustCompile(`"(idemd_[a-z0-9_]+)"`)
 	envLiteral     = regexp.MustCompile(`"(IDEMD_[A-Z0-9_]+)"`)
 	// Metrics registered with the Prometheus client: their Opts' Name, or
@@ -225,8 +231,12 @@ func TestDocReferencesExist(t *testing.T) {
 		t.Fatalf("registered metrics not found in the sources (%d found): the pattern is broken", len(metrics))
 	}
 
-	for e := range clientEnvs(t) {
+	clientEnvs, clientFlags := clientNames(t)
+	for e := range clientEnvs {
 		envs[e] = "clients/"
+	}
+	for f := range clientFlags {
+		flags[f] = "clients/"
 	}
 
 	sqlNames := map[string]bool{}
@@ -324,8 +334,8 @@ func sqlLike(name string) bool {
 	return map[string]bool{
 		"idemd_api":        true, // a role of deploy/sql/roles.sql's (created through a variable there)
 		"idemd_demo":       true, // make demo's database name (scripts/demo.sh)
+		"idemd_adopt":      true, // docs/adopt.md's database name
 		"idemd_replayauth": true, // the Python client's package (clients/python)
-		"idemd_adoptwalk":  true, // docs/adopt.md's database name
 	}[name]
 }
 
