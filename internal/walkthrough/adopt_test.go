@@ -67,6 +67,15 @@ func TestAdoptPageRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The page recreates its database at the start and leaves it, as a
+	// reader's run would; the test drops it.
+	t.Cleanup(func() {
+		drop := exec.Command("psql", "-h", "127.0.0.1", "-U", "postgres", "-q", "-c", "DROP DATABASE IF EXISTS idemd_adopt WITH (FORCE)")
+		if out, err := drop.CombinedOutput(); err != nil {
+			t.Errorf("drop the walkthrough's database: %v\n%s", err, out)
+		}
+	})
+
 	script := "set -euo pipefail\n" + strings.Join(blocks, "\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
