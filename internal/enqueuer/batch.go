@@ -201,7 +201,7 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 // COPY, a smaller one with one INSERT. COPY is two round trips (the
 // command, then its data) and an INSERT one; in the steady state a move
 // takes a handful of rows and the round trip is most of its cost (the
-// load benchmark, docs/load.md), while behind a backlog COPY's cheaper
+// load benchmark, docs/benchmarks/load.md), while behind a backlog COPY's cheaper
 // rows win.
 const copyMinRows = 64
 

@@ -139,8 +139,11 @@ class Faults:
 
 
 class API:
-    def __init__(self, pool, lock_timeout, faults):
+    def __init__(self, pool, lock_timeout, faults, stage_jobs=True):
         self.pool = pool
+        # False: the API stages no job (run the completer and the reaper
+        # without the enqueuer).
+        self.stage_jobs = stage_jobs
         self.lock_timeout = lock_timeout
         self.faults = faults
 
@@ -290,10 +293,11 @@ class API:
         order_id = cur.fetchone()[0]
         # The job exists exactly when this transaction commits. NULL in an
         # optional column means River's default.
-        cur.execute("""INSERT INTO staged_jobs
+        if self.stage_jobs:
+            cur.execute("""INSERT INTO staged_jobs
                            (job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata)
-                       VALUES ('send_order_receipt', %s::jsonb, 'receipts', 2, 5, NULL, %s, %s::jsonb)""",
-                    (json.dumps({"order_id": order_id}), ["orders"], json.dumps({"source": "python-example"})))
+                           VALUES ('send_order_receipt', %s::jsonb, 'receipts', 2, 5, NULL, %s, %s::jsonb)""",
+                        (json.dumps({"order_id": order_id}), ["orders"], json.dumps({"source": "python-example"})))
         body = json.dumps({"order_id": order_id, "sku": k["params"]["sku"], "quantity": k["params"]["quantity"]},
                           separators=(",", ":"))
         return (201, body)
@@ -401,11 +405,14 @@ def main():
     p.add_argument("--replay-secret-file-previous", default="")
     p.add_argument("--lock-timeout", type=float, default=90.0, help="seconds; match the completer's --lock-timeout")
     p.add_argument("--test-control", action="store_true", help="serve PUT /_test/faults")
+    p.add_argument("--jobs", choices=["staged", "none"], default="staged",
+                   help="staged: stage send_order_receipt in the last phase (needs the enqueuer and a River "
+                        "worker); none: stage nothing (the completer and the reaper alone)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     pool = psycopg2.pool.ThreadedConnectionPool(1, 32, args.database_url)
-    api = API(pool, args.lock_timeout, Faults())
+    api = API(pool, args.lock_timeout, Faults(), stage_jobs=args.jobs == "staged")
     migrate(api.query)
 
     verifier = ra.Verifier(ra.read_secret_files(args.replay_secret_file, args.replay_secret_file_previous),
