@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-.PHONY: build image test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium
+.PHONY: build image test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium
 
 build:
 	@mkdir -p $(BIN)
@@ -17,6 +17,11 @@ ensure-postgres:
 # promtool checks and unit-tests the alerts (deploy/alerts_test.go).
 ensure-promtool:
 	@scripts/ensure-promtool.sh
+
+# A kustomize v5 renderer for deploy/images_test.go: kubectl's, else the
+# kustomize CLI built from the Go module proxy.
+ensure-kustomize:
+	@scripts/ensure-kustomize.sh
 
 # internal/pgbouncertest runs the tests' own pgbouncer processes.
 ensure-pgbouncer:
@@ -49,7 +54,7 @@ image: ensure-buildah
 # test command: the package tests, then the end-to-end fault suite.
 test: unit e2e
 
-unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-buildah ensure-runtimes ensure-chromium
+unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-kustomize ensure-buildah ensure-runtimes ensure-chromium
 	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
 
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,
@@ -68,7 +73,7 @@ bench: ensure-postgres ensure-pgbouncer
 demo: ensure-postgres build
 	@scripts/demo.sh
 
-deploy-check: ensure-promtool
+deploy-check: ensure-promtool ensure-kustomize
 	@scripts/deploy-check.sh
 
 clean:

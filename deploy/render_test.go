@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -37,9 +38,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// overlays are the kustomizations an operator applies; base is included
-// because it is documented as deployable on its own in a test cluster.
-var overlays = []string{"base", "overlays/dev", "overlays/production"}
+// overlays are the kustomizations an operator applies (TestOverlaysListed
+// keeps the list complete). The base is rendered on its own only where a
+// test needs the manifests before any overlay changed them.
+var overlays = []string{"overlays/dev", "overlays/production"}
 
 // object is one rendered manifest, decoded into its typed form.
 type object struct {
@@ -96,6 +98,12 @@ func render(t *testing.T, dir string) *rendered {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return decodeAll(t, dir, out)
+}
+
+// decodeAll decodes a rendered stream strictly.
+func decodeAll(t *testing.T, dir string, out []byte) *rendered {
+	t.Helper()
 	r := &rendered{Dir: dir}
 	for i, doc := range splitYAML(out) {
 		o, err := decodeStrict(doc)
@@ -137,6 +145,8 @@ func typedObject(apiVersion, kind string) (any, error) {
 		return &corev1.Service{}, nil
 	case "apps/v1 Deployment":
 		return &appsv1.Deployment{}, nil
+	case "autoscaling/v2 HorizontalPodAutoscaler":
+		return &autoscalingv2.HorizontalPodAutoscaler{}, nil
 	case "batch/v1 CronJob":
 		return &batchv1.CronJob{}, nil
 	case "batch/v1 Job":

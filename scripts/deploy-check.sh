@@ -9,10 +9,13 @@
 #    scheduling policies, and checks every flag and IDEMD_* variable against
 #    the real commands' --help.
 #
-# kubectl is optional. Debian's kubernetes-client package is not installed as
-# a fallback: it is kubectl 1.20, whose embedded kustomize v2 cannot render
-# these kustomizations (patches with targets, generator options), so it
-# would only produce false failures. The Go renderer is the fallback.
+# kubectl is optional here. Debian's kubernetes-client package is not
+# installed as a fallback: it is kubectl 1.20, whose embedded kustomize v2
+# cannot render these kustomizations (components, patches with targets,
+# generator options), so it would only produce false failures. The Go test's
+# image check (deploy/images_test.go) also renders with a kustomize v5
+# binary, kubectl's or the kustomize CLI scripts/ensure-kustomize.sh builds,
+# which `make deploy-check` runs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

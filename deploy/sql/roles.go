@@ -1,5 +1,6 @@
-// Package sql embeds the SQL an operator runs by hand (roles.sql), so the
-// tests apply exactly the documented file rather than a copy of it.
+// Package sql embeds idemd's role SQL: roles.sql, which an operator runs
+// once, and grants.sql, which `idemctl migrate` applies after every run, so
+// the tests and the migrator apply exactly the documented files.
 package sql
 
 import _ "embed"
@@ -9,6 +10,12 @@ import _ "embed"
 //
 //go:embed roles.sql
 var Roles string
+
+// Grants is grants.sql: the per-table grants on idemd's tables for
+// idemd_runtime and idemd_api, applied by their owner after a migration.
+//
+//go:embed grants.sql
+var Grants string
 
 // Role names created by Roles.
 const (

@@ -7,19 +7,21 @@
 --
 --   psql "postgres://admin@db.internal:5432/app" -v ON_ERROR_STOP=1 -f deploy/sql/roles.sql
 --
--- Run it before the first `idemctl migrate`, and once more after it and
--- after every later `idemctl migrate` (so the API group role gets its grants
--- on idemd's tables, which exist only then, and the audit table is made
--- append-only for the runtime role).
--- It is idempotent: running it again changes nothing. Then give the login
--- roles a password (or your provider's IAM login):
+-- Run it once, before the first `idemctl migrate`. The grants on idemd's
+-- tables (the API group's, the append-only audit table) are not here: the
+-- tables exist only after a migration, and `idemctl migrate` applies them
+-- itself as their owner after every run (deploy/sql/grants.sql), so a first
+-- install and every upgrade end with the same grants and nobody reruns this
+-- file. It is idempotent: running it again changes nothing. Then give the
+-- login roles a password (or your provider's IAM login):
 --
 --   ALTER ROLE idemd_migrator PASSWORD '...';
 --   ALTER ROLE idemd_runtime  PASSWORD '...';
 --
 -- Roles:
 --   idemd_migrator  `idemctl migrate`. Owns idemd's and River's tables,
---                   sequences, functions and indexes; CREATE on schema public.
+--                   sequences, functions and indexes; CREATE on schema public;
+--                   grants the two roles below their privileges on them.
 --   idemd_runtime   enqueuer, completer, reaper, and idemctl (status,
 --                   review, keys, dead, console).
 --                   SELECT/INSERT/UPDATE/DELETE on the migrator's tables,
@@ -82,7 +84,8 @@ GRANT USAGE, CREATE ON SCHEMA public TO idemd_migrator;
 GRANT USAGE ON SCHEMA public TO idemd_runtime, idemd_api;
 
 -- Every table, sequence and function the migrator creates from now on (each
--- later idemd or River migration) is granted to the runtime at creation.
+-- later idemd or River migration) is granted to the runtime at creation;
+-- `idemctl migrate` then applies the per-table exceptions (grants.sql).
 -- River's functions and idemd's trigger function are EXECUTE to PUBLIC by
 -- default already; the explicit grant keeps working where an admin revoked
 -- that default.
@@ -92,66 +95,6 @@ ALTER DEFAULT PRIVILEGES FOR ROLE idemd_migrator IN SCHEMA public
     GRANT USAGE, SELECT ON SEQUENCES TO idemd_runtime;
 ALTER DEFAULT PRIVILEGES FOR ROLE idemd_migrator IN SCHEMA public
     GRANT EXECUTE ON FUNCTIONS TO idemd_runtime, idemd_api;
-
--- The same on what the migrator already owns (this file run after a
--- migration, or a database migrated before the roles existed and handed over
--- with ALTER TABLE ... OWNER TO idemd_migrator), and the API group's grants
--- on idemd's tables once they exist.
-DO $existing$
-DECLARE
-    t text;
-BEGIN
-    FOR t IN SELECT format('%I.%I', n.nspname, c.relname)
-               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-              WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
-                AND c.relowner = 'idemd_migrator'::regrole LOOP
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %s TO idemd_runtime', t);
-    END LOOP;
-    FOR t IN SELECT format('%I.%I', n.nspname, c.relname)
-               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-              WHERE n.nspname = 'public' AND c.relkind = 'S'
-                AND c.relowner = 'idemd_migrator'::regrole LOOP
-        EXECUTE format('GRANT USAGE, SELECT ON SEQUENCE %s TO idemd_runtime', t);
-    END LOOP;
-
-    -- The API (package idem) locks, creates and updates keys and stages
-    -- jobs in its own transactions; it never deletes keys (the reaper does)
-    -- and never reads River. REFERENCES lets the API's own tables point at a
-    -- key, as Rocket Rides' rides.idempotency_key_id does.
-    IF to_regclass('public.idempotency_keys') IS NOT NULL THEN
-        GRANT SELECT, INSERT, UPDATE, REFERENCES ON public.idempotency_keys TO idemd_api;
-        GRANT USAGE, SELECT ON SEQUENCE public.idempotency_keys_id_seq TO idemd_api;
-    END IF;
-    IF to_regclass('public.staged_jobs') IS NOT NULL THEN
-        GRANT SELECT, INSERT ON public.staged_jobs TO idemd_api;
-        GRANT USAGE, SELECT ON SEQUENCE public.staged_jobs_id_seq TO idemd_api;
-    END IF;
-    -- The API's replay verifier (idem.ReplayNonces) records each accepted
-    -- nonce with INSERT ... ON CONFLICT (nonce) DO NOTHING (which needs
-    -- SELECT on the conflict column) and deletes batches of expired rows
-    -- (SELECT for their WHERE); it never updates a row.
-    IF to_regclass('public.idemd_replay_nonces') IS NOT NULL THEN
-        GRANT SELECT, INSERT, DELETE ON public.idemd_replay_nonces TO idemd_api;
-    END IF;
-
-    -- The operators' audit table (migration 00017) is append-only for the
-    -- runtime role, which idemctl and the console run as: an action is
-    -- recorded with INSERT in the transaction that performs it and read
-    -- back with SELECT, and no idemd component updates or deletes a record,
-    -- so a compromised or buggy daemon cannot rewrite who did what. The
-    -- default privileges above cannot except one table: the migration that
-    -- creates it grants the runtime UPDATE and DELETE like every other
-    -- table's, and this REVOKE, after the GRANT loop above, takes them back.
-    -- That is why this file is run again after every `idemctl migrate`; a
-    -- fresh install (this file, migrate, this file) is append-only from the
-    -- start. Only the migrator (the owner) can still change the records.
-    -- The API group has never been granted anything on it.
-    IF to_regclass('public.idemd_operator_actions') IS NOT NULL THEN
-        REVOKE UPDATE, DELETE, TRUNCATE ON public.idemd_operator_actions FROM idemd_runtime, idemd_api;
-        GRANT SELECT, INSERT ON public.idemd_operator_actions TO idemd_runtime;
-    END IF;
-END
-$existing$;
 
 -- The reaper sets wal_compression for its own batch transactions (half the
 -- WAL with lz4, docs/reaper.md). It is a superuser parameter; PostgreSQL 15

@@ -27,7 +27,7 @@ import (
 
 // Backend is what the web console reads and does through internal/ctl, so
 // the status overview and the review list are the very ones idemctl prints
-// (their JSON is `idemctl status --format json` and `idemctl review list
+// (their JSON is `idemctl status -o json` and `idemctl review list
 // -o json`) and a resolution is the one `idemctl review resolve` makes.
 type Backend interface {
 	Overview(ctx context.Context) (*Overview, error)

@@ -116,7 +116,7 @@ func (c *ConsoleCmd) handler(ctx context.Context, g *Globals) (http.Handler, err
 }
 
 // ConsoleBackend is console.Backend on idemctl's own commands: the status
-// page is `idemctl status --format json`, the review queue `idemctl review
+// page is `idemctl status -o json`, the review queue `idemctl review
 // list -o json`, a resolution `idemctl review resolve`, decoded from the
 // JSON they print so the console shows exactly what the commands do.
 type ConsoleBackend struct {
@@ -132,7 +132,7 @@ func (b *ConsoleBackend) globals(out io.Writer) *Globals {
 // Overview implements console.Backend.
 func (b *ConsoleBackend) Overview(ctx context.Context) (*console.Overview, error) {
 	var out bytes.Buffer
-	if err := (&StatusCmd{Retention: b.Retention, LockWindow: b.LockWindow, Format: "json"}).Run(ctx, b.globals(&out)); err != nil {
+	if err := (&StatusCmd{Retention: b.Retention, LockWindow: b.LockWindow, Output: Output{Output: "json"}}).Run(ctx, b.globals(&out)); err != nil {
 		return nil, err
 	}
 	var ov console.Overview
@@ -145,7 +145,7 @@ func (b *ConsoleBackend) Overview(ctx context.Context) (*console.Overview, error
 // Reviews implements console.Backend.
 func (b *ConsoleBackend) Reviews(ctx context.Context, state string, limit int) ([]console.Review, error) {
 	var out bytes.Buffer
-	if err := (&ReviewListCmd{State: state, Limit: limit, Format: "json"}).Run(ctx, b.globals(&out)); err != nil {
+	if err := (&ReviewListCmd{State: state, Limit: limit, Output: Output{Output: "json"}}).Run(ctx, b.globals(&out)); err != nil {
 		return nil, err
 	}
 	var list []console.Review

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,23 +42,62 @@ type Globals struct {
 }
 
 // MigrateCmd applies migrations.
+//
+// Its wait for a concurrent migration is --lock-wait (IDEMD_LOCK_WAIT):
+// IDEMD_LOCK_TIMEOUT is the completer's, the age of a key's lock, and one
+// variable must not mean two things to two commands. --lock-timeout is the
+// deprecated spelling, read from the command line only.
 type MigrateCmd struct {
-	LockTimeout time.Duration `name:"lock-timeout" default:"5m" help:"How long to wait for a concurrent migration to finish."`
+	LockWait    time.Duration `name:"lock-wait" default:"5m" help:"How long to wait for a concurrent migration to finish."`
+	LockTimeout time.Duration `name:"lock-timeout" hidden:"" env:"-" help:"Deprecated spelling of --lock-wait."`
 	Adopt       AdoptFlags    `embed:"" prefix:"adopt-"` // adopt.go
 }
 
-// Run applies the migrations.
+// wait is --lock-wait, or the deprecated --lock-timeout when that was given.
+func (m *MigrateCmd) wait() time.Duration {
+	if m.LockTimeout > 0 {
+		return m.LockTimeout
+	}
+	return m.LockWait
+}
+
+// Run applies the migrations and then the grants on their tables.
 func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
-	res, err := migrate.Up(ctx, g.Pool, migrate.Options{LockTimeout: m.LockTimeout, Logger: logging.Slog(g.Logger)})
+	res, err := migrate.Up(ctx, g.Pool, migrate.Options{LockWait: m.wait(), Logger: logging.Slog(g.Logger)})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(g.Stdout, "migrate: applied %d River and %d idemd migrations\n", len(res.RiverVersions), len(res.IdemdVersions))
-	return m.Adopt.run(ctx, g, m.LockTimeout)
+	fmt.Fprintf(g.Stdout, "migrate: applied %d River and %d idemd migrations, and the grants on their tables\n", len(res.RiverVersions), len(res.IdemdVersions))
+	return m.Adopt.run(ctx, g, m.wait())
 }
 
-// Main runs idemctl and returns its exit code.
+// deprecatedFlags are spellings kept for one release: they still work, and
+// using one prints what replaces it.
+var deprecatedFlags = map[string]string{
+	"--format":       "-o/--output (text or json)",
+	"--lock-timeout": "--lock-wait (env IDEMD_LOCK_WAIT)",
+}
+
+// warnDeprecated tells on stderr which deprecated flags args use.
+func warnDeprecated(args []string, stderr io.Writer) {
+	for _, a := range args {
+		if a == "--" {
+			return
+		}
+		name, _, _ := strings.Cut(a, "=")
+		if repl, ok := deprecatedFlags[name]; ok {
+			fmt.Fprintf(stderr, "idemctl: %s is deprecated and will be removed in the next release; use %s\n", name, repl)
+		}
+	}
+}
+
+// Main runs idemctl and returns its exit code. With no arguments it prints
+// the help (exit 0): a bare command is a question, not a mistake.
 func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		args = []string{"--help"}
+	}
+	warnDeprecated(args, stderr)
 	cli := &CLI{}
 	kctx, base, code := daemon.Setup("idemctl", "Operate idemd: migrate the schema, show status, review flagged keys.",
 		cli, &cli.Database, &cli.Logging, args, stdout, stderr)

@@ -78,18 +78,18 @@ func TestReviewListAndResolve(t *testing.T) {
 	}
 
 	var got []ctl.Review
-	code, out, _ = run(t, append(db, "review", "list", "--reason", review.ReasonCompleterGaveUp, "--format", "json")...)
+	code, out, _ = run(t, append(db, "review", "list", "--reason", review.ReasonCompleterGaveUp, "-o", "json")...)
 	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil {
 		t.Fatalf("list json: exit %d, %v\n%s", code, err, out)
 	}
 	if len(got) != 1 || got[0].ID != gaveUp || got[0].RecoveryPoint == nil || *got[0].RecoveryPoint != "ride_created" || len(got[0].Snapshot) == 0 {
 		t.Fatalf("reason filter: %+v", got)
 	}
-	_, out, _ = run(t, append(db, "review", "list", "--older-than", "24h", "--format", "json")...)
+	_, out, _ = run(t, append(db, "review", "list", "--older-than", "24h", "-o", "json")...)
 	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got) != 1 || got[0].ID != old {
 		t.Fatalf("--older-than: %s", out)
 	}
-	_, out, _ = run(t, append(db, "review", "list", "--newer-than", "2h", "--format", "json")...)
+	_, out, _ = run(t, append(db, "review", "list", "--newer-than", "2h", "-o", "json")...)
 	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got) != 1 || got[0].ID != gaveUp {
 		t.Fatalf("--newer-than: %s", out)
 	}
@@ -152,11 +152,11 @@ func TestReviewListAndResolve(t *testing.T) {
 }
 
 func TestReviewListBadFlagsExit2(t *testing.T) {
-	code, _, errs := run(t, "--database-url", "postgres://x/y", "review", "list", "--limit", "0", "--older-than", "2h", "--newer-than", "1h", "--format", "yaml")
+	code, _, errs := run(t, "--database-url", "postgres://x/y", "review", "list", "--limit", "0", "--older-than", "2h", "--newer-than", "1h", "-o", "yaml")
 	if code != 2 {
 		t.Fatalf("exit %d, want 2: %s", code, errs)
 	}
-	if !strings.Contains(errs, "--format") {
+	if !strings.Contains(errs, "--output") {
 		t.Fatalf("stderr: %s", errs)
 	}
 	code, _, errs = run(t, "--database-url", "postgres://x/y", "review", "list", "--limit", "0", "--older-than", "2h", "--newer-than", "1h")
@@ -179,7 +179,7 @@ func TestStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	code, out, errs := run(t, "--database-url", url, "status", "--format", "json")
+	code, out, errs := run(t, "--database-url", url, "status", "-o", "json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}

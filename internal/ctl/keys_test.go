@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/internal/console"
-	"github.com/idemd/idemd/internal/ctl"
 	"github.com/idemd/idemd/internal/review"
 )
 
@@ -191,47 +190,5 @@ WHERE c.id = $1 AND c.recovery_point <> 'finished' AND c.completer_gave_up_at IS
 	}
 	if n := count(t, pool, "SELECT count(*) FROM idemd_operator_actions"); n != 1 {
 		t.Fatalf("refused retries recorded actions: %d", n)
-	}
-}
-
-// TestReviewListOutputFlag: review list takes -o json and -o text like the
-// other read commands, besides its --format.
-func TestReviewListOutputFlag(t *testing.T) {
-	url, pool := setup(t)
-	db := []string{"--database-url", url}
-	rev := flag(t, pool, addKey(t, pool, "k-o", "started", "1 hour"), review.ReasonCompleterGaveUp, "1 hour")
-	var got []console.Review
-	for _, args := range [][]string{{"-o", "json"}, {"--output", "json"}, {"--format", "json"}} {
-		code, out, errs := run(t, append(append(db, "review", "list"), args...)...)
-		if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil || len(got) != 1 || got[0].ID != rev {
-			t.Fatalf("%v: exit %d %v\n%s%s", args, code, err, out, errs)
-		}
-	}
-	if code, out, _ := run(t, append(db, "review", "list", "-o", "text")...); code != 0 || !strings.Contains(out, "RECOVERY_POINT") {
-		t.Fatalf("-o text: exit %d\n%s", code, out)
-	}
-}
-
-// TestStatusOutputFlag: status takes -o json and --output json as aliases
-// of its --format, like review list; its default stays the text table.
-func TestStatusOutputFlag(t *testing.T) {
-	url, pool := setup(t)
-	db := []string{"--database-url", url}
-	addKey(t, pool, "k-status-o", "started", "1 hour")
-	for _, args := range [][]string{{"-o", "json"}, {"--output", "json"}, {"--format", "json"}} {
-		var st ctl.Status
-		code, out, errs := run(t, append(append(db, "status"), args...)...)
-		if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || len(st.UnfinishedKeys) != 1 || st.UnfinishedKeys[0].Name != "started" {
-			t.Fatalf("%v: exit %d %v\n%s%s", args, code, err, out, errs)
-		}
-	}
-	for _, args := range [][]string{nil, {"-o", "text"}, {"--format", "table"}} {
-		code, out, errs := run(t, append(append(db, "status"), args...)...)
-		if code != 0 || !strings.HasPrefix(out, "status at ") || !strings.Contains(out, "COMPLETER: unfinished keys by recovery point") {
-			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errs)
-		}
-	}
-	if code, _, errs := run(t, append(db, "status", "-o", "yaml")...); code != 2 || !strings.Contains(errs, "yaml") {
-		t.Fatalf("-o yaml: exit %d, %s", code, errs)
 	}
 }

@@ -9,14 +9,17 @@ import (
 	"github.com/idemd/idemd/internal/console"
 )
 
-// Output is the -o/--output flag of the read commands: text for people,
+// Output is the -o/--output flag of every read command: text for people,
 // json for scripts (the field names are the json tags of the printed type).
+// --format is its deprecated spelling (status and review list had it),
+// hidden and read from the command line only; Main warns when it is used.
 type Output struct {
-	Output string `name:"output" short:"o" default:"text" enum:"text,json" help:"Output: text or json."`
+	Output string `name:"output" short:"o" default:"text" enum:"text,json" help:"Output: text (for people) or json (for scripts)."`
+	Format string `name:"format" hidden:"" env:"-" default:"" enum:",table,text,json" help:"Deprecated spelling of -o (table is text)."`
 }
 
-// JSON reports whether -o json was given.
-func (o Output) JSON() bool { return o.Output == "json" }
+// JSON reports whether -o json (or the deprecated --format json) was given.
+func (o Output) JSON() bool { return o.Output == "json" || o.Format == "json" }
 
 // Operator are the flags of every state-changing command: who does it and
 // why, both recorded. The identity is never taken from the OS user: an

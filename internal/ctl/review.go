@@ -28,7 +28,7 @@ type ReviewListCmd struct {
 	NewerThan time.Duration `name:"newer-than" help:"Only reviews flagged more recently than this."`
 	State     string        `name:"state" default:"open" enum:"open,resolved,all" help:"Which reviews: open, resolved or all."`
 	Limit     int           `name:"limit" default:"100" help:"At most this many, oldest first."`
-	Format    string        `name:"format" short:"o" aliases:"output" default:"table" enum:"table,text,json" help:"Output: table (text) or json; -o json as on every read command."`
+	Output    `embed:""`
 }
 
 // Validate reports every problem with the list flags (exit 2).
@@ -72,7 +72,7 @@ func (c *ReviewListCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("review list: %w", err)
 	}
-	if c.Format == "json" {
+	if c.JSON() {
 		return writeJSON(g.Stdout, reviews)
 	}
 	return writeReviewTable(g.Stdout, reviews, c.State != "open")

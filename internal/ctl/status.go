@@ -24,7 +24,7 @@ type StatusCmd struct {
 	// the reaper's (FlagDefaults).
 	Retention  time.Duration `name:"retention" default:"${retention}" help:"The reaper's --retention: count the keys a run would delete now."`
 	LockWindow time.Duration `name:"lock-window" default:"${lock_window}" help:"The reaper's --lock-window: a key locked more recently is in flight and not counted."`
-	Format     string        `name:"format" short:"o" aliases:"output" default:"table" enum:"table,text,json" help:"Output: table (text) or json; -o json as on every read command."`
+	Output     `embed:""`
 }
 
 // FlagDefaults implements config.Defaulter: status's --retention and
@@ -130,7 +130,7 @@ func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
 		st.OpenReviews = append(st.OpenReviews, GroupCount{Name: r.Reason, Count: r.Count, Oldest: r.Oldest})
 	}
 
-	if c.Format == "json" {
+	if c.JSON() {
 		return writeJSON(g.Stdout, st)
 	}
 	return writeStatus(g, &st)

@@ -35,7 +35,7 @@ func TestStatusCountsWhatTheReaperWouldDelete(t *testing.T) {
 
 	status := func(args ...string) ctl.Status {
 		t.Helper()
-		code, out, errs := run(t, append([]string{"--database-url", url, "status", "--format", "json"}, args...)...)
+		code, out, errs := run(t, append([]string{"--database-url", url, "status", "-o", "json"}, args...)...)
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, errs)
 		}
@@ -109,7 +109,7 @@ VALUES ('reaper', 'reaper/pod-d/1/dd', now(), now(), now() + interval '1 hour')`
 		t.Fatal(err)
 	}
 
-	code, out, errs := run(t, "--database-url", url, "status", "--format", "json")
+	code, out, errs := run(t, "--database-url", url, "status", "-o", "json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}

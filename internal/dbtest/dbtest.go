@@ -11,8 +11,8 @@
 // which costs a file copy rather than a migration run. With CI=true and no
 // server reachable, tests fail; they never skip.
 //
-// The template gets deploy/sql/roles.sql and is migrated as idemd_migrator,
-// and tests connect as idemd_runtime, the daemons' role in production
+// The template gets deploy/sql/roles.sql and is migrated as idemd_migrator
+// (which applies deploy/sql/grants.sql, as `idemctl migrate` does), and tests connect as idemd_runtime, the daemons' role in production
 // (docs/operations.md, "Database roles"): the suites prove those grants are
 // enough. AdminURL and MigratorURL are for the setup a daemon never does.
 package dbtest
@@ -199,9 +199,8 @@ func migrationsHash() (string, error) {
 	for _, v := range m.AllVersions() {
 		fmt.Fprintf(h, "river%d\x00%s\x00", v.Version, v.SQLUp)
 	}
-	// The grants are part of the template too.
-	// "twice": the file is applied before and after migrating.
-	fmt.Fprintf(h, "roles twice\x00%s\x00", rolesql.Roles)
+	// The roles and grants are part of the template too.
+	fmt.Fprintf(h, "roles\x00%s\x00grants\x00%s\x00", rolesql.Roles, rolesql.Grants)
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
@@ -251,15 +250,10 @@ func ensureTemplate(ctx context.Context, admin string) (string, error) {
 		err := ApplyRoles(ctx, buildingURL)
 		if err == nil {
 			// As the migrator, like `idemctl migrate` in production, so
-			// every object is the migrator's and the default privileges
-			// of roles.sql grant it to the runtime.
+			// every object is the migrator's, the default privileges of
+			// roles.sql grant it to the runtime, and the migration's own
+			// grants step (grants.sql) gives the API group its share.
 			err = migrateDatabase(ctx, MigratorURL(buildingURL))
-		}
-		if err == nil {
-			// Again after the migration, as docs/operations.md tells
-			// operators: the API group's grants name idemd's tables,
-			// which exist only now.
-			err = ApplyRoles(ctx, buildingURL)
 		}
 		if err != nil {
 			conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{building}.Sanitize()+" WITH (FORCE)") //nolint:errcheck

@@ -96,9 +96,9 @@ SELECT c.relname, pg_get_userbyid(c.relowner),
 // The operators' audit table is append-only for the runtime role (what
 // idemctl and the console run as): it may INSERT a record and SELECT them,
 // never UPDATE, DELETE or TRUNCATE one; the API group has nothing on it. A
-// database where the table was created after roles.sql last ran (the
-// default privileges granted the runtime full DML, as on an upgrade by
-// `idemctl migrate` alone) is append-only again once roles.sql runs.
+// database where the runtime got full DML on it (the default privileges
+// give every new table that) is append-only again after the next
+// `idemctl migrate`, whose grants step (grants.sql) takes it back.
 func TestOperatorActionsAreAppendOnly(t *testing.T) {
 	ctx := context.Background()
 	dbURL := dbtest.NewDatabase(t)
@@ -145,10 +145,10 @@ VALUES ('alice', 'key_retry', 'idemctl', 1, 'API bug fixed') RETURNING id`).Scan
 			t.Errorf("%s: %s has privileges on idemd_operator_actions: %v, %v", when, dbtest.APIRole, apiAny, err)
 		}
 	}
-	check("fresh install (roles.sql, migrate, roles.sql)")
+	check("fresh install (roles.sql, then migrate)")
 
-	// As if migration 00017 ran after roles.sql last did: the default
-	// privileges grant the runtime every DML privilege on a new table.
+	// As the default privileges leave a new table before the grants step:
+	// every DML privilege for the runtime.
 	mig, err := pgx.Connect(ctx, dbtest.MigratorURL(dbURL))
 	if err != nil {
 		t.Fatal(err)
@@ -160,12 +160,11 @@ VALUES ('alice', 'key_retry', 'idemctl', 1, 'API bug fixed') RETURNING id`).Scan
 	if _, err := rt.Exec(ctx, `UPDATE idemd_operator_actions SET note = note`); err != nil {
 		t.Fatalf("setup: the runtime's UPDATE after the grant: %v", err)
 	}
-	// roles.sql again, as operations.md says after every migrate; only the
-	// file's SQL (no passwords), as the database's admin.
-	if _, err := admin.Exec(ctx, rolesql.Roles); err != nil {
-		t.Fatalf("deploy/sql/roles.sql again: %v", err)
+	// The grants step of the next migrate, as the migrator.
+	if _, err := mig.Exec(ctx, rolesql.Grants); err != nil {
+		t.Fatalf("deploy/sql/grants.sql as %s: %v", dbtest.MigratorRole, err)
 	}
-	check("after a migration and roles.sql again")
+	check("after the next migrate's grants")
 }
 
 // A table a later migration adds (created by the migrator, as `idemctl

@@ -20,6 +20,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	rolesql "github.com/idemd/idemd/deploy/sql"
 	"github.com/idemd/idemd/migrations"
 )
 
@@ -39,12 +40,14 @@ type Result struct {
 
 // Options tune Up. The zero value is usable.
 type Options struct {
-	// LockTimeout bounds the wait for another migrator to finish (default 5m).
-	LockTimeout time.Duration
-	Logger      *slog.Logger
+	// LockWait bounds the wait for another migrator to finish (default 5m).
+	LockWait time.Duration
+	Logger   *slog.Logger
 }
 
-// Up applies River's migrations and then idemd's, holding LockKey as a
+// Up applies River's migrations and then idemd's, then the grants on
+// their tables (deploy/sql/grants.sql: the API group's, the append-only
+// audit table), all holding LockKey as a
 // transaction-level advisory lock in a transaction that stays open on a
 // dedicated connection for the whole migration. A transaction keeps its
 // server connection behind any pooler, including a transaction-mode one,
@@ -56,15 +59,15 @@ type Options struct {
 // would wait for; the winner's open transaction holds no snapshot between
 // statements (READ COMMITTED), so it does not block those either.
 func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) {
-	if opts.LockTimeout <= 0 {
-		opts.LockTimeout = 5 * time.Minute
+	if opts.LockWait <= 0 {
+		opts.LockWait = 5 * time.Minute
 	}
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 
-	release, err := holdLock(ctx, pool, opts.LockTimeout)
+	release, err := holdLock(ctx, pool, opts.LockWait)
 	if err != nil {
 		return nil, err
 	}
@@ -100,6 +103,13 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 	}
 	for _, r := range results {
 		res.IdemdVersions = append(res.IdemdVersions, r.Source.Version)
+	}
+	// Every run, not only one that applied something: a database whose
+	// tables were handed to the migrator, or whose grants someone changed,
+	// is put right by the next migrate. Without arguments Exec sends the
+	// file as one simple-protocol query, as psql -f would.
+	if _, err := pool.Exec(ctx, rolesql.Grants); err != nil {
+		return nil, fmt.Errorf("migrate: apply grants (deploy/sql/grants.sql): %w", err)
 	}
 	return res, nil
 }
