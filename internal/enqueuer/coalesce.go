@@ -21,7 +21,7 @@ const coalesceNotifications = 4
 // coalesceMinRate: below this many notifications a second every commit is
 // moved at once. A pass per commit then costs at most this many
 // transactions a second, and waiting would only add latency; above it,
-// passes would compete with the API for the machine (issue 19), so they
+// passes would compete with the API for the machine, so they
 // wait for company.
 const coalesceMinRate = 50.0
 

@@ -59,7 +59,7 @@ func DefaultSettings() Settings {
 		// Wake-up coalescing (coalesce.go): at most this much added
 		// commit-to-River latency, and only while commits stream in at
 		// 50 a second or more (River's own fetch cooldown is 100 ms);
-		// chosen by the load benchmark (docs/load.md).
+		// chosen by the load benchmark (docs/benchmarks/load.md).
 		WakeCoalesce: 50 * time.Millisecond,
 		// Polling under a stream of commits (poll.go): a committed row
 		// waits at most this long for the next poll; at thousands of

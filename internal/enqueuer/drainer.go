@@ -13,7 +13,7 @@ import (
 // every replica's listener backend and process, and each replica ran a
 // move transaction for it, all but one finding nothing left to take. Two
 // replicas answered 0.72× the requests of the API inserting into River
-// itself where one replica answered 0.98× (docs/load.md, issue 19). So
+// itself where one replica answered 0.98× (docs/benchmarks/load.md). So
 // exactly one replica, the drainer, listens and drains when notified; the
 // others stand by, not listening, and sweep every --poll-interval as
 // before (moving whatever the drainer leaves, as a poll-only replica

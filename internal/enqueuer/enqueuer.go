@@ -123,6 +123,7 @@ type Service struct {
 	// while the drainer polls instead of being notified (poll.go).
 	gate             gate
 	polling          atomic.Bool
+	markWanted       atomic.Bool // the drainer would poll once the sweep has a low-water mark
 	pollingErrLogged sync.Once
 
 	runner lifecycle.Runner

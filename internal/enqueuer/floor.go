@@ -15,7 +15,7 @@ import (
 // VACUUM removes it, and VACUUM cannot while any transaction holds a
 // snapshot older than the delete. A take that starts at the lowest id walks
 // all of those entries, so its cost grew with the age of the oldest
-// snapshot (issue 16). A drain therefore starts at a floor: the lowest id
+// snapshot. A drain therefore starts at a floor: the lowest id
 // it has been told about since the previous drain began.
 //
 // Sources of the floor:

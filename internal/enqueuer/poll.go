@@ -147,26 +147,21 @@ func nextPollWait(last, interval time.Duration, taken int) time.Duration {
 // takes; the loop takes and releases P through it.
 type gate struct {
 	mu      sync.Mutex
-	conn    *pgx.Conn // nil while closed
-	gen     uint64    // counts opens
-	polling int64     // P's key; 0 until the first open
-	handoff int64     // H's key
+	cfg     *pgx.ConnConfig // the listener's, kept to reconnect
+	conn    *pgx.Conn       // nil while closed
+	gen     uint64          // counts sessions
+	polling int64           // P's key; 0 until the first open
+	handoff int64           // H's key
 }
 
 // open connects the gate with cfg and reads the lock keys.
 func (g *gate) open(ctx context.Context, cfg *pgx.ConnConfig) error {
-	conn, err := pgx.ConnectConfig(ctx, cfg.Copy())
+	g.mu.Lock()
+	g.cfg = cfg
+	g.mu.Unlock()
+	conn, p, h, err := connectGate(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("enqueuer polling: connect the gate: %w", err)
-	}
-	var p, h int64
-	if _, err := conn.Exec(ctx, drainerSessionSQL); err != nil {
-		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // failed already
-		return fmt.Errorf("enqueuer polling: set up the gate session: %w", err)
-	}
-	if err := conn.QueryRow(ctx, pollKeysSQL, pollingLockClass, handoffLockClass).Scan(&p, &h); err != nil {
-		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // failed already
-		return fmt.Errorf("enqueuer polling: lock keys: %w", err)
+		return err
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -175,14 +170,48 @@ func (g *gate) open(ctx context.Context, cfg *pgx.ConnConfig) error {
 	return nil
 }
 
-// close ends the gate's session, releasing P if it was held.
+// connectGate opens a gate session and reads P's and H's keys.
+func connectGate(ctx context.Context, cfg *pgx.ConnConfig) (conn *pgx.Conn, p, h int64, err error) {
+	conn, err = pgx.ConnectConfig(ctx, cfg.Copy())
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("enqueuer polling: connect the gate: %w", err)
+	}
+	if _, err := conn.Exec(ctx, drainerSessionSQL); err != nil {
+		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // failed already
+		return nil, 0, 0, fmt.Errorf("enqueuer polling: set up the gate session: %w", err)
+	}
+	if err := conn.QueryRow(ctx, pollKeysSQL, pollingLockClass, handoffLockClass).Scan(&p, &h); err != nil {
+		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // failed already
+		return nil, 0, 0, fmt.Errorf("enqueuer polling: lock keys: %w", err)
+	}
+	return conn, p, h, nil
+}
+
+// close ends the gate's session, releasing P if it was held, and keeps it
+// closed until the next open.
 func (g *gate) close(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.conn != nil {
 		g.conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the session's end releases P
-		g.conn = nil
+		g.conn, g.cfg = nil, nil
 	}
+}
+
+// revive replaces a gate session that ended under the drainer (the server
+// or the network closed it; P went with it) with a new one, a new
+// generation. g.mu is held.
+func (g *gate) revive(ctx context.Context) error {
+	if g.conn == nil || !g.conn.IsClosed() || g.cfg == nil {
+		return nil
+	}
+	conn, p, h, err := connectGate(ctx, g.cfg)
+	if err != nil {
+		return err
+	}
+	g.conn, g.polling, g.handoff = conn, p, h
+	g.gen++
+	return nil
 }
 
 // current returns the open gate's generation (0: closed).
@@ -207,6 +236,22 @@ func (g *gate) take(ctx context.Context) (uint64, error) {
 	if g.conn == nil {
 		return 0, nil
 	}
+	if err := g.revive(ctx); err != nil {
+		return 0, err
+	}
+	gen, err := g.takeOnce(ctx)
+	if err != nil && g.conn.IsClosed() {
+		// The session had ended unnoticed: once more on a new one.
+		if rerr := g.revive(ctx); rerr != nil {
+			return 0, errors.Join(err, rerr)
+		}
+		return g.takeOnce(ctx)
+	}
+	return gen, err
+}
+
+// takeOnce is take on the current session; g.mu is held.
+func (g *gate) takeOnce(ctx context.Context) (uint64, error) {
 	tx, err := g.conn.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("enqueuer polling: begin taking the polling lock: %w", err)
@@ -292,12 +337,17 @@ func (s *Service) steerPolling(ctx context.Context, p *pollState, taken int, now
 	// A poll drains from the low-water mark: without one (not established
 	// yet, or ids that do not come from a CACHE 1 sequence) every poll
 	// would walk the whole index.
-	canPoll := s.listening.Load() && gen != 0 && s.lw.mark.Load() != fullPass
-	switch nextPollAction(p.polling, canPoll, s.cfg.PollingInterval, s.floor.rate(now), p.rowRate) {
+	listening := s.listening.Load() && gen != 0
+	notifyRate := s.floor.rate(now)
+	hasMark := s.lw.mark.Load() != fullPass
+	// Would poll but has no mark: the sweep establishes one at its polling
+	// cadence (two sweeps).
+	s.markWanted.Store(!p.polling && !hasMark && nextPollAction(false, listening, s.cfg.PollingInterval, notifyRate, 0) == pollStart)
+	switch nextPollAction(p.polling, listening && hasMark, s.cfg.PollingInterval, notifyRate, p.rowRate) {
 	case pollStart:
 		p.polling = true
 		// The notifications' rate is the rows' until polls measure them.
-		p.rowRate = max(p.rowRate, s.floor.rate(now))
+		p.rowRate = max(p.rowRate, notifyRate)
 		s.setPolling(true)
 	case pollStop:
 		ok, err := s.gate.release(ctx, s.pool, p.held)

@@ -29,14 +29,14 @@ type lowWater struct {
 }
 
 // sweepLoop runs the sweep every PollInterval until ctx ends, and every
-// pollingSweepInterval while the drainer polls (poll.go: each poll drains
-// from the mark, so the mark must follow the moves closely). Only the
-// sweeps PollInterval apart count towards the full ones.
+// pollingSweepInterval while the drainer polls or would poll but has no
+// low-water mark yet (poll.go: each poll drains from the mark, so the mark
+// must follow the moves closely). Only the sweeps PollInterval apart count
+// towards the full ones.
 func (s *Service) sweepLoop(ctx context.Context) {
-	t := time.NewTimer(min(s.cfg.PollInterval, pollingSweepInterval))
+	t := time.NewTimer(s.cfg.PollInterval)
 	defer t.Stop()
 	lastRegular := time.Now()
-	starting := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -51,10 +51,9 @@ func (s *Service) sweepLoop(ctx context.Context) {
 			s.logger.Debug("sweep failed", zap.Error(err))
 		}
 		d := s.cfg.PollInterval
-		starting++
-		if s.polling.Load() || s.lw.mark.Load() == fullPass && starting < 3 {
-			// Polling, or the mark not yet established at start (it
-			// takes two sweeps, and the drainer polls only with one).
+		if s.polling.Load() || s.markWanted.Load() && s.lw.mark.Load() == fullPass {
+			// Polling, or the drainer would poll but has no mark yet
+			// (it takes two sweeps).
 			d = min(d, pollingSweepInterval)
 		}
 		t.Reset(d)
