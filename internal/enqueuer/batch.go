@@ -70,7 +70,7 @@ var errRiverRejected = errors.New("river rejected the batch")
 // statement (insertMany) with no savepoint (two round trips fewer per
 // batch, which is most of a small batch's time).
 func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow bool) (*batchResult, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginSQL})
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: moveBeginSQL})
 	if err != nil {
 		return nil, fmt.Errorf("enqueuer batch: begin: %w", err)
 	}

@@ -29,6 +29,19 @@ import (
 // server connection a pooler hands to someone else.
 const beginSQL = `BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`
 
+// moveBeginSQL begins a move transaction: beginSQL, and a commit that does
+// not wait for its WAL flush. Under a stream of commits the API's commits
+// queue for the flush, and a move that queued with them would leave the
+// rows it is about to take waiting a flush longer. It is safe for
+// exactly-once because the move is one transaction: a server crash before
+// the flush loses the whole move (the staged rows come back, their River
+// jobs are gone), and nothing can act on a moved job before the flush:
+// River's workers fetch a job in a transaction of their own that commits
+// after the move, and waiting for that commit's flush (synchronous_commit
+// on, PostgreSQL's default) flushes the move's commit record, which comes
+// before it in the WAL, first.
+const moveBeginSQL = beginSQL + `; SET LOCAL synchronous_commit = off`
+
 // takeSQL takes up to @batch_size committed, unlocked rows with id >= @from
 // in id order, deleting them and returning them in one statement. The rows
 // are picked through staged_jobs_pkey from @from (an index scan whose

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -329,11 +330,15 @@ func (s *staging) run(ctx context.Context, variant string, clients int, idle boo
 		if err := s.settle(ctx, pool, procs); err != nil {
 			return ph, err
 		}
-		if ph.toRiver, err = toRiver(ctx, pool, commits); err != nil {
+		if ph.toRiver, err = toRiver(ctx, pool, commits, start, s.opts.Logf); err != nil {
 			return ph, err
 		}
 		ph.ToRiverP50, ph.ToRiverP99 = percentile(ph.toRiver, 0.50), percentile(ph.toRiver, 0.99)
 		if idle {
+			// The clients' sessions end first: a backend reports its
+			// transactions to pg_stat_database when it goes idle or
+			// exits, so theirs would count in the quiet window.
+			pool.Reset()
 			tps, err := idleTransactions(ctx, pool)
 			if err != nil {
 				return ph, err
@@ -378,8 +383,9 @@ func idleTransactions(ctx context.Context, pool *pgxpool.Pool) (float64, error) 
 		err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
 		return n, err
 	}
-	// Let the backends flush what the run counted.
-	if err := sleepCtx(ctx, 2*time.Second); err != nil {
+	// Let the backends report what the run counted: one that goes idle
+	// reports at the latest after PostgreSQL's idle interval (10 s).
+	if err := sleepCtx(ctx, 11*time.Second); err != nil {
 		return 0, err
 	}
 	a, err := read()
@@ -442,7 +448,7 @@ func mergeSorted(a, b []time.Duration) []time.Duration {
 func toRiver(ctx context.Context, pool *pgxpool.Pool, commits []struct {
 	id int64
 	at time.Time
-}) ([]time.Duration, error) {
+}, start time.Time, logf func(string, ...any)) ([]time.Duration, error) {
 	at := make(map[int64]time.Time, len(commits))
 	for _, c := range commits {
 		at[c.id] = c.at
@@ -453,6 +459,9 @@ func toRiver(ctx context.Context, pool *pgxpool.Pool, commits []struct {
 	}
 	lats := make([]time.Duration, 0, len(commits))
 	seen := make(map[int64]bool, len(commits))
+	// The slowest commit to River in each second of the run, for the log:
+	// where in a run the tail comes from.
+	var worst [64]time.Duration
 	for rows.Next() {
 		var id int64
 		var created time.Time
@@ -464,7 +473,12 @@ func toRiver(ctx context.Context, pool *pgxpool.Pool, commits []struct {
 		}
 		seen[id] = true
 		if c, ok := at[id]; ok {
-			lats = append(lats, max(created.Sub(c), 0))
+			lat := max(created.Sub(c), 0)
+			lats = append(lats, lat)
+			sec := int(c.Sub(start) / time.Second)
+			if sec >= 0 && sec < len(worst) {
+				worst[sec] = max(worst[sec], lat)
+			}
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -473,6 +487,13 @@ func toRiver(ctx context.Context, pool *pgxpool.Pool, commits []struct {
 	if len(lats) != len(commits) {
 		return nil, errors.New("staging: a measured commit has no River job")
 	}
+	var secs []string
+	for i, w := range worst {
+		if w > 0 {
+			secs = append(secs, fmt.Sprintf("%ds:%s", i, w.Round(time.Millisecond)))
+		}
+	}
+	logf("staging: slowest commit to River by second of the run: %s", strings.Join(secs, " "))
 	slices.Sort(lats)
 	return lats, nil
 }
