@@ -28,7 +28,8 @@ import (
 const previousRelease = "dd2a8bd"
 
 // TestPreviousReleaseOnCurrentSchema migrates a database with the current
-// idemctl, then runs the previous release's enqueuer and completer against
+// idemctl (then with the previous one, as a rollback's migrate Job does),
+// then runs the previous release's enqueuer and completer against
 // it under Rocket Rides traffic (riders who give up mid-request, so the
 // completer replays), and checks with SQL that every committed staged job
 // became exactly one River job.
@@ -54,6 +55,12 @@ func TestPreviousReleaseOnCurrentSchema(t *testing.T) {
 	}
 	if err := system.Migrate(ctx, cur, dbtest.MigratorURL(dbURL)); err != nil {
 		t.Fatal(err)
+	}
+	// A rollback applies the previous manifests, whose migrate Job runs
+	// the previous idemctl: on the newer schema it must succeed and
+	// change nothing.
+	if err := system.Migrate(ctx, old, dbtest.MigratorURL(dbURL)); err != nil {
+		t.Fatalf("the previous idemctl migrate on the current schema: %v", err)
 	}
 	// deploy/sql/roles.sql again after migrate, as an upgrade does: the
 	// grants name the tables a migration added.
@@ -173,7 +180,7 @@ func TestPreviousReleaseOnCurrentSchema(t *testing.T) {
 	}
 }
 
-// buildRelease builds the enqueuer and completer of commit into dir, from
+// buildRelease builds the enqueuer, completer and idemctl of commit into dir, from
 // a copy of the commit's tree (git archive: the repository is only read).
 // A checkout without the commit (a shallow clone) skips the test, and
 // fails it with CI=true, where the clone must have the history.
@@ -198,7 +205,7 @@ func buildRelease(ctx context.Context, t *testing.T, commit, dir string) *system
 	if out, err := archive.CombinedOutput(); err != nil {
 		t.Fatalf("git archive %s: %v\n%s", commit, err, out)
 	}
-	build := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/enqueuer", "./cmd/completer")
+	build := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/enqueuer", "./cmd/completer", "./cmd/idemctl")
 	build.Dir = src
 	// The release's own go.mod and go.sum; modules come from the cache or
 	// the configured proxy.
@@ -207,6 +214,6 @@ func buildRelease(ctx context.Context, t *testing.T, commit, dir string) *system
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build of %s: %v\n%s", commit, err, out)
 	}
-	t.Logf("built %s's enqueuer and completer in %s", commit, time.Since(start).Round(time.Second))
-	return &system.Binaries{Enqueuer: filepath.Join(dir, "enqueuer"), Completer: filepath.Join(dir, "completer")}
+	t.Logf("built %s's enqueuer, completer and idemctl in %s", commit, time.Since(start).Round(time.Second))
+	return &system.Binaries{Enqueuer: filepath.Join(dir, "enqueuer"), Completer: filepath.Join(dir, "completer"), Idemctl: filepath.Join(dir, "idemctl")}
 }
