@@ -25,6 +25,7 @@ import (
 // CHANGELOG.md): its binaries must keep working on the schema the current
 // `idemctl migrate` leaves, since an upgrade migrates first and rolls the
 // Deployments after, and a rollback redeploys them on the newer schema.
+// When a release is cut, this becomes its commit.
 const previousRelease = "dd2a8bd"
 
 // TestPreviousReleaseOnCurrentSchema migrates a database with the current
