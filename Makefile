@@ -7,9 +7,11 @@ PKGS    := ./...
 
 .PHONY: build image test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium
 
+# Every binary carries its version (VERSION) and commit: --version prints
+# them, idemd_build_info exports them (scripts/buildinfo.sh).
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$$(scripts/buildinfo.sh ldflags)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
 ensure-postgres:
 	@scripts/ensure-postgres.sh

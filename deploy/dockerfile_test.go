@@ -34,19 +34,36 @@ func TestDockerfile(t *testing.T) {
 	if build := df[froms[0][2]:froms[0][3]]; !strings.HasPrefix(build, "golang:${GO_VERSION}") {
 		t.Errorf("build stage FROM %s, want golang:${GO_VERSION}", build)
 	}
-	if !regexp.MustCompile(`(?m)^\s+scripts/image-rootfs\.sh /rootfs$`).MatchString(df) {
-		t.Error("the build stage must lay out the image with scripts/image-rootfs.sh /rootfs, as the offline build does")
+	if !regexp.MustCompile(`(?m)^\s+IDEMD_REVISION="\$\{REVISION\}" scripts/image-rootfs\.sh /rootfs$`).MatchString(df) {
+		t.Error("the build stage must lay out the image with scripts/image-rootfs.sh /rootfs, as the offline build does, given the REVISION argument")
+	}
+	version := strings.TrimSpace(readFile(t, "../VERSION"))
+	if argVersion := regexp.MustCompile(`(?m)^ARG VERSION=(\S+)$`).FindStringSubmatch(df); argVersion == nil || argVersion[1] != version {
+		t.Errorf("Dockerfile ARG VERSION %v does not match the VERSION file's %s", argVersion, version)
 	}
 
-	// The image stage, without comments and blank lines.
+	// The image stage, without comments and blank lines, each instruction
+	// on one line.
 	var stage []string
+	continued := false
 	for _, line := range strings.Split(df[froms[1][0]:], "\n") {
-		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+		if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if continued {
+			stage[len(stage)-1] += " " + line
+		} else {
 			stage = append(stage, line)
 		}
+		continued = strings.HasSuffix(line, "\\")
 	}
 	wantStage := []string{
 		"FROM scratch",
+		"ARG VERSION",
+		"ARG REVISION",
+		`LABEL org.opencontainers.image.title="idemd" \ org.opencontainers.image.version="${VERSION}" \ ` +
+			`org.opencontainers.image.revision="${REVISION}" \ org.opencontainers.image.source="https://github.com/idemd/idemd" \ ` +
+			`org.opencontainers.image.licenses="Apache-2.0"`,
 		"COPY --from=build /rootfs/ /",
 		// Numeric so that Kubernetes' runAsNonRoot can verify it.
 		"USER 65532:65532",
@@ -67,9 +84,39 @@ func TestDockerfile(t *testing.T) {
 	if string(out) != wantOffline {
 		t.Errorf("scripts/build-image.sh builds:\n%s\nnot deploy/Dockerfile's image stage:\n%s", out, wantOffline)
 	}
+	checkBuildArgs(t, version)
 
 	checkRootfsScript(t)
 	checkDockerignore(t)
+}
+
+// checkBuildArgs: the offline build gives the image stage's labels the
+// version of the VERSION file and this checkout's commit, as
+// scripts/buildinfo.sh stamps them into the binaries (-dirty for a tree with
+// changes, as this one may be while it is tested).
+func checkBuildArgs(t *testing.T, version string) {
+	t.Helper()
+	out, err := exec.Command("../scripts/build-image.sh", "--build-args").Output()
+	if err != nil {
+		t.Fatalf("scripts/build-image.sh --build-args: %v", err)
+	}
+	head, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse: %v", err)
+	}
+	want := regexp.MustCompile(`^VERSION=` + regexp.QuoteMeta(version) + `\nREVISION=` + regexp.QuoteMeta(strings.TrimSpace(string(head))) + `(-dirty)?\n$`)
+	if !want.Match(out) {
+		t.Errorf("scripts/build-image.sh --build-args:\n%s\nwant VERSION=%s and REVISION=<HEAD>[-dirty]", out, version)
+	}
+	ldflags, err := exec.Command("../scripts/buildinfo.sh", "ldflags").Output()
+	if err != nil {
+		t.Fatalf("scripts/buildinfo.sh ldflags: %v", err)
+	}
+	for _, v := range []string{"buildinfo.version=" + version + " ", "buildinfo.commit=" + strings.TrimSpace(string(head))} {
+		if !strings.Contains(string(ldflags), "github.com/idemd/idemd/internal/"+v) {
+			t.Errorf("scripts/buildinfo.sh ldflags %q does not stamp %s", ldflags, v)
+		}
+	}
 }
 
 // checkRootfsScript: scripts/image-rootfs.sh builds every command into
@@ -86,7 +133,8 @@ func checkRootfsScript(t *testing.T) {
 		t.Errorf("scripts/image-rootfs.sh builds %v, the deploy tests know %v", got, commands)
 	}
 	for _, want := range []string{
-		"CGO_ENABLED=0 GOOS=linux go build -trimpath",
+		"CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags=\"$ldflags\"",
+		`ldflags="-s -w $(scripts/buildinfo.sh ldflags)"`,
 		`-o "$dest/usr/local/bin/"`,
 		"cp /etc/ssl/certs/ca-certificates.crt \"$dest/etc/ssl/certs/\"",
 		"cp -a /usr/share/zoneinfo \"$dest/usr/share/\"",
@@ -117,7 +165,7 @@ func checkDockerignore(t *testing.T) {
 			allowed[strings.TrimSuffix(p, "/")] = true
 		}
 	}
-	for _, f := range []string{"go.mod", "go.sum", "scripts/image-rootfs.sh"} {
+	for _, f := range []string{"go.mod", "go.sum", "scripts/image-rootfs.sh", "scripts/buildinfo.sh", "VERSION"} {
 		if !allowed[f] {
 			t.Errorf("Dockerfile.dockerignore excludes %s", f)
 		}

@@ -223,6 +223,8 @@ func TestObservability(t *testing.T) {
 		// The database-wide gauges, exported by one completer replica
 		// (internal/dbstats).
 		"river": "dbstats", "dbstats": "dbstats",
+		// Every daemon's build and schema versions (internal/daemon).
+		"build": "daemon", "schema": "daemon",
 	}
 	// Metrics defined elsewhere than their prefix says: the reaper's run
 	// history is database-wide, so its last success is exported by

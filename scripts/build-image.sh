@@ -6,7 +6,9 @@
 # same USER, ENTRYPOINT and CMD) is built from it. IMAGE defaults to
 # $IMAGE, then localhost/idemd:dev. `make image` runs it after
 # scripts/ensure-buildah.sh. `build-image.sh --containerfile` prints the
-# image stage it builds, and builds nothing.
+# image stage it builds, and `build-image.sh --build-args` the values of its
+# ARGs (the labels' version and revision, as the binaries are stamped:
+# scripts/buildinfo.sh); both build nothing.
 #
 # The image's timestamps are the last commit's, so the same tree gives the
 # same image ID and an unchanged rebuild adds nothing to storage.
@@ -28,12 +30,24 @@ containerfile() {
   echo "$stage"
 }
 
-# --containerfile: print what would be built, build nothing (for
-# deploy/dockerfile_test.go).
-if [ "${1:-}" = --containerfile ]; then
+# buildargs prints the image stage's ARGs, one NAME=value a line.
+buildargs() {
+  echo "VERSION=$(scripts/buildinfo.sh version)"
+  echo "REVISION=$(scripts/buildinfo.sh commit)"
+}
+
+# --containerfile, --build-args: print what would be built, build nothing
+# (for deploy/dockerfile_test.go).
+case "${1:-}" in
+--containerfile)
   containerfile
   exit
-fi
+  ;;
+--build-args)
+  buildargs
+  exit
+  ;;
+esac
 
 image=${1:-${IMAGE:-localhost/idemd:dev}}
 if ! command -v buildah >/dev/null; then
@@ -44,11 +58,15 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/idemd-image.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 containerfile >"$work/Containerfile"
+args=()
+while read -r arg; do
+  args+=(--build-arg "$arg")
+done < <(buildargs)
 scripts/image-rootfs.sh "$work/rootfs"
 
 epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
 previous=$(buildah images --noheading --format '{{.ID}}' "$image" 2>/dev/null || true)
-buildah build --quiet --layers=false --timestamp "$epoch" -f "$work/Containerfile" -t "$image" "$work" >/dev/null
+buildah build --quiet --layers=false --timestamp "$epoch" "${args[@]}" -f "$work/Containerfile" -t "$image" "$work" >/dev/null
 # The image this tag named before is left untagged: remove it unless a
 # container or another tag still uses it.
 if [ -n "$previous" ] && [ "$previous" != "$(buildah images --noheading --format '{{.ID}}' "$image")" ]; then

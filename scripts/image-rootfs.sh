@@ -27,8 +27,9 @@ rm -rf "$dest"
 mkdir -p "$dest/usr/local/bin" "$dest/etc/ssl/certs" "$dest/usr/share"
 # Static, because the image has no libc; -trimpath: no build machine paths
 # in stack traces; -s -w: no symbol table or DWARF (panics still name
-# functions and lines).
-CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="-s -w" -o "$dest/usr/local/bin/" "${COMMANDS[@]/#/./cmd/}"
+# functions and lines); the version and commit stamped as by `make build`.
+ldflags="-s -w $(scripts/buildinfo.sh ldflags)"
+CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="$ldflags" -o "$dest/usr/local/bin/" "${COMMANDS[@]/#/./cmd/}"
 cp /etc/ssl/certs/ca-certificates.crt "$dest/etc/ssl/certs/"
 # Relative links (GB -> Europe/London) are kept; localtime points at the
 # host's /etc/localtime and is left out: the image's zone is UTC unless TZ

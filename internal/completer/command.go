@@ -37,6 +37,16 @@ func (c *Command) CommonConfig() *config.Common { return &c.Common }
 // until SIGTERM and serves /metrics on the default address.
 func (c *Command) LongRunning() bool { return !c.Once }
 
+// OldestSchema implements daemon.SchemaFloor.
+func (c *Command) OldestSchema() int64 { return OldestSchema }
+
+// OldestSchema is the lowest idemd migration the completer runs on:
+// 00016_idemd_reaper_runs.sql, whose run history the database-wide
+// exporter it runs (internal/dbstats) reads; it also needs
+// idempotency_key_reviews (00004), idemd_leases (00011, the exporter's
+// lease) and idemd_unfinished_keys (00012, its candidates).
+const OldestSchema = 16
+
 // FlagDefaults implements config.Defaulter: the flags' defaults are
 // DefaultSettings and the exporter's dbstats.DefaultSettings, embedded as
 // in Command.

@@ -71,6 +71,20 @@ type Overview struct {
 
 	// Humans: open reviews by reason.
 	OpenReviews []GroupCount `json:"open_reviews"`
+
+	// The database's idemd schema against the binary that read it.
+	Schema SchemaVersions `json:"schema"`
+}
+
+// SchemaVersions is the database's idemd schema version (its highest
+// applied migration) and the range the reading binary runs on
+// (migrate.Schema).
+type SchemaVersions struct {
+	Database        int64  `json:"database"`
+	BinaryOldest    int64  `json:"binary_oldest"`
+	BinaryNewest    int64  `json:"binary_newest"`
+	NewerThanBinary bool   `json:"newer_than_binary"`
+	Note            string `json:"note,omitempty"`
 }
 
 // GroupCount is a count and the oldest timestamp of one group.

@@ -13,10 +13,17 @@ import (
 	"github.com/idemd/idemd/internal/console"
 	"github.com/idemd/idemd/internal/dbstats"
 	"github.com/idemd/idemd/internal/enqueuer"
+	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/reaper"
 	"github.com/idemd/idemd/internal/review"
 	"github.com/idemd/idemd/internal/runhistory"
 )
+
+// OldestSchema is the lowest idemd migration idemctl's commands run on:
+// 00017_idemd_operator_actions.sql, where `keys` and `dead` record what an
+// operator did (status reads the reaper's run history, 00016). `idemctl
+// migrate` needs none: it brings the schema up.
+const OldestSchema = 17
 
 // StatusCmd shows what the daemons have left to do.
 type StatusCmd struct {
@@ -70,6 +77,18 @@ GROUP BY state ORDER BY state`
 // Run gathers and prints the status.
 func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
 	st := Status{Retention: c.Retention.String(), LockWindow: c.LockWindow.String(), RiverJobs: map[string]int64{}, UnfinishedKeys: []GroupCount{}, OpenReviews: []GroupCount{}}
+	// A schema older than idemctl needs fails here, naming `idemctl
+	// migrate`, rather than on the first table it lacks; a newer one is
+	// shown with why it is safe.
+	schema, err := migrate.Inspect(ctx, g.Pool, OldestSchema)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	if err := schema.Err(); err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	st.Schema = console.SchemaVersions{Database: schema.Database, BinaryOldest: schema.Oldest, BinaryNewest: schema.Newest,
+		NewerThanBinary: schema.NewerThanBinary(), Note: schema.Note()}
 	// One read-only snapshot, so the numbers are of the same moment.
 	tx, err := g.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
 	if err != nil {
@@ -156,7 +175,12 @@ func runSummary(r *runhistory.Run, since func(time.Time) string) string {
 func writeStatus(g *Globals, st *Status) error {
 	tw := tabwriter.NewWriter(g.Stdout, 0, 4, 2, ' ', 0)
 	since := func(t time.Time) string { return age(st.At.Sub(t).Seconds()) }
-	fmt.Fprintf(tw, "status at %s\n\n", st.At.UTC().Format(time.RFC3339))
+	fmt.Fprintf(tw, "status at %s\n", st.At.UTC().Format(time.RFC3339))
+	fmt.Fprintf(tw, "schema: idemd migration %d (this idemctl runs on %d to %d)\n", st.Schema.Database, st.Schema.BinaryOldest, st.Schema.BinaryNewest)
+	if st.Schema.Note != "" {
+		fmt.Fprintf(tw, "  note: %s\n", st.Schema.Note)
+	}
+	fmt.Fprintln(tw)
 
 	fmt.Fprintln(tw, "ENQUEUER\t")
 	oldest := "-"

@@ -20,9 +20,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 
+	"github.com/idemd/idemd/internal/buildinfo"
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/logging"
-	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/opshttp"
 )
 
@@ -84,12 +84,21 @@ func (b *Base) Close() {
 	}
 }
 
+// versionFlag is every command's --version, embedded by Setup so that no
+// command has to declare it. Never from the environment: an IDEMD_VERSION a
+// deployment sets for its own purposes must not turn a daemon into a
+// version printer.
+type versionFlag struct {
+	Version kong.VersionFlag `name:"version" env:"-" help:"Print the version, commit and Go version, and exit."`
+}
+
 // Setup parses args into cli (every problem listed, exit 2) and builds the
 // Base from db and log, which point into cli. A nil Base means the command
-// ends now with the returned code: 0 after --help, 2 after a configuration
+// ends now with the returned code: 0 after --help or --version, 2 after a configuration
 // problem it has printed to stderr.
 func Setup(name, description string, cli any, db *config.Database, log *config.Logging, args []string, stdout, stderr io.Writer) (*kong.Context, *Base, int) {
-	kctx, err := config.Parse(name, description, cli, args, stdout)
+	kctx, err := config.Parse(name, description, cli, args, stdout,
+		kong.Embed(&versionFlag{}), kong.Vars{"version": buildinfo.Line(name)})
 	if err != nil {
 		if errors.Is(err, config.ErrHelp) {
 			return nil, nil, ExitOK
@@ -131,9 +140,13 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	// Not ready until `idemctl migrate` has run: a rollout waits for the
-	// migration Job instead of sending work to a daemon that cannot do it.
-	ready := &opshttp.Readiness{Ping: pool.Ping, Schema: func(ctx context.Context) error { return migrate.Check(ctx, pool) }}
+	registerBuildInfo(reg, name)
+	// Not ready while the database lacks a migration the command needs
+	// (up to its oldest schema): a rollout waits for the migration Job
+	// instead of sending work to a daemon that cannot do it. On a newer
+	// schema (a newer release migrated first) it stays ready and says so.
+	schema := newSchemaWatch(pool, oldestSchema(cmd), logger, reg)
+	ready := &opshttp.Readiness{Ping: pool.Ping, Schema: schema.check, Note: schema.readyNote}
 	env := &Env{Name: name, Logger: logger, Pool: pool, Registry: reg, Ready: ready, Stdout: stdout}
 
 	if addr := opsAddr(cmd, kctx, common.HTTPAddr); addr != "" {

@@ -22,7 +22,8 @@ import (
 )
 
 // TestNotReadyUntilMigrated: daemons started on an empty database answer
-// /readyz 503 naming the missing migrations and the fix, and become ready
+// /readyz 503 naming the missing migrations (up to each one's oldest
+// schema) and the fix, and become ready
 // once `idemctl migrate` has run, without a restart; then a SIGTERM still
 // ends them cleanly.
 func TestNotReadyUntilMigrated(t *testing.T) {
@@ -39,16 +40,17 @@ func TestNotReadyUntilMigrated(t *testing.T) {
 
 	type daemonProc struct {
 		name, addr string
+		missing    string // the newest migration its /readyz must name
 		cmd        *exec.Cmd
 		done       chan error
 	}
 	var procs []*daemonProc
 	for _, d := range []struct {
-		name, pkg string
-		args      []string
+		name, pkg, missing string
+		args               []string
 	}{
-		{"enqueuer", "github.com/idemd/idemd/cmd/enqueuer", nil},
-		{"completer", "github.com/idemd/idemd/cmd/completer", []string{"--api-url", "http://127.0.0.1:1", "--auth-secret-file", secret}},
+		{"enqueuer", "github.com/idemd/idemd/cmd/enqueuer", "00003_staged_jobs.sql", nil},
+		{"completer", "github.com/idemd/idemd/cmd/completer", "00016_idemd_reaper_runs.sql", []string{"--api-url", "http://127.0.0.1:1", "--auth-secret-file", secret}},
 	} {
 		addr := closedAddr(t)
 		cmd := exec.Command(testbin.Build(t, d.pkg), append(d.args, "--database-url", dbURL, "--http-addr", addr)...)
@@ -56,7 +58,7 @@ func TestNotReadyUntilMigrated(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		p := &daemonProc{name: d.name, addr: addr, cmd: cmd, done: make(chan error, 1)}
+		p := &daemonProc{name: d.name, addr: addr, missing: d.missing, cmd: cmd, done: make(chan error, 1)}
 		go func() { p.done <- cmd.Wait() }()
 		t.Cleanup(func() { _ = cmd.Process.Kill() })
 		procs = append(procs, p)
@@ -74,7 +76,7 @@ func TestNotReadyUntilMigrated(t *testing.T) {
 	for _, p := range procs {
 		testwait.Until(t, time.Minute, p.name+" to say the schema is missing", func() bool {
 			code, body := readyz(p.addr)
-			return code == http.StatusServiceUnavailable && strings.Contains(body, "idemctl migrate") && strings.Contains(body, "00011_idemd_leases.sql")
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "idemctl migrate") && strings.Contains(body, p.missing)
 		})
 	}
 

@@ -29,6 +29,16 @@ func (c *Command) CommonConfig() *config.Common { return &c.Common }
 // until SIGTERM and serves /metrics on the default address.
 func (c *Command) LongRunning() bool { return !c.Once }
 
+// OldestSchema implements daemon.SchemaFloor.
+func (c *Command) OldestSchema() int64 { return OldestSchema }
+
+// OldestSchema is the lowest idemd migration the enqueuer runs on:
+// 00003_staged_jobs.sql creates staged_jobs and staged_jobs_dead, the only
+// idemd tables it reads or writes. 00015's NOTIFY payload (the lowest id a
+// statement inserted) is an optimisation it does without: a payload that is
+// not a number makes a drain start at the beginning.
+const OldestSchema = 3
+
 // FlagDefaults implements config.Defaulter: the flags' defaults are the
 // service's.
 func (c *Command) FlagDefaults() any { return DefaultSettings() }

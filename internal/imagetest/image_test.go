@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -98,6 +99,7 @@ func TestImage(t *testing.T) {
 
 	t.Run("layout", testLayout)
 	t.Run("help", testHelp)
+	t.Run("version", testVersion)
 	t.Run("bad configuration exits 2", testBadConfig)
 	t.Run("migrate, reaper dry run, enqueuer ready, SIGTERM exits 0", testMigrateAndRun)
 }
@@ -111,6 +113,7 @@ func testLayout(t *testing.T) {
 			User       string
 			Entrypoint []string
 			Cmd        []string
+			Labels     map[string]string
 		}
 	}
 	out := podman(t, "image", "inspect", image)
@@ -120,6 +123,11 @@ func testLayout(t *testing.T) {
 	cfg := inspect[0].Config
 	if cfg.User != "65532:65532" || !slices.Equal(cfg.Entrypoint, []string{"/usr/local/bin/idemctl"}) || !slices.Equal(cfg.Cmd, []string{"--help"}) {
 		t.Errorf("image config: user %q entrypoint %q cmd %q", cfg.User, cfg.Entrypoint, cfg.Cmd)
+	}
+	for k, v := range wantLabels(t) {
+		if cfg.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, cfg.Labels[k], v)
+		}
 	}
 
 	id := strings.TrimSpace(string(podman(t, "create", image)))
@@ -162,6 +170,44 @@ func testLayout(t *testing.T) {
 			if path == shell {
 				t.Errorf("the image has %s", path)
 			}
+		}
+	}
+}
+
+// wantLabels are the image's OCI labels: the release of the VERSION file
+// and this checkout's commit, as scripts/buildinfo.sh stamps them into the
+// binaries.
+func wantLabels(t *testing.T) map[string]string {
+	t.Helper()
+	return map[string]string{
+		"org.opencontainers.image.title":    "idemd",
+		"org.opencontainers.image.version":  buildScript(t, "version"),
+		"org.opencontainers.image.revision": buildScript(t, "commit"),
+		"org.opencontainers.image.source":   "https://github.com/idemd/idemd",
+		"org.opencontainers.image.licenses": "Apache-2.0",
+	}
+}
+
+// buildScript runs scripts/buildinfo.sh what.
+func buildScript(t *testing.T, what string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(repoRoot(t), "scripts", "buildinfo.sh"), what).Output()
+	if err != nil {
+		t.Fatalf("scripts/buildinfo.sh %s: %v", what, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// --version of every command, from the image, exits 0 and names the
+// command, the release and commit the image was built from, and the Go
+// version.
+func testVersion(t *testing.T) {
+	version, commit := buildScript(t, "version"), buildScript(t, "commit")
+	for _, c := range commands {
+		code, stdout, stderr := runIn(t, c, "--version")
+		want := regexp.MustCompile(`^` + c + ` ` + regexp.QuoteMeta(version) + ` \(commit ` + regexp.QuoteMeta(commit) + `, go1\.[0-9.]+\)\n$`)
+		if code != 0 || !want.MatchString(stdout) {
+			t.Errorf("%s --version: exit %d\nstdout: %q, want %s\nstderr: %s", c, code, stdout, want, stderr)
 		}
 	}
 }

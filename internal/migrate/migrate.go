@@ -4,11 +4,13 @@
 package migrate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -209,62 +211,163 @@ SELECT version_id FROM (
 
 // Check returns nil when the database has every idemd and River migration
 // this binary was built with, and a *PendingError naming the missing ones
-// otherwise. It changes nothing, so /readyz can ask it: a daemon started
-// before `idemctl migrate` becomes ready once it has run, without a restart.
+// otherwise: Inspect with the newest migration as the oldest schema.
 func Check(ctx context.Context, pool *pgxpool.Pool) error {
+	s, err := Inspect(ctx, pool, Newest())
+	if err != nil {
+		return err
+	}
+	return s.Err()
+}
+
+// Schema is where a database's schema stands against the range of idemd
+// schema versions a binary runs on: from its oldest (the lowest migration
+// whose objects its code needs, a constant each command states) to its
+// newest (the highest migration it ships).
+type Schema struct {
+	Database int64    // the highest idemd migration applied (0: none)
+	Oldest   int64    // the lowest version the binary runs on
+	Newest   int64    // the highest version the binary ships
+	Missing  []string // migration files up to Oldest that are not applied
+	Unknown  []int64  // applied versions the binary does not ship: a newer release's
+	River    []int    // River migrations the linked River needs and lacks
+}
+
+// Err is a *PendingError when the database lacks a migration the binary
+// needs, naming them and `idemctl migrate`, and nil otherwise.
+func (s *Schema) Err() error {
+	if len(s.Missing)+len(s.River) == 0 {
+		return nil
+	}
+	return &PendingError{Idemd: s.Missing, River: s.River}
+}
+
+// NewerThanBinary says the database has migrations a newer release applied.
+func (s *Schema) NewerThanBinary() bool { return len(s.Unknown) > 0 }
+
+// Note says, for a database whose schema is newer than the binary, that
+// this is safe, and is empty otherwise. It is safe because every idemd
+// migration is additive (docs/design.md's schema contract: new tables,
+// nullable or defaulted columns, indexes, triggers compatible both ways),
+// so the objects an older binary uses are still there and still mean what
+// they meant; that is what lets `idemctl migrate` run before a rollout and
+// a rollback redeploy the previous image without touching the schema.
+func (s *Schema) Note() string {
+	if !s.NewerThanBinary() {
+		return ""
+	}
+	return fmt.Sprintf("the database schema (idemd migration %d) is newer than this binary knows (up to %d): safe, idemd's migrations are additive and an older binary runs on a newer schema", s.Database, s.Newest)
+}
+
+// Inspect reads which idemd and River migrations the database has and
+// compares them with the binary's range, oldest to the newest it ships.
+// It changes nothing, so /readyz can ask it: a daemon started before
+// `idemctl migrate` becomes ready once it has run, without a restart.
+func Inspect(ctx context.Context, pool *pgxpool.Pool, oldest int64) (*Schema, error) {
+	known, err := versions()
+	if err != nil {
+		return nil, err
+	}
+	s := &Schema{Oldest: oldest, Newest: known[len(known)-1].version}
 	applied := map[int64]bool{}
 	var exists bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
-		return fmt.Errorf("migrate: check schema: %w", err)
+		return nil, fmt.Errorf("migrate: check schema: %w", err)
 	}
 	if exists {
 		rows, err := pool.Query(ctx, appliedIdemdSQL)
 		if err != nil {
-			return fmt.Errorf("migrate: check schema: %w", err)
+			return nil, fmt.Errorf("migrate: check schema: %w", err)
 		}
 		vs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
-			return fmt.Errorf("migrate: check schema: %w", err)
+			return nil, fmt.Errorf("migrate: check schema: %w", err)
 		}
 		for _, v := range vs {
 			applied[v] = true
+			s.Database = max(s.Database, v)
 		}
 	}
-	pending := &PendingError{}
+	ships := map[int64]bool{}
+	for _, m := range known {
+		ships[m.version] = true
+		if m.version <= oldest && !applied[m.version] {
+			s.Missing = append(s.Missing, m.file)
+		}
+	}
+	for v := range applied {
+		if !ships[v] {
+			s.Unknown = append(s.Unknown, v)
+		}
+	}
+	slices.Sort(s.Unknown)
+
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: river migrator: %w", err)
+	}
+	existing, err := migrator.ExistingVersions(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: check River's schema: %w", err)
+	}
+	have := map[int]bool{}
+	for _, m := range existing {
+		have[m.Version] = true
+	}
+	// River's client needs every migration of the River it links: River
+	// does not state an older floor.
+	for _, m := range migrator.AllVersions() {
+		if !have[m.Version] {
+			s.River = append(s.River, m.Version)
+		}
+	}
+	return s, nil
+}
+
+// migration is one embedded idemd migration file.
+type migration struct {
+	version int64
+	file    string
+}
+
+// versions lists the embedded migrations in version order.
+func versions() ([]migration, error) {
 	files, err := fs.Glob(Files(), "*.sql")
 	if err != nil {
-		return fmt.Errorf("migrate: list migrations: %w", err)
+		return nil, fmt.Errorf("migrate: list migrations: %w", err)
 	}
+	var ms []migration
 	for _, f := range files {
 		digits, _, ok := strings.Cut(f, "_")
 		v, err := strconv.ParseInt(digits, 10, 64)
 		if !ok || err != nil {
 			continue // not a goose migration
 		}
-		if !applied[v] {
-			pending.Idemd = append(pending.Idemd, f)
-		}
+		ms = append(ms, migration{version: v, file: f})
 	}
+	if len(ms) == 0 {
+		return nil, errors.New("migrate: the binary carries no migrations")
+	}
+	slices.SortFunc(ms, func(a, b migration) int { return cmp.Compare(a.version, b.version) })
+	return ms, nil
+}
 
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+// Newest is the highest idemd migration version the binary ships: the
+// newest schema it knows.
+func Newest() int64 {
+	ms, err := versions()
 	if err != nil {
-		return fmt.Errorf("migrate: river migrator: %w", err)
+		panic(err) // the migrations are embedded at build time
 	}
-	existing, err := migrator.ExistingVersions(ctx)
+	return ms[len(ms)-1].version
+}
+
+// Known says whether the binary ships idemd migration v, so that a
+// command's oldest schema can be checked to name a real migration.
+func Known(v int64) bool {
+	ms, err := versions()
 	if err != nil {
-		return fmt.Errorf("migrate: check River's schema: %w", err)
+		return false
 	}
-	have := map[int]bool{}
-	for _, m := range existing {
-		have[m.Version] = true
-	}
-	for _, m := range migrator.AllVersions() {
-		if !have[m.Version] {
-			pending.River = append(pending.River, m.Version)
-		}
-	}
-	if len(pending.Idemd)+len(pending.River) > 0 {
-		return pending
-	}
-	return nil
+	return slices.ContainsFunc(ms, func(m migration) bool { return m.version == v })
 }

@@ -23,6 +23,10 @@ type Readiness struct {
 	// Schema checks that the database has the migrations the binary
 	// expects; its error says which are missing. Optional.
 	Schema func(ctx context.Context) error
+	// Note, when it returns something, is said under /readyz's "ok": a
+	// condition that does not stop the daemon but an operator should see
+	// (a database schema newer than the binary). Optional.
+	Note func() string
 	// MaxPassAge is how old the last successful pass may be before /readyz
 	// fails. Zero disables the check.
 	MaxPassAge time.Duration
@@ -87,6 +91,11 @@ func Handler(reg *prometheus.Registry, ready *Readiness) http.Handler {
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
+		if ready.Note != nil {
+			if note := ready.Note(); note != "" {
+				_, _ = fmt.Fprintf(w, "note: %s\n", note)
+			}
+		}
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	return mux

@@ -33,6 +33,16 @@ func (c *Command) CommonConfig() *config.Common { return &c.Common }
 // combined with --schedule).
 func (c *Command) LongRunning() bool { return c.Schedule != "" }
 
+// OldestSchema implements daemon.SchemaFloor.
+func (c *Command) OldestSchema() int64 { return OldestSchema }
+
+// OldestSchema is the lowest idemd migration the reaper runs on:
+// 00016_idemd_reaper_runs.sql, the run history every run writes; it also
+// needs idemd_leases (00011, the run lease) and the key_id index of
+// idempotency_key_reviews (00010), without which every flag check scans
+// the reviews.
+const OldestSchema = 16
+
 // FlagDefaults implements config.Defaulter: the flags' defaults are the
 // service's.
 func (c *Command) FlagDefaults() any { return DefaultSettings() }
