@@ -34,6 +34,7 @@ var allowedFlags = map[string]string{
 	"context":          "kubectl --context",
 	"namespace":        "kubectl --namespace",
 	"rm":               "podman/kubectl run --rm",
+	"build-arg":        "docker build --build-arg REVISION=... (the image's revision label)",
 	"runtime":          "podman --runtime runc",
 	"ulimit":           "podman --ulimit",
 	"read-only":        "podman --read-only",
