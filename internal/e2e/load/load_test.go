@@ -215,3 +215,33 @@ func TestStagingCost(t *testing.T) {
 			ph.WALPerRequest()/1e3, ph.RiverJobs, ph.Staged)
 	}
 }
+
+// TestStagingSmoke runs the staging-throughput phase at a toy size (one
+// round of 3 s at 4 clients, on the test server): every variant commits,
+// and in the idemd variant every measured commit's row reached River
+// exactly once (Staging fails otherwise: toRiver checks each against
+// river_job).
+// Skipped with -short (it builds the binaries).
+func TestStagingSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries and runs processes")
+	}
+	rep, err := Staging(context.Background(), dbtest.ServerURL(t), StagingOptions{
+		Clients: []int{4}, Length: 3 * time.Second, Rounds: 1, SharedServer: true, Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Phases) != len(StagingVariants) {
+		t.Fatalf("%d phases for %d variants", len(rep.Phases), len(StagingVariants))
+	}
+	for _, p := range rep.Phases {
+		if p.Commits == 0 || p.CommitP99 <= 0 {
+			t.Errorf("%s: %d commits, p99 %s", p.Variant, p.Commits, p.CommitP99)
+		}
+	}
+	idemd, _ := rep.Find(StagingIdemd, 4)
+	if idemd.ToRiverP99 <= 0 || len(idemd.toRiver) != idemd.Commits {
+		t.Errorf("idemd: %d commits, %d reached River, p99 %s", idemd.Commits, len(idemd.toRiver), idemd.ToRiverP99)
+	}
+}
