@@ -152,6 +152,7 @@ type gate struct {
 	gen     uint64          // counts sessions
 	polling int64           // P's key; 0 until the first open
 	handoff int64           // H's key
+	lastTry time.Time       // the last reopen attempt
 }
 
 // open connects the gate with cfg and reads the lock keys.
@@ -185,6 +186,28 @@ func connectGate(ctx context.Context, cfg *pgx.ConnConfig) (conn *pgx.Conn, p, h
 		return nil, 0, 0, fmt.Errorf("enqueuer polling: lock keys: %w", err)
 	}
 	return conn, p, h, nil
+}
+
+// reopenEvery bounds how often the drainer retries a gate whose session
+// could not be opened.
+const reopenEvery = time.Second
+
+// reopen opens the gate's session again when the last open failed (the
+// listener is up: cfg is set) and reopenEvery has passed since the last try.
+func (g *gate) reopen(ctx context.Context, now time.Time) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.conn != nil || g.cfg == nil || now.Sub(g.lastTry) < reopenEvery {
+		return nil
+	}
+	g.lastTry = now
+	conn, p, h, err := connectGate(ctx, g.cfg)
+	if err != nil {
+		return err
+	}
+	g.conn, g.polling, g.handoff = conn, p, h
+	g.gen++
+	return nil
 }
 
 // close ends the gate's session, releasing P if it was held, and keeps it
@@ -334,11 +357,19 @@ func (s *Service) steerPolling(ctx context.Context, p *pollState, taken int, now
 	p.last = now
 	p.wait = nextPollWait(p.wait, s.cfg.PollingInterval, taken)
 	gen := s.gate.current()
+	notifyRate := s.floor.rate(now)
+	if gen == 0 && s.cfg.PollingInterval > 0 && s.listening.Load() && notifyRate >= pollStartRate {
+		// The gate's session could not be opened with the listener's:
+		// every commit notifies meanwhile, so keep trying (and counting).
+		if err := s.gate.reopen(ctx, now); err != nil {
+			s.pollingFailed(err)
+		}
+		gen = s.gate.current()
+	}
 	// A poll drains from the low-water mark: without one (not established
 	// yet, or ids that do not come from a CACHE 1 sequence) every poll
 	// would walk the whole index.
 	listening := s.listening.Load() && gen != 0
-	notifyRate := s.floor.rate(now)
 	hasMark := s.lw.mark.Load() != fullPass
 	// Would poll but has no mark: the sweep establishes one at its polling
 	// cadence (two sweeps).

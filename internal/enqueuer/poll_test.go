@@ -454,3 +454,36 @@ func TestPollingLockDiesWithItsSession(t *testing.T) {
 	g.close(ctx)
 	testwait.Until(t, time.Minute, "P to go with the closed gate", func() bool { return !held() })
 }
+
+// A gate whose session could not be opened is retried, at most every
+// reopenEvery, and opens once the server accepts it.
+func TestGateReopensAfterAFailedOpen(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	bad := pool.Config().ConnConfig.Copy()
+	bad.Database = "idemd_no_such_database"
+	var g gate
+	defer g.close(ctx)
+	if err := g.open(ctx, bad); err == nil {
+		t.Fatal("open with a database that does not exist succeeded")
+	}
+	if g.current() != 0 {
+		t.Fatal("a failed open left a session")
+	}
+	now := time.Now()
+	if err := g.reopen(ctx, now); err == nil {
+		t.Fatal("reopen with the same configuration succeeded")
+	}
+	g.mu.Lock()
+	g.cfg = pool.Config().ConnConfig // the server accepts it now
+	g.mu.Unlock()
+	if err := g.reopen(ctx, now.Add(reopenEvery/2)); err != nil || g.current() != 0 {
+		t.Fatalf("reopen within reopenEvery of the last try: %v, generation %d; want no try", err, g.current())
+	}
+	if err := g.reopen(ctx, now.Add(reopenEvery)); err != nil || g.current() == 0 {
+		t.Fatalf("reopen after reopenEvery: %v, generation %d", err, g.current())
+	}
+	if gen, err := g.take(ctx); err != nil || gen == 0 {
+		t.Fatalf("take on the reopened gate: %d, %v", gen, err)
+	}
+}
