@@ -71,6 +71,22 @@ func TestNextPollWait(t *testing.T) {
 	}
 }
 
+// listening is a session of its own LISTENing on the staged_jobs channel,
+// closed when the test ends: the tests' independent witness of what the
+// trigger sends.
+func listening(t *testing.T, pool *pgxpool.Pool) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(context.Background(), pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) }) //nolint:errcheck
+	if _, err := conn.Exec(context.Background(), listenSQL); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
 // heardUntil reads notifications on the staged_jobs channel from conn until
 // the sentinel payload arrives (NOTIFYs are delivered in commit order, so
 // everything committed before the sentinel was sent has been heard by then)
@@ -112,14 +128,7 @@ func pollLocks(t *testing.T, pool *pgxpool.Pool) (p, h int64) {
 func TestTriggerNotifiesUnlessPolled(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	listener, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	if _, err := listener.Exec(ctx, listenSQL); err != nil {
-		t.Fatal(err)
-	}
+	listener := listening(t, pool)
 	stage := func(ids ...int64) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (id, job_name, job_args) SELECT i, 'k', '{}' FROM unnest($1::bigint[]) WITH ORDINALITY u(i, o) ORDER BY o`, ids); err != nil {
@@ -218,14 +227,7 @@ func TestTriggerNotifiesUnlessPolled(t *testing.T) {
 func TestHandoffWaitsForSkippedCommits(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	listener, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	if _, err := listener.Exec(ctx, listenSQL); err != nil {
-		t.Fatal(err)
-	}
+	listener := listening(t, pool)
 	var g gate
 	if err := g.open(ctx, pool.Config().ConnConfig); err != nil {
 		t.Fatal(err)

@@ -390,6 +390,24 @@ func Load(ctx context.Context, adminURL string, opts LoadOptions) (*LoadReport, 
 	return rep, nil
 }
 
+// freshDatabase creates a database named after prefix on adminURL's server,
+// applies deploy/sql/roles.sql as the operator does and runs idemd's
+// migrations as idemd_migrator, as deployed (the daemons then connect as
+// idemd_runtime). drop removes it.
+func freshDatabase(ctx context.Context, adminURL string, bins *system.Binaries, prefix string) (dbURL string, drop func(context.Context) error, err error) {
+	dbURL, drop, err = scratchdb.Create(ctx, adminURL, prefix)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
+		return "", nil, errors.Join(err, drop(context.WithoutCancel(ctx)))
+	}
+	if err := system.Migrate(ctx, bins, dbtest.MigratorURL(dbURL)); err != nil {
+		return "", nil, errors.Join(err, drop(context.WithoutCancel(ctx)))
+	}
+	return dbURL, drop, nil
+}
+
 type bench struct {
 	admin    *pgxpool.Pool
 	adminURL string
@@ -413,7 +431,9 @@ func (b *bench) run(ctx context.Context, cfg Config, spec runSpec) (ph Phase, er
 	if err != nil {
 		return ph, fmt.Errorf("load: %w", err)
 	}
-	dbURL, drop, err := scratchdb.Create(ctx, b.adminURL, "idemd_load")
+	// The API and the measurement keep the admin URL (the API's role is
+	// the operator's).
+	dbURL, drop, err := freshDatabase(ctx, b.adminURL, b.bins, "idemd_load")
 	if err != nil {
 		return ph, fmt.Errorf("load: %w", err)
 	}
@@ -422,16 +442,6 @@ func (b *bench) run(ctx context.Context, cfg Config, spec runSpec) (ph Phase, er
 			err = fmt.Errorf("load: %w", derr)
 		}
 	}()
-	// deploy/sql/roles.sql as the operator applies it; the migration as
-	// idemd_migrator and the daemons as idemd_runtime, as deployed. The API
-	// and the measurement keep the admin URL (the API's role is the
-	// operator's).
-	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
-		return ph, fmt.Errorf("load: %w", err)
-	}
-	if err := system.Migrate(ctx, b.bins, dbtest.MigratorURL(dbURL)); err != nil {
-		return ph, fmt.Errorf("load: %w", err)
-	}
 	secretPath, _, err := system.WriteSecret(dir, "replay-secret")
 	if err != nil {
 		return ph, fmt.Errorf("load: %w", err)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/e2e/system"
-	"github.com/idemd/idemd/internal/scratchdb"
 )
 
 // The staging-throughput phase: what staging a job costs an API that
@@ -203,7 +202,7 @@ func (receiptArgs) Kind() string { return "send_ride_receipt" }
 // measures the enqueuers' idle cost after the run.
 func (s *staging) run(ctx context.Context, variant string, clients int, idle bool, rep *StagingReport) (ph StagingPhase, err error) {
 	ph.Variant, ph.Clients, ph.Runs = variant, clients, 1
-	dbURL, drop, err := scratchdb.Create(ctx, s.adminURL, "idemd_staging")
+	dbURL, drop, err := freshDatabase(ctx, s.adminURL, s.bins, "idemd_staging")
 	if err != nil {
 		return ph, fmt.Errorf("staging: %w", err)
 	}
@@ -212,12 +211,6 @@ func (s *staging) run(ctx context.Context, variant string, clients int, idle boo
 			err = fmt.Errorf("staging: %w", derr)
 		}
 	}()
-	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
-		return ph, fmt.Errorf("staging: %w", err)
-	}
-	if err := system.Migrate(ctx, s.bins, dbtest.MigratorURL(dbURL)); err != nil {
-		return ph, fmt.Errorf("staging: %w", err)
-	}
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return ph, fmt.Errorf("staging: %w", err)
