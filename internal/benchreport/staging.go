@@ -38,11 +38,6 @@ func Staging(ctx context.Context, adminURL string, scale Scale, logf func(string
 				goal, met = goal+", ≥1× River InsertTx", met && vsRiver >= 1
 			}
 			row.Target = Goal(goal, met)
-			if p.Clients == res.Phases[len(res.Phases)-1].Clients {
-				rep.Rows = append(rep.Rows, row)
-				row = Row{Suite: "staging", Name: fmt.Sprintf("commit to River at the highest rate (%.0f commits/s, %d clients)", p.CommitsPerSecond(), p.Clients),
-					Value: fmt.Sprintf("p99 %s", Dur(p.ToRiverP99)), Target: Goal("p99 ≤100 ms", p.ToRiverP99 <= 100*time.Millisecond)}
-			}
 		case load.StagingRiver:
 			row.Ratio = Ratio(p.CommitsPerSecond()/max(plain.CommitsPerSecond(), 1), "no idemd objects")
 		case load.StagingPolled:
@@ -52,6 +47,16 @@ func Staging(ctx context.Context, adminURL string, scale Scale, logf func(string
 		}
 		rep.Rows = append(rep.Rows, row)
 	}
+	// The commit-to-River target is at the highest rate of the run,
+	// whichever client count reached it.
+	var top load.StagingPhase
+	for _, p := range res.Phases {
+		if p.Variant == load.StagingIdemd && p.CommitsPerSecond() > top.CommitsPerSecond() {
+			top = p
+		}
+	}
+	rep.Rows = append(rep.Rows, Row{Suite: "staging", Name: fmt.Sprintf("commit to River at the run's highest staging rate (%.0f commits/s, %d clients)", top.CommitsPerSecond(), top.Clients),
+		Value: fmt.Sprintf("p50 %s, p99 %s", Dur(top.ToRiverP50), Dur(top.ToRiverP99)), Target: Goal("p99 ≤100 ms", top.ToRiverP99 <= 100*time.Millisecond)})
 	rep.Rows = append(rep.Rows, Row{Suite: "staging", Name: "two idle enqueuers' transactions on the database",
 		Value: fmt.Sprintf("%.1f a second", res.IdleTransactionsPerSecond)})
 	rep.Notes = append(rep.Notes,
