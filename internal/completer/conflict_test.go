@@ -290,6 +290,15 @@ func drainSerial(t *testing.T, n int, adaptive bool) conflictRun {
 	}
 	api.mu.Lock()
 	defer api.mu.Unlock()
+	// Every serialization-failure 409 was an attempt of its key (none was
+	// taken for a live request's), and nothing else was.
+	var attempts int
+	if err := pool.QueryRow(context.Background(), `SELECT coalesce(sum(completer_attempts), 0) FROM idempotency_keys`).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != api.conflicts {
+		t.Fatalf("adaptive %v: %d attempts recorded for %d conflicts answered", adaptive, attempts, api.conflicts)
+	}
 	return conflictRun{
 		conflicts: api.conflicts, inProgress: api.inProgress, rides: api.rides, other: api.other,
 		backoffs:   logs.FilterMessageSnippet("lowering replay concurrency").All(),

@@ -15,9 +15,9 @@ import (
 // to find by trial, so the completer finds it: the number of replays in
 // flight is limited by an additive-increase/multiplicative-decrease
 // controller (aimd) between 1 and --concurrency. A conflict halves the
-// limit; every replay that meets none raises it by 1/limit, so by one per
-// limit's worth of clear replays. An API that never conflicts keeps the
-// limit at --concurrency.
+// limit; every replay started since that meets none raises it by 1/limit,
+// so by one per limit's worth of clear replays. An API that never
+// conflicts keeps the limit at --concurrency.
 //
 // aimd is pure: it is told of every replay's start and end (with the time,
 // for the length of a backoff episode) and returns what changed; the gate
@@ -59,7 +59,8 @@ func congestionOf(rep reply, st keyState) congestion {
 // a replay that started before the last decrease was caused by the load
 // the decrease already answered, and decreases nothing again (one
 // decrease per round of replays, as TCP's congestion window halves once
-// per window).
+// per window); a clear one ran under the old limit and raises nothing
+// either.
 type ticket uint64
 
 // limitChange is what one report did to the limit.
@@ -116,6 +117,11 @@ func (a *aimd) done(t ticket, c congestion, now time.Time) limitChange {
 				}
 			}
 		case congestionClear:
+			if t <= a.cutAt {
+				// It ran under the limit before the decrease: it says
+				// nothing about the new one.
+				break
+			}
 			a.limit = min(float64(a.max), a.limit+1/a.limit)
 			if !a.since.IsZero() && a.current() == a.max {
 				ch.recovered, ch.episode = true, now.Sub(a.since)

@@ -36,9 +36,9 @@ func TestCongestionOf(t *testing.T) {
 }
 
 // The adaptive limit, driven by hand with an injected clock: a conflict
-// halves it once per round of replays (conflicts of replays that started
-// before the decrease decrease nothing), clear replays raise it by one per
-// limit's worth, never past --concurrency and never below 1, and a
+// halves it once per round of replays (replays that started before the
+// decrease neither decrease nor raise it), clear replays raise it by one
+// per limit's worth, never past --concurrency and never below 1, and a
 // backoff episode is reported once when it starts and once when it ends.
 func TestAIMD(t *testing.T) {
 	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -60,9 +60,16 @@ func TestAIMD(t *testing.T) {
 			t.Fatalf("a conflict of a replay started before the decrease decreased again: %+v", ch)
 		}
 	}
-	// The rest of the round ends clear: each raises the limit by 1/limit.
+	// The rest of the round ends clear, but ran under the old limit:
+	// it raises nothing.
 	for _, tk := range round[3:] {
-		a.done(tk, congestionClear, clock.Now())
+		if ch := a.done(tk, congestionClear, clock.Now()); ch.changed() {
+			t.Fatalf("a clear replay started before the decrease raised the limit: %+v", ch)
+		}
+	}
+	// Replays started since: each raises the limit by 1/limit.
+	for range 5 {
+		a.done(a.start(), congestionClear, clock.Now())
 	}
 	if a.current() != 5 { // 4 + 5 × 1/4.x
 		t.Fatalf("after 5 clear replays at 4: %d, want 5", a.current())
