@@ -10,7 +10,8 @@
 // and process batches until nothing is due right now; runOnce, RunOnce
 // for --once), returning a Result that tests call directly. The decisions are pure functions beside the
 // I/O: the outcome of a replay (outcome.go), the circuit breaker
-// (breaker.go), when a pass ends and when the next is due (this file).
+// (breaker.go), the adaptive limit on replays in flight (congestion.go),
+// when a pass ends and when the next is due (this file).
 package completer
 
 import (
