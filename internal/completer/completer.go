@@ -10,7 +10,8 @@
 // and process batches until nothing is due right now; runOnce, RunOnce
 // for --once), returning a Result that tests call directly. The decisions are pure functions beside the
 // I/O: the outcome of a replay (outcome.go), the circuit breaker
-// (breaker.go), when a pass ends and when the next is due (this file).
+// (breaker.go), the adaptive limit on replays in flight (congestion.go),
+// when a pass ends and when the next is due (this file).
 package completer
 
 import (
@@ -118,6 +119,8 @@ type Service struct {
 	limiter *rate.Limiter
 	breaker *breaker
 	metrics *metrics
+	// conc limits replays in flight (congestion.go).
+	conc *gate
 
 	// Test seams: the limiter's and the breaker's clock, the retry
 	// backoff's randomness.
@@ -186,7 +189,26 @@ func New(cfg Config) (*Service, error) {
 		runner:  lifecycle.Runner{Name: "completer"},
 	}
 	s.breaker = newBreaker(func() time.Time { return s.now() }, cfg.BreakerFailures, cfg.BreakerCooldown, cfg.BreakerMaxCooldown, s.breakerChanged)
+	s.conc = newGate(newAIMD(cfg.Concurrency, true))
+	m.concurrencyLimit.Set(float64(cfg.Concurrency))
 	return s, nil
+}
+
+// concurrencyChanged publishes a change of the adaptive limit and logs
+// the start and the end of a backoff episode (not every step of one).
+func (s *Service) concurrencyChanged(ch limitChange) {
+	if !ch.changed() {
+		return
+	}
+	s.metrics.concurrencyLimit.Set(float64(ch.to))
+	switch {
+	case ch.backedOff:
+		s.log.Info("replays conflict in the API (409 on keys no request holds): lowering replay concurrency until they clear",
+			zap.Int("from", ch.from), zap.Int("to", ch.to), zap.Int("max", s.cfg.Concurrency))
+	case ch.recovered:
+		s.log.Info("replay conflicts cleared: replay concurrency back at --concurrency",
+			zap.Int("concurrency", ch.to), zap.Duration("after", ch.episode))
+	}
 }
 
 func (s *Service) breakerChanged(from, to BreakerState) {

@@ -35,6 +35,9 @@ func TestRunOnceClassifiesOutcomes(t *testing.T) {
 	cfg.RequestTimeout = 300 * time.Millisecond
 	cfg.Lease = 10 * time.Second
 	cfg.BatchSize = 100
+	// The keys' own locks are an hour old; the 409 key's, taken by the
+	// test API, is younger than this: a live request holds it.
+	cfg.LockTimeout = time.Minute
 	reg := prometheus.NewRegistry()
 	cfg.Registry = reg
 	svc := newTestService(t, pool, cfg)

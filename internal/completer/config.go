@@ -44,13 +44,13 @@ type Settings struct {
 	LockTimeout time.Duration `name:"lock-timeout" default:"${lock_timeout}" help:"A key locked more recently than this is a live request; match the API's lock timeout."`
 	Lease       time.Duration `name:"lease" default:"${lease}" help:"How long a claimed key belongs to this replica; must exceed --request-timeout."`
 
-	MaxAttempts     int           `name:"max-attempts" default:"${max_attempts}" help:"Failed attempts (5xx, network, 401, other 4xx) before giving up and flagging the key for review."`
+	MaxAttempts     int           `name:"max-attempts" default:"${max_attempts}" help:"Failed attempts (5xx, network, 401, 409 on a key no request holds, other 4xx) before giving up and flagging the key for review."`
 	GiveUpAfter     time.Duration `name:"give-up-after" default:"${give_up_after}" help:"Give up on keys older than this (keep it inside the payment provider's idempotency-key memory, 24h at Stripe)."`
 	BackoffBase     time.Duration `name:"backoff-base" default:"${backoff_base}" help:"Retry delay cap after the first failure; doubles per attempt (full jitter)."`
 	BackoffMax      time.Duration `name:"backoff-max" default:"${backoff_max}" help:"Largest retry delay cap."`
-	InProgressDelay time.Duration `name:"in-progress-delay" default:"${in_progress_delay}" help:"After a 409 (a live request holds the key), look again this much later."`
+	InProgressDelay time.Duration `name:"in-progress-delay" default:"${in_progress_delay}" help:"After a 409 on a key the API holds locked (a live request), look again this much later."`
 
-	Concurrency    int           `name:"concurrency" default:"${concurrency}" help:"Replays in flight at once in this process."`
+	Concurrency    int           `name:"concurrency" default:"${concurrency}" help:"Most replays in flight at once in this process; lowered while replays conflict in the API (409 on keys no request holds), raised again as they clear."`
 	Rate           float64       `name:"rate" default:"${rate}" help:"Replays per second, at most, from this process."`
 	Burst          int           `name:"burst" default:"${burst}" help:"Rate limiter burst."`
 	BatchSize      int           `name:"batch-size" default:"${batch_size}" help:"Keys claimed per batch."`

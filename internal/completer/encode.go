@@ -16,10 +16,18 @@ func encodeBody(enc Encoding, params []byte) ([]byte, string, error) {
 	switch enc {
 	case EncodingForm:
 		b, err := formEncode(params)
-		return b, "application/x-www-form-urlencoded", err
+		return b, contentType(enc), err
 	default:
-		return params, "application/json", nil
+		return params, contentType(enc), nil
 	}
+}
+
+// contentType is the Content-Type of bodies in encoding enc.
+func contentType(enc Encoding) string {
+	if enc == EncodingForm {
+		return "application/x-www-form-urlencoded"
+	}
+	return "application/json"
 }
 
 // formEncode encodes a JSON object the way Stripe's clients do: nested

@@ -58,7 +58,8 @@ const (
 	actFinish       action = iota // finish the key with code 200 and answer 200
 	actFinish402                  // finish with a stored 402 and answer 402
 	actFinish500                  // finish with a stored 500 and answer 500
-	actConflict                   // answer 409, leave the key
+	actConflict                   // lock the key as a live request would, answer 409
+	actMismatch                   // answer 409 without locking the key (the article's parameter mismatch)
 	actFail500                    // answer 500, leave the key
 	actFail503                    // answer 503, leave the key
 	actUnauthorized               // answer 401, leave the key
@@ -76,6 +77,8 @@ type testAPI struct {
 	verifier *replayauth.Verifier
 	srv      *httptest.Server
 	form     bool
+	// refuseType answers a body of the wrong Content-Type (400 when 0).
+	refuseType int
 
 	mu        sync.Mutex
 	behave    func(key string, n int) action
@@ -139,7 +142,11 @@ func (a *testAPI) serve(w http.ResponseWriter, r *http.Request) {
 		wantCT = "application/x-www-form-urlencoded"
 	}
 	if r.Header.Get("Content-Type") != wantCT {
-		http.Error(w, "bad content type", http.StatusBadRequest)
+		code := a.refuseType
+		if code == 0 {
+			code = http.StatusBadRequest
+		}
+		http.Error(w, "bad content type", code)
 		return
 	}
 	uid, err := a.verifier.Verify(r.Context(), sig, replayauth.Request{Method: r.Method, Path: r.URL.Path, IdempotencyKey: key, Body: body})
@@ -209,7 +216,13 @@ WHERE id = $1 AND recovery_point <> 'finished'`, id, code); err != nil {
 	case actFinish500:
 		finish(500)
 	case actConflict:
+		if _, err := a.pool.Exec(ctx, `UPDATE idempotency_keys SET locked_at = now() WHERE id = $1`, id); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
 		http.Error(w, "in progress", http.StatusConflict)
+	case actMismatch:
+		http.Error(w, "parameters differ from the key's", http.StatusConflict)
 	case actFail500:
 		http.Error(w, "boom", http.StatusInternalServerError)
 	case actFail503:

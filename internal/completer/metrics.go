@@ -49,6 +49,8 @@ type metrics struct {
 	keyFailures  prometheus.Counter
 	duration     prometheus.Histogram
 	claimed      prometheus.Counter
+	// concurrencyLimit: congestion.go.
+	concurrencyLimit prometheus.Gauge
 	// keysBelowMark: mark.go.
 	keysBelowMark prometheus.Counter
 }
@@ -101,6 +103,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_completer_claimed_total",
 			Help: "Keys claimed (leased) by this process.",
 		}),
+		concurrencyLimit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_completer_concurrency_limit",
+			Help: "Replays this process lets in flight at once: --concurrency, lowered while replays meet conflicts in the API (409 on keys no request holds) and raised again as they clear.",
+		}),
 		keysBelowMark: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemd_completer_keys_below_mark_total",
 			Help: "Unfinished keys a full walk (every 30th pass) found tracked below the low-water mark the other passes start at: a key committed more than --grace + 1m after its transaction began, or inserted with an old created_at. Each waited up to 30 poll intervals longer. Should stay at 0.",
@@ -112,7 +118,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.replays, m.pending, m.oldestAge, m.breakerState, m.openReviews, m.oldestReview, m.breakerOpens, m.keyFailures, m.duration, m.claimed, m.keysBelowMark} {
+	for _, c := range []prometheus.Collector{m.replays, m.pending, m.oldestAge, m.breakerState, m.openReviews, m.oldestReview, m.breakerOpens, m.keyFailures, m.duration, m.claimed, m.concurrencyLimit, m.keysBelowMark} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("completer: register metrics: %w", err)
 		}

@@ -22,10 +22,13 @@ type reply struct {
 
 // keyState is the key's row as re-read after the replay (rereadSQL).
 type keyState struct {
-	exists        bool
-	finished      bool
-	leaseOurs     bool
-	pastHorizon   bool
+	exists      bool
+	finished    bool
+	leaseOurs   bool
+	pastHorizon bool
+	// locked: the API holds the key, its locked_at younger than
+	// --lock-timeout (a live request, or one that died within it).
+	locked        bool
 	recoveryPoint string
 }
 
@@ -118,11 +121,22 @@ func judge(k claimedKey, rep reply, st keyState, shuttingDown bool, s *Settings)
 		// The request was aborted by us, not failed.
 		return deferred(noteCancel)
 	case rep.err != nil:
-		return failed(k, st, s, OutcomeRetry, noteFailed, "request failed: "+describeErr(rep.err))
-	case rep.status == http.StatusConflict:
+		return failed(k, st, s, OutcomeRetry, noteFailed, "request failed: "+describeErr(rep.err), "")
+	case rep.status == http.StatusConflict && st.locked:
 		return verdict{outcome: OutcomeInProgress, breaker: noteSucceeded, write: writeInProgress}
+	case rep.status == http.StatusConflict:
+		// No request holds the key, so the 409 was about this replay: the
+		// API compared the stored parameters with the key's and found them
+		// different (the article's API answers a mismatch with 409), or its
+		// transaction met a serialization failure. A mismatch never clears,
+		// so it must count towards --max-attempts; a serialization failure
+		// is retried after backoff like a 5xx, and the adaptive concurrency
+		// (congestion.go) makes it rare.
+		return failed(k, st, s, OutcomeRejected, noteSucceeded, fmt.Sprintf(
+			"API answered %d %s while no request held the key (its lock older than --lock-timeout %s)",
+			rep.status, http.StatusText(rep.status), s.LockTimeout), conflictHint)
 	case rep.status >= 500 || rep.status == http.StatusTooManyRequests:
-		return failed(k, st, s, OutcomeRetry, noteFailed, fmt.Sprintf("API answered %d %s", rep.status, http.StatusText(rep.status)))
+		return failed(k, st, s, OutcomeRetry, noteFailed, fmt.Sprintf("API answered %d %s", rep.status, http.StatusText(rep.status)), "")
 	case rep.status == http.StatusUnauthorized || rep.status == http.StatusForbidden:
 		// A misconfigured secret looks like this on every key: it counts
 		// against the breaker so attempts burn slowly while an operator
@@ -130,18 +144,45 @@ func judge(k claimedKey, rep reply, st keyState, shuttingDown bool, s *Settings)
 		// these is taken for a key's own failure.)
 		return failed(k, st, s, OutcomeUnauthorized, noteFailed, fmt.Sprintf(
 			"API answered %d %s to the signed replay of an unfinished key: the completer's --auth-secret-file does not match the API's replay secret, or the API does not accept replays on %s",
-			rep.status, http.StatusText(rep.status), k.Path))
+			rep.status, http.StatusText(rep.status), k.Path), "")
+	case rep.status == http.StatusUnsupportedMediaType || rep.status == http.StatusUnprocessableEntity:
+		// The body as sent was refused: most often an API that reads
+		// another encoding than the one replays are sent in.
+		return failed(k, st, s, OutcomeRejected, noteSucceeded, fmt.Sprintf(
+			"API answered %d %s but the key is still at recovery point %q", rep.status, http.StatusText(rep.status), st.recoveryPoint),
+			encodingHint(s.Encoding))
 	default:
 		// The API answered deliberately: it is up, whatever this key's
 		// problem is.
 		return failed(k, st, s, OutcomeRejected, noteSucceeded, fmt.Sprintf(
-			"API answered %d %s but the key is still at recovery point %q", rep.status, http.StatusText(rep.status), st.recoveryPoint))
+			"API answered %d %s but the key is still at recovery point %q", rep.status, http.StatusText(rep.status), st.recoveryPoint), "")
 	}
 }
 
+// conflictHint says what a 409 on a key no request holds means.
+const conflictHint = "most likely a parameter mismatch (the API finds the stored request_params differ from the key's; that never clears), or a serialization failure in the API's transaction"
+
+// encodingHint says what a 415 or 422 to a replay may mean: the body is
+// sent as --request-encoding e and the API reads another encoding.
+func encodingHint(e Encoding) string {
+	other := EncodingForm
+	if e == EncodingForm {
+		other = EncodingJSON
+	}
+	return fmt.Sprintf("the request encoding may be wrong: replays are sent as --request-encoding %s (%s); if the API reads %s bodies, set --request-encoding %s (or the API found the parameters differ from the key's)",
+		e, contentType(e), other, other)
+}
+
 // failed is the verdict on a failed attempt: o, retried after backoff, or
-// given up when the attempts or the horizon are exhausted.
-func failed(k claimedKey, st keyState, s *Settings, o Outcome, note breakerNote, msg string) verdict {
+// given up when the attempts or the horizon are exhausted. msg says what
+// happened; hint, when not empty, what it likely means: both are the
+// last error, which the log line, completer_last_error and a give-up's
+// review detail carry, so they name the likely cause, not only the
+// symptom.
+func failed(k claimedKey, st keyState, s *Settings, o Outcome, note breakerNote, msg, hint string) verdict {
+	if hint != "" {
+		msg += ": " + hint
+	}
 	v := verdict{outcome: o, breaker: note, write: writeAttempt, attempts: k.Attempts + 1, lastError: msg}
 	switch {
 	case v.attempts >= s.MaxAttempts:

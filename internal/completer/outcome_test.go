@@ -29,6 +29,12 @@ func TestJudge(t *testing.T) {
 	finished := keyState{exists: true, finished: true, leaseOurs: true, recoveryPoint: "finished"}
 	notOurs := unfinished
 	notOurs.leaseOurs = false
+	held := unfinished // a live request holds the key
+	held.locked = true
+	heldPastHorizon := pastHorizon
+	heldPastHorizon.locked = true
+	form := s
+	form.Encoding = EncodingForm
 	status := func(code int) reply { return reply{status: code} }
 	refused := reply{err: errors.New("dial tcp 127.0.0.1:1: connection refused")}
 	timeout := reply{err: fmt.Errorf("Post %q: %w", "http://api/charges", timeoutErr{})}
@@ -40,55 +46,74 @@ func TestJudge(t *testing.T) {
 		st       keyState
 		shutdown bool
 		want     verdict
-		errHas   string // in lastError
+		errHas   string    // in lastError
+		settings *Settings // s when nil
 	}{
 		{"gone, whatever the reply", k, status(500), keyState{}, false,
-			verdict{outcome: OutcomeGone, breaker: noteSucceeded, write: writeUntrack}, ""},
+			verdict{outcome: OutcomeGone, breaker: noteSucceeded, write: writeUntrack}, "", nil},
 		{"finished with 200", k, status(200), finished, false,
-			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, ""},
+			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, "", nil},
 		{"finished with a stored 402", k, status(402), finished, false,
-			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, ""},
+			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, "", nil},
 		{"finished with a stored 500", k, status(500), finished, false,
-			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, ""},
+			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, "", nil},
 		{"finished although the request failed", k, refused, finished, false,
-			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, ""},
+			verdict{outcome: OutcomeFinished, breaker: noteSucceeded, write: writeFinished}, "", nil},
 		{"lease taken over", k, status(500), notOurs, false,
-			verdict{outcome: OutcomeLeaseLost, breaker: noteCancel, write: writeNothing}, ""},
+			verdict{outcome: OutcomeLeaseLost, breaker: noteCancel, write: writeNothing}, "", nil},
 		{"aborted by shutdown", k, reply{err: context.Canceled}, unfinished, true,
-			verdict{outcome: OutcomeDeferred, breaker: noteCancel, write: writeRelease}, ""},
-		{"409: a live request holds the key", k, status(409), unfinished, false,
-			verdict{outcome: OutcomeInProgress, breaker: noteSucceeded, write: writeInProgress}, ""},
+			verdict{outcome: OutcomeDeferred, breaker: noteCancel, write: writeRelease}, "", nil},
+		{"409: a live request holds the key", k, status(409), held, false,
+			verdict{outcome: OutcomeInProgress, breaker: noteSucceeded, write: writeInProgress}, "", nil},
+		{"409 on a key no request holds: an attempt", k, status(409), unfinished, false,
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "while no request held the key (its lock older than --lock-timeout 1m30s): most likely a parameter mismatch", nil},
+		{"409 on a key no request holds, last attempt: give up naming the mismatch", last, status(409), unfinished, false,
+			verdict{outcome: OutcomeGaveUp, breaker: noteSucceeded, write: writeGiveUp, attempts: 5, giveUpWhy: "5 failed attempts (--max-attempts 5)"}, "parameter mismatch", nil},
+		{"409 on a key no request holds, past the horizon: give up", k, status(409), pastHorizon, false,
+			verdict{outcome: OutcomeGaveUp, breaker: noteSucceeded, write: writeGiveUp, attempts: 3, giveUpWhy: "past the give-up horizon of 23h0m0s after creation"}, "parameter mismatch", nil},
+		{"422 names the encoding", k, status(422), unfinished, false,
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "the request encoding may be wrong: replays are sent as --request-encoding json (application/json); if the API reads form bodies, set --request-encoding form", nil},
+		{"415 names the encoding", k, status(415), unfinished, false,
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "415 Unsupported Media Type but the key is still at recovery point \"charge_created\": the request encoding may be wrong: replays are sent as --request-encoding json", nil},
+		{"415 with form encoding names form", k, status(415), unfinished, false,
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "replays are sent as --request-encoding form (application/x-www-form-urlencoded); if the API reads json bodies, set --request-encoding json", &form},
+		{"422 on the last attempt: give up, the last error names the encoding", last, status(422), unfinished, false,
+			verdict{outcome: OutcomeGaveUp, breaker: noteSucceeded, write: writeGiveUp, attempts: 5, giveUpWhy: "5 failed attempts (--max-attempts 5)"}, "--request-encoding json", nil},
 		{"connection error", k, refused, unfinished, false,
-			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "request failed: dial tcp"},
+			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "request failed: dial tcp", nil},
 		{"timeout", k, timeout, unfinished, false,
-			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "timeout: "},
+			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "timeout: ", nil},
 		{"500", k, status(500), unfinished, false,
-			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "API answered 500 Internal Server Error"},
+			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "API answered 500 Internal Server Error", nil},
 		{"503", k, status(503), unfinished, false,
-			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "503"},
+			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "503", nil},
 		{"429", k, status(429), unfinished, false,
-			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "429"},
+			verdict{outcome: OutcomeRetry, breaker: noteFailed, write: writeAttempt, attempts: 3}, "429", nil},
 		{"401", k, status(401), unfinished, false,
-			verdict{outcome: OutcomeUnauthorized, breaker: noteFailed, write: writeAttempt, attempts: 3}, "--auth-secret-file"},
+			verdict{outcome: OutcomeUnauthorized, breaker: noteFailed, write: writeAttempt, attempts: 3}, "--auth-secret-file", nil},
 		{"403 names the path", k, status(403), unfinished, false,
-			verdict{outcome: OutcomeUnauthorized, breaker: noteFailed, write: writeAttempt, attempts: 3}, "replays on /charges"},
+			verdict{outcome: OutcomeUnauthorized, breaker: noteFailed, write: writeAttempt, attempts: 3}, "replays on /charges", nil},
 		{"400: the API is up, the key is not done", k, status(400), unfinished, false,
-			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, `still at recovery point "charge_created"`},
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, `still at recovery point "charge_created"`, nil},
 		{"200 without finishing", k, status(200), unfinished, false,
-			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "API answered 200"},
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "API answered 200", nil},
 		{"302", k, status(302), unfinished, false,
-			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "302"},
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "302", nil},
 		{"last attempt: give up", last, status(500), unfinished, false,
-			verdict{outcome: OutcomeGaveUp, breaker: noteFailed, write: writeGiveUp, attempts: 5, giveUpWhy: "5 failed attempts (--max-attempts 5)"}, "500"},
+			verdict{outcome: OutcomeGaveUp, breaker: noteFailed, write: writeGiveUp, attempts: 5, giveUpWhy: "5 failed attempts (--max-attempts 5)"}, "500", nil},
 		{"last attempt rejected: give up, the breaker told the API answered", last, status(400), unfinished, false,
-			verdict{outcome: OutcomeGaveUp, breaker: noteSucceeded, write: writeGiveUp, attempts: 5, giveUpWhy: "5 failed attempts (--max-attempts 5)"}, "400"},
+			verdict{outcome: OutcomeGaveUp, breaker: noteSucceeded, write: writeGiveUp, attempts: 5, giveUpWhy: "5 failed attempts (--max-attempts 5)"}, "400", nil},
 		{"failed past the horizon: give up", k, status(503), pastHorizon, false,
-			verdict{outcome: OutcomeGaveUp, breaker: noteFailed, write: writeGiveUp, attempts: 3, giveUpWhy: "past the give-up horizon of 23h0m0s after creation"}, "503"},
-		{"409 past the horizon: left for the live request", k, status(409), pastHorizon, false,
-			verdict{outcome: OutcomeInProgress, breaker: noteSucceeded, write: writeInProgress}, ""},
+			verdict{outcome: OutcomeGaveUp, breaker: noteFailed, write: writeGiveUp, attempts: 3, giveUpWhy: "past the give-up horizon of 23h0m0s after creation"}, "503", nil},
+		{"409 past the horizon: left for the live request", k, status(409), heldPastHorizon, false,
+			verdict{outcome: OutcomeInProgress, breaker: noteSucceeded, write: writeInProgress}, "", nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := judge(c.k, c.rep, c.st, c.shutdown, &s)
+			set := &s
+			if c.settings != nil {
+				set = c.settings
+			}
+			got := judge(c.k, c.rep, c.st, c.shutdown, set)
 			if !strings.Contains(got.lastError, c.errHas) || (c.errHas == "") != (got.lastError == "") {
 				t.Errorf("lastError %q, want it to contain %q", got.lastError, c.errHas)
 			}

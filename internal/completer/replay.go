@@ -30,6 +30,11 @@ func (s *Service) process(ctx context.Context, k claimedKey, leaseDeadline time.
 	if v, replay := atClaim(k, &s.cfg.Settings); !replay {
 		return s.settle(ctx, log, k, v)
 	}
+	// The slot is held until the verdict is written: the writes touch
+	// the rows the API's next transactions read.
+	t := s.conc.acquire(ctx)
+	cong := congestionNone
+	defer func() { s.concurrencyChanged(s.conc.release(t, cong, s.now())) }()
 	if !s.breaker.Allow() {
 		return s.settle(ctx, log, k, deferred(noteNone))
 	}
@@ -56,6 +61,7 @@ func (s *Service) process(ctx context.Context, k claimedKey, leaseDeadline time.
 		log.Error("re-read after replay failed; the lease will expire", zap.Error(err))
 		return OutcomeLeaseLost
 	}
+	cong = congestionOf(rep, st)
 	return s.settle(wctx, log, k, judge(k, rep, st, ctx.Err() != nil, &s.cfg.Settings))
 }
 
@@ -194,8 +200,8 @@ func (s *Service) send(ctx context.Context, k claimedKey, tc trace.SpanContext) 
 // reread reads the key's row after its replay (rereadSQL).
 func (s *Service) reread(ctx context.Context, k claimedKey) (keyState, error) {
 	st := keyState{exists: true}
-	err := s.pool.QueryRow(ctx, rereadSQL, pgx.NamedArgs{"key_id": k.ID, "leased_until": k.Lease, "give_up_after": s.cfg.GiveUpAfter}).
-		Scan(&st.recoveryPoint, &st.finished, &st.leaseOurs, &st.pastHorizon)
+	err := s.pool.QueryRow(ctx, rereadSQL, pgx.NamedArgs{"key_id": k.ID, "leased_until": k.Lease, "give_up_after": s.cfg.GiveUpAfter, "lock_timeout": s.cfg.LockTimeout}).
+		Scan(&st.recoveryPoint, &st.finished, &st.leaseOurs, &st.pastHorizon, &st.locked)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return keyState{}, nil
 	}

@@ -126,11 +126,14 @@ ORDER BY cand.tracked_at, cand.id`
 
 // rereadSQL reads what a replay left of the key: its recovery point,
 // whether it is finished, whether our lease still holds, whether it is
-// past the give-up horizon. No row: the key is gone.
+// past the give-up horizon, whether the API holds it locked (as the API
+// itself decides "in progress": locked_at younger than its lock
+// timeout). No row: the key is gone.
 const rereadSQL = `
 SELECT recovery_point, recovery_point = 'finished',
        completer_leased_until IS NOT DISTINCT FROM @leased_until,
-       created_at + @give_up_after::interval <= now()
+       created_at + @give_up_after::interval <= now(),
+       locked_at IS NOT NULL AND locked_at > now() - @lock_timeout::interval
 FROM idempotency_keys WHERE id = @key_id`
 
 // untrackSQL deletes a key's row from idemd_unfinished_keys once the key is
