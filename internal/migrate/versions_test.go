@@ -13,9 +13,9 @@ import (
 	"github.com/idemd/idemd/internal/migrate"
 )
 
-// adminPool is a pool on a database migrated to the head, as the admin, who
+// headAdminPool is a pool on a database migrated to the head, as the admin, who
 // may rewrite goose's version table to stage an older or newer schema.
-func adminPool(t *testing.T) *pgxpool.Pool {
+func headAdminPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), dbtest.AdminURL(t, dbtest.NewDatabase(t)))
 	if err != nil {
@@ -29,7 +29,7 @@ func adminPool(t *testing.T) *pgxpool.Pool {
 // recorded as applied) is newer than the binary and still fine for it,
 // with a note that says why; the range is the binary's.
 func TestInspectNewerSchema(t *testing.T) {
-	pool := adminPool(t)
+	pool := headAdminPool(t)
 	ctx := context.Background()
 	newest := migrate.Newest()
 	s, err := migrate.Inspect(ctx, pool, newest)
@@ -66,7 +66,7 @@ func TestInspectNewerSchema(t *testing.T) {
 // the error names the file and `idemctl migrate`. A binary whose oldest
 // schema is below the missing migration runs on it.
 func TestInspectMissingMigration(t *testing.T) {
-	pool := adminPool(t)
+	pool := headAdminPool(t)
 	ctx := context.Background()
 	const missing = 11
 	if _, err := pool.Exec(ctx, "DELETE FROM "+migrate.VersionTable+" WHERE version_id = $1", missing); err != nil {
