@@ -6,9 +6,11 @@
 #
 #   ruby + ruby-pg              Rack middleware tests; minitest ships with ruby
 #   ruby-webrick                the end-to-end Ruby API's HTTP server
+#   ruby-sinatra + ruby-sequel  the Sinatra example (clients/ruby/example/sinatra) and its test
 #   python3 + python3-psycopg2  WSGI/ASGI tests and the end-to-end Python API; the
 #                               tests use Debian's /usr/bin/python3 ahead of
 #                               any other python3 on PATH (pyenv)
+#   python3-flask               the Flask example (clients/python/example) and its test
 #   nodejs                      Express/connect middleware tests (node:test);
 #                               a node already on PATH is used as it is
 #   postgresql-client           psql, the Node tests' PostgreSQL driver
@@ -24,13 +26,18 @@ install() {
   "$here/install-debian-quietly.sh" "$1" "$1"
 }
 
-if ! command -v ruby >/dev/null || ! ruby -e 'require "pg"; require "minitest"; require "openssl"; require "webrick"' 2>/dev/null; then
+if ! command -v ruby >/dev/null || ! ruby -e 'require "pg"; require "minitest"; require "openssl"; require "webrick"; require "sinatra/base"; require "sequel"' 2>/dev/null; then
   install ruby
   install ruby-pg
   install ruby-webrick
+  install ruby-sinatra
+  install ruby-sequel
 fi
 if ! /usr/bin/python3 -c 'import psycopg2' 2>/dev/null; then
   install python3-psycopg2
+fi
+if ! /usr/bin/python3 -c 'import flask' 2>/dev/null; then
+  install python3-flask
 fi
 if ! command -v node >/dev/null; then
   install nodejs
@@ -40,8 +47,8 @@ if ! command -v psql >/dev/null; then
 fi
 
 ok=1
-ruby -e 'require "pg"; require "minitest"; require "openssl"; require "webrick"' || { echo "ensure-runtimes: ruby with pg, minitest and webrick missing" >&2; ok=0; }
-/usr/bin/python3 -c 'import psycopg2' || { echo "ensure-runtimes: Debian's python3 with psycopg2 missing" >&2; ok=0; }
+ruby -e 'require "pg"; require "minitest"; require "openssl"; require "webrick"; require "sinatra/base"; require "sequel"' || { echo "ensure-runtimes: ruby with pg, minitest, webrick, sinatra and sequel missing" >&2; ok=0; }
+/usr/bin/python3 -c 'import psycopg2, flask' || { echo "ensure-runtimes: Debian's python3 with psycopg2 and flask missing" >&2; ok=0; }
 node -e 'if (+process.versions.node.split(".")[0] < 18) process.exit(1)' || { echo "ensure-runtimes: node 18 or later missing" >&2; ok=0; }
 command -v psql >/dev/null || { echo "ensure-runtimes: psql missing" >&2; ok=0; }
 [ "$ok" = 1 ] || exit 1
