@@ -119,15 +119,17 @@ func TestRuby(t *testing.T) {
 }
 
 // TestNode runs clients/node's node:test suite (vectors, Express/connect
-// middleware, the PostgreSQL store through a psql-backed query function).
+// middleware, the PostgreSQL store through a psql-backed query function,
+// the Express example with node-pg from its npm install).
 func TestNode(t *testing.T) {
 	node := clienttest.Node(t)
 	psql := clienttest.Psql(t)
 	s := newShared(t)
 	dir := filepath.Join(clienttest.Root(t), "clients", "node")
+	clienttest.NodePackages(t, node, filepath.Join(dir, "example"), "express", "pg", "idemd-replayauth")
 	env := append(s.env(), "IDEMD_PSQL="+psql)
 	out := clienttest.Run(t, dir, env, langTimeout, node, "--test",
-		"test/vectors.test.js", "test/middleware.test.js", "test/postgres.test.js")
+		"test/vectors.test.js", "test/middleware.test.js", "test/postgres.test.js", "test/express_example.test.js")
 	mustNotSkipPostgres(t, out, "# SKIP IDEMD_TEST_DATABASE_URL")
 	s.refusedByGo(t, "js-once", "js-verifier")
 }

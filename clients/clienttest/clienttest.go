@@ -102,6 +102,17 @@ func Node(tb testing.TB) string {
 	return ""
 }
 
+// NodePackages makes sure dir's npm install has the packages (the Express
+// example's express and pg: scripts/ensure-runtimes.sh runs npm ci there).
+func NodePackages(tb testing.TB, node, dir string, pkgs ...string) {
+	tb.Helper()
+	for _, p := range pkgs {
+		if !works(node, "-e", "require.resolve(process.argv[1], { paths: [process.argv[2]] })", p, dir) {
+			missing(tb, "no "+p+" in "+dir+"/node_modules (npm ci there)")
+		}
+	}
+}
+
 // Psql returns psql, which the Node tests use as their PostgreSQL driver
 // (Debian's node-pg cannot be installed beside a nodejs from elsewhere).
 func Psql(tb testing.TB) string {
