@@ -44,7 +44,7 @@ fi
 if ! /usr/bin/python3 -c 'import flask' 2>/dev/null; then
   install python3-flask
 fi
-if ! /usr/bin/python3 -c 'import setuptools, wheel, pip' 2>/dev/null; then
+if ! /usr/bin/python3 -W ignore -c 'import setuptools, wheel, pip' 2>/dev/null; then
   install python3-pip
 fi
 if ! command -v node >/dev/null; then
@@ -62,7 +62,7 @@ fi
 
 ok=1
 ruby -e 'require "pg"; require "minitest"; require "openssl"; require "webrick"; require "sinatra/base"; require "sequel"' || { echo "ensure-runtimes: ruby with pg, minitest, webrick, sinatra and sequel missing" >&2; ok=0; }
-/usr/bin/python3 -c 'import psycopg2, flask, setuptools, wheel, pip' || { echo "ensure-runtimes: Debian's python3 with psycopg2, flask, pip, setuptools and wheel missing" >&2; ok=0; }
+/usr/bin/python3 -W ignore -c 'import psycopg2, flask, setuptools, wheel, pip' || { echo "ensure-runtimes: Debian's python3 with psycopg2, flask, pip, setuptools and wheel missing" >&2; ok=0; }
 node -e 'if (+process.versions.node.split(".")[0] < 18) process.exit(1)' || { echo "ensure-runtimes: node 18 or later missing" >&2; ok=0; }
 command -v psql >/dev/null || { echo "ensure-runtimes: psql missing" >&2; ok=0; }
 node -e 'for (const p of ["express", "pg"]) require.resolve(p, { paths: [process.argv[1]] })' "$example" || { echo "ensure-runtimes: express and pg missing in clients/node/example/node_modules" >&2; ok=0; }
