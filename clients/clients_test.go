@@ -11,12 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/clients/clienttest"
 	"github.com/idemd/idemd/idem"
 	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/articletest"
 	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/replaytest"
 )
 
@@ -138,5 +141,52 @@ func mustNotSkipPostgres(t *testing.T, out, marker string) {
 	t.Helper()
 	if strings.Contains(out, marker) {
 		t.Fatalf("the PostgreSQL tests skipped although the database was given")
+	}
+}
+
+// TestRubySinatraOnArticleSchema runs the Sinatra example's test on a
+// database that started from the article's schema, migrated but not
+// adopted (response_body JSONB), and again after `idemctl migrate
+// --adopt-article-schema` (TEXT): the example's writes (an encoded string,
+// untyped) and reads (response_body::text) work on both, as
+// docs/languages/ruby.md tells an API from the article to write them.
+func TestRubySinatraOnArticleSchema(t *testing.T) {
+	rb := clienttest.Ruby(t)
+	ctx := context.Background()
+	u := articletest.NewDatabase(t) // as the runtime role, which the example runs as here
+	admin, err := pgx.Connect(ctx, dbtest.AdminURL(t, u))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	// The API's own table and user, which its role (here the runtime's)
+	// may use.
+	if _, err := admin.Exec(ctx, `
+CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL,
+    key_id bigint NOT NULL UNIQUE, sku text NOT NULL, quantity int NOT NULL);
+GRANT SELECT, INSERT ON orders TO `+dbtest.RuntimeRole+`;
+GRANT USAGE ON SEQUENCE orders_id_seq TO `+dbtest.RuntimeRole+`;
+INSERT INTO users (id, email) VALUES (42, 'orders@example.com');`); err != nil {
+		t.Fatal(err)
+	}
+	migrator, err := pgxpool.New(ctx, dbtest.MigratorURL(u))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer migrator.Close()
+	dir := filepath.Join(clienttest.Root(t), "clients", "ruby")
+	for _, want := range []string{"jsonb", "text"} {
+		if want == "text" {
+			if _, err := migrate.AdoptArticleSchema(ctx, migrator, migrate.AdoptOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		typ, err := migrate.ResponseBodyType(ctx, migrator)
+		if err != nil || typ != want {
+			t.Fatalf("response_body is %q (%v), want %s", typ, err, want)
+		}
+		out := clienttest.Run(t, dir, []string{"IDEMD_TEST_DATABASE_URL=" + u}, langTimeout, rb,
+			"-Ilib", "-Itest", "test/test_sinatra_example.rb", "--verbose")
+		mustNotSkipPostgres(t, out, "IDEMD_TEST_DATABASE_URL needed")
 	}
 }

@@ -9,7 +9,9 @@ require "tmpdir"
 # database the Go side migrated: a signed form-encoded replay (what the
 # completer sends with --request-encoding form) finishes an abandoned key, a
 # forged one is refused, and without a secret the app still loads and
-# refuses every signed request.
+# refuses every signed request. clients' Go tests run it on idemd's schema
+# (response_body TEXT) and on the article's (JSONB, before and after
+# `idemctl migrate --adopt-article-schema`): the example's code is the same.
 class TestSinatraExample < Minitest::Test
   RA = Idemd::ReplayAuth
   URL = ENV["IDEMD_TEST_DATABASE_URL"].to_s
@@ -25,8 +27,10 @@ class TestSinatraExample < Minitest::Test
     require "rack/mock"
     @db = PG.connect(URL)
     @db.exec("SET client_min_messages = warning")
-    @db.exec("CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL, " \
-             "key_id bigint NOT NULL UNIQUE, sku text NOT NULL, quantity int NOT NULL)")
+    if @db.exec("SELECT to_regclass('orders') IS NULL").getvalue(0, 0) == "t" # the article's test creates it
+      @db.exec("CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL, " \
+               "key_id bigint NOT NULL UNIQUE, sku text NOT NULL, quantity int NOT NULL)")
+    end
     @dir = Dir.mktmpdir
     File.write(File.join(@dir, "secret"), "#{SECRET}\n")
   end
@@ -65,6 +69,20 @@ class TestSinatraExample < Minitest::Test
                                                "HTTP_IDEMD_REPLAY_SIGNATURE" => header, input: FORM)
   end
 
+  # TEXT on idemd's schema; JSONB on the article's before the adoption,
+  # where stored bodies are the JSONB's text.
+  def text_body?
+    @db.exec("SELECT atttypid = 'text'::regtype FROM pg_attribute " \
+             "WHERE attrelid = 'idempotency_keys'::regclass AND attname = 'response_body'").getvalue(0, 0) == "t"
+  end
+
+  # The stored body answers what the first response did: byte for byte on
+  # TEXT, the same JSON on JSONB.
+  def assert_same_body(want, got, msg)
+    assert_equal JSON.parse(want), JSON.parse(got), msg
+    assert_equal want, got, "#{msg} (TEXT: byte for byte)" if text_body?
+  end
+
   def stored(key)
     @db.exec_params("SELECT recovery_point, response_code, response_body::text, " \
                     "(SELECT count(*) FROM orders o WHERE o.key_id = k.id) " \
@@ -78,7 +96,9 @@ class TestSinatraExample < Minitest::Test
     assert_equal 201, res.status, res.body
     doc = JSON.parse(res.body)
     assert_equal %w[book 2], [doc["sku"], doc["quantity"].to_s]
-    assert_equal ["finished", "201", res.body, "1"], stored(key), "the stored response is the bytes answered"
+    point, code, body, orders = stored(key)
+    assert_equal %w[finished 201 1], [point, code, orders]
+    assert_same_body res.body, body, "the stored response"
 
     # The key is finished: another signed replay is refused (no unfinished
     # key), and the client's retry gets the stored response.
@@ -86,22 +106,23 @@ class TestSinatraExample < Minitest::Test
     retry_res = Rack::MockRequest.new(a).post("/orders", "CONTENT_TYPE" => "application/x-www-form-urlencoded",
                                                          "HTTP_IDEMPOTENCY_KEY" => key,
                                                          "HTTP_AUTHORIZATION" => "Bearer user-#{USER}", input: FORM)
-    assert_equal [201, res.body, "true"], [retry_res.status, retry_res.body, retry_res.headers["idempotent-replayed"]]
+    assert_equal [201, "true"], [retry_res.status, retry_res.headers["idempotent-replayed"]]
+    assert_same_body res.body, retry_res.body, "the client's retry"
   end
 
   def test_forged_replay_is_refused
     a = app(File.join(@dir, "secret"))
     key = abandoned_key
     res = replay(a, key, FORGED)
-    assert_equal 401, res.status
-    assert_equal({ "error" => RA::MSG_UNAUTHORIZED }, JSON.parse(res.body))
+    assert_equal [401, { "error" => RA::MSG_UNAUTHORIZED }], [res.status, JSON.parse(res.body)]
     assert_equal ["started", nil, nil, "0"], stored(key)
   end
 
   def test_loads_without_a_secret
     a = app("")
     key = abandoned_key
-    assert_equal 401, replay(a, key, SECRET).status, "no secret: the replay path is closed"
+    res = replay(a, key, SECRET)
+    assert_equal [401, { "error" => RA::MSG_UNAUTHORIZED }], [res.status, JSON.parse(res.body)], "no secret: the replay path is closed"
     assert_equal ["started", nil, nil, "0"], stored(key)
     # The API's own path works as before.
     own = "sinatra-#{SecureRandom.hex(8)}"
@@ -109,6 +130,8 @@ class TestSinatraExample < Minitest::Test
                                                    "HTTP_IDEMPOTENCY_KEY" => own,
                                                    "HTTP_AUTHORIZATION" => "Bearer user-#{USER}", input: FORM)
     assert_equal 201, res.status, res.body
-    assert_equal ["finished", "201", res.body, "1"], stored(own)
+    point, code, body, orders = stored(own)
+    assert_equal %w[finished 201 1], [point, code, orders]
+    assert_same_body res.body, body, "the stored response"
   end
 end
