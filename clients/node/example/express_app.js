@@ -134,6 +134,8 @@ function createApp({ databaseUrl = process.env.DATABASE_URL, secretFile = proces
       ra.readSecretFiles(secretFile, process.env.IDEMD_REPLAY_SECRET_PREVIOUS_FILE),
       { nonceStore: new ra.PostgresNonceStore(query) },
     );
+  } else {
+    console.warn("IDEMD_REPLAY_SECRET_FILE is not set: the completer's signed replays are refused (401)");
   }
 
   const app = express();

@@ -217,6 +217,8 @@ def create_app(database_url=None, secret_file=None):
         verifier = ra.Verifier(
             ra.read_secret_files(secret_file, os.environ.get("IDEMD_REPLAY_SECRET_PREVIOUS_FILE")),
             nonce_store=ra.PostgresNonceStore(query))
+    else:
+        app.logger.warning("IDEMD_REPLAY_SECRET_FILE is not set: the completer's signed replays are refused (401)")
     app.wsgi_app = ra.ReplayAuthWSGI(app.wsgi_app, verifier, ra.PostgresKeyLookup(query))
     app.extensions["orders_pool"] = pool
     return app

@@ -26,11 +26,14 @@ verifier = unless secret_file.empty?
              )
            end
 
+logger = Logger.new($stderr)
+logger.warn("IDEMD_REPLAY_SECRET_FILE is not set: the completer's signed replays are refused (401)") if verifier.nil?
+
 # Before anything that reads the body: Sinatra parses the form after it.
 # (Inside the app, `use Idemd::ReplayAuth::Middleware, ...` in the class
 # body of OrdersAPI works the same.)
 use Idemd::ReplayAuth::Middleware,
     verifier: verifier,
     unfinished_key: Idemd::ReplayAuth::PostgresKeyLookup.new(query),
-    logger: Logger.new($stderr)
+    logger: logger
 run OrdersAPI
