@@ -11,12 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/clients/clienttest"
 	"github.com/idemd/idemd/idem"
 	"github.com/idemd/idemd/idem/replayauth"
+	"github.com/idemd/idemd/internal/articletest"
 	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/replaytest"
 )
 
@@ -119,15 +122,17 @@ func TestRuby(t *testing.T) {
 }
 
 // TestNode runs clients/node's node:test suite (vectors, Express/connect
-// middleware, the PostgreSQL store through a psql-backed query function).
+// middleware, the PostgreSQL store through a psql-backed query function,
+// the Express example with node-pg from its npm install).
 func TestNode(t *testing.T) {
 	node := clienttest.Node(t)
 	psql := clienttest.Psql(t)
 	s := newShared(t)
 	dir := filepath.Join(clienttest.Root(t), "clients", "node")
+	clienttest.NodePackages(t, node, filepath.Join(dir, "example"), "express", "pg", "idemd-replayauth")
 	env := append(s.env(), "IDEMD_PSQL="+psql)
 	out := clienttest.Run(t, dir, env, langTimeout, node, "--test",
-		"test/vectors.test.js", "test/middleware.test.js", "test/postgres.test.js")
+		"test/vectors.test.js", "test/middleware.test.js", "test/postgres.test.js", "test/express_example.test.js")
 	mustNotSkipPostgres(t, out, "# SKIP IDEMD_TEST_DATABASE_URL")
 	s.refusedByGo(t, "js-once", "js-verifier")
 }
@@ -136,5 +141,52 @@ func mustNotSkipPostgres(t *testing.T, out, marker string) {
 	t.Helper()
 	if strings.Contains(out, marker) {
 		t.Fatalf("the PostgreSQL tests skipped although the database was given")
+	}
+}
+
+// TestRubySinatraOnArticleSchema runs the Sinatra example's test on a
+// database that started from the article's schema, migrated but not
+// adopted (response_body JSONB), and again after `idemctl migrate
+// --adopt-article-schema` (TEXT): the example's writes (an encoded string,
+// untyped) and reads (response_body::text) work on both, as
+// docs/languages/ruby.md tells an API from the article to write them.
+func TestRubySinatraOnArticleSchema(t *testing.T) {
+	rb := clienttest.Ruby(t)
+	ctx := context.Background()
+	u := articletest.NewDatabase(t) // as the runtime role, which the example runs as here
+	admin, err := pgx.Connect(ctx, dbtest.AdminURL(t, u))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	// The API's own table and user, which its role (here the runtime's)
+	// may use.
+	if _, err := admin.Exec(ctx, `
+CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL,
+    key_id bigint NOT NULL UNIQUE, sku text NOT NULL, quantity int NOT NULL);
+GRANT SELECT, INSERT ON orders TO `+dbtest.RuntimeRole+`;
+GRANT USAGE ON SEQUENCE orders_id_seq TO `+dbtest.RuntimeRole+`;
+INSERT INTO users (id, email) VALUES (42, 'orders@example.com');`); err != nil {
+		t.Fatal(err)
+	}
+	migrator, err := pgxpool.New(ctx, dbtest.MigratorURL(u))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer migrator.Close()
+	dir := filepath.Join(clienttest.Root(t), "clients", "ruby")
+	for _, want := range []string{"jsonb", "text"} {
+		if want == "text" {
+			if _, err := migrate.AdoptArticleSchema(ctx, migrator, migrate.AdoptOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		typ, err := migrate.ResponseBodyType(ctx, migrator)
+		if err != nil || typ != want {
+			t.Fatalf("response_body is %q (%v), want %s", typ, err, want)
+		}
+		out := clienttest.Run(t, dir, []string{"IDEMD_TEST_DATABASE_URL=" + u}, langTimeout, rb,
+			"-Ilib", "-Itest", "test/test_sinatra_example.rb", "--verbose")
+		mustNotSkipPostgres(t, out, "IDEMD_TEST_DATABASE_URL needed")
 	}
 }

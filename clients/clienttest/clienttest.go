@@ -62,7 +62,8 @@ func works(bin string, args ...string) bool {
 }
 
 // Python returns Debian's python3 (/usr/bin/python3, ahead of a pyenv or
-// other python3 earlier on PATH) with psycopg2 importable.
+// other python3 earlier on PATH) with psycopg2 and Flask (the Flask
+// example's test) importable.
 func Python(tb testing.TB) string {
 	tb.Helper()
 	cands := []string{"/usr/bin/python3"}
@@ -70,22 +71,24 @@ func Python(tb testing.TB) string {
 		cands = append(cands, p)
 	}
 	for _, c := range cands {
-		if works(c, "-c", "import psycopg2") {
+		if works(c, "-c", "import psycopg2, flask") {
 			return c
 		}
 	}
-	missing(tb, "no python3 with psycopg2 (Debian: python3, python3-psycopg2)")
+	missing(tb, "no python3 with psycopg2 and flask (Debian: python3, python3-psycopg2, python3-flask)")
 	return ""
 }
 
 // Ruby returns ruby with the pg gem, minitest and WEBrick, which the
-// example API serves with (Debian: ruby, ruby-pg, ruby-webrick).
+// example API serves with, and Sinatra and Sequel, which the Sinatra
+// example's test loads (Debian: ruby, ruby-pg, ruby-webrick, ruby-sinatra,
+// ruby-sequel).
 func Ruby(tb testing.TB) string {
 	tb.Helper()
-	if p, err := exec.LookPath("ruby"); err == nil && works(p, "-e", `require "pg"; require "minitest"; require "openssl"; require "webrick"`) {
+	if p, err := exec.LookPath("ruby"); err == nil && works(p, "-e", `require "pg"; require "minitest"; require "openssl"; require "webrick"; require "sinatra/base"; require "sequel"`) {
 		return p
 	}
-	missing(tb, "no ruby with the pg gem, minitest and webrick (Debian: ruby, ruby-pg, ruby-webrick)")
+	missing(tb, "no ruby with the pg gem, minitest, webrick, sinatra and sequel (Debian: ruby, ruby-pg, ruby-webrick, ruby-sinatra, ruby-sequel)")
 	return ""
 }
 
@@ -97,6 +100,17 @@ func Node(tb testing.TB) string {
 	}
 	missing(tb, "no node 18 or later (Debian: nodejs)")
 	return ""
+}
+
+// NodePackages makes sure dir's npm install has the packages (the Express
+// example's express and pg: scripts/ensure-runtimes.sh runs npm ci there).
+func NodePackages(tb testing.TB, node, dir string, pkgs ...string) {
+	tb.Helper()
+	for _, p := range pkgs {
+		if !works(node, "-e", "require.resolve(process.argv[1], { paths: [process.argv[2]] })", p, dir) {
+			missing(tb, "no "+p+" in "+dir+"/node_modules (npm ci there)")
+		}
+	}
 }
 
 // Psql returns psql, which the Node tests use as their PostgreSQL driver

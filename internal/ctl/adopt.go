@@ -22,6 +22,18 @@ type AdoptFlags struct {
 	LockWait      time.Duration `name:"lock-wait" default:"5m" help:"How long --adopt-article-schema retries a lock that timed out before giving up."`
 }
 
+// articleSchemaHint is what a plain `idemctl migrate` prints on the
+// article's schema (%s: the column's type). It names what the adoption
+// requires of the API's code because the swap is what breaks an API that
+// writes a JSON object into the column: Sequel's Hash becomes a condition
+// on a TEXT column (TestAdoptArticleAPIWrites in internal/migrate).
+const articleSchemaHint = "migrate: idempotency_keys.response_body is %s (the article's schema): replays are the stored JSON's text, not byte for byte.\n" +
+	"migrate: an API written as the article's keeps working on this database as it is; nothing needs to change.\n" +
+	"migrate: `idemctl migrate --adopt-article-schema` moves the column to TEXT online, for byte-for-byte replays. Change the API first: " +
+	"it must write response_body as a JSON-encoded string (JSON.generate, json.dumps, JSON.stringify) in an untyped parameter, not a JSON object, " +
+	"and read it as text; after the move, a JSON object written there fails (Sequel's Hash: PG::UndefinedColumn, in the last phase, after its upstream calls) " +
+	"and a ::jsonb value is stored as the JSONB's text (docs/operations.md, \"Adopting a database that has the article's schema\")\n"
+
 // run adopts when asked; otherwise it says so when the database still has
 // the article's JSONB response_body, and changes nothing.
 func (a *AdoptFlags) run(ctx context.Context, g *Globals, migrateLockTimeout time.Duration) error {
@@ -31,8 +43,7 @@ func (a *AdoptFlags) run(ctx context.Context, g *Globals, migrateLockTimeout tim
 			return err
 		}
 		if typ == "jsonb" || typ == "json" {
-			fmt.Fprintf(g.Stdout, "migrate: idempotency_keys.response_body is %s (the article's schema): replays are the stored JSON's text, not byte for byte; "+
-				"`idemctl migrate --adopt-article-schema` moves it to TEXT online (docs/operations.md)\n", typ)
+			fmt.Fprintf(g.Stdout, articleSchemaHint, typ)
 		}
 		return nil
 	}

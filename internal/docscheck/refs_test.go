@@ -70,7 +70,7 @@ var allowedDeployments = map[string]string{
 
 // clientNames are the IDEMD_ variables the other-language clients and
 // their tests read, and the command-line flags their example APIs define
-// ("--x" literals: argparse, OptionParser, parseArgs), in clients/ruby,
+// ("--x" literals: argparse, OptionParser, parseArgs), in clients/ruby (config.ru too),
 // clients/python and clients/node.
 func clientNames(t *testing.T) (envs, flags map[string]bool) {
 	t.Helper()
@@ -83,7 +83,7 @@ func clientNames(t *testing.T) (envs, flags map[string]bool) {
 			return filepath.SkipDir
 		}
 		switch filepath.Ext(p) {
-		case ".rb", ".py", ".js":
+		case ".rb", ".ru", ".py", ".js":
 			b, err := os.ReadFile(p)
 			if err != nil {
 				return err
