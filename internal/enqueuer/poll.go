@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -155,37 +156,33 @@ type gate struct {
 	lastTry time.Time       // the last reopen attempt
 }
 
-// open connects the gate with cfg and reads the lock keys.
+// open connects the gate with cfg, the listener's.
 func (g *gate) open(ctx context.Context, cfg *pgx.ConnConfig) error {
 	g.mu.Lock()
-	g.cfg = cfg
-	g.mu.Unlock()
-	conn, p, h, err := connectGate(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.conn, g.polling, g.handoff = conn, p, h
-	g.gen++
-	return nil
+	g.cfg = cfg
+	return g.connect(ctx)
 }
 
-// connectGate opens a gate session and reads P's and H's keys.
-func connectGate(ctx context.Context, cfg *pgx.ConnConfig) (conn *pgx.Conn, p, h int64, err error) {
-	conn, err = pgx.ConnectConfig(ctx, cfg.Copy())
+// connect opens a new session with cfg, a new generation, and reads P's and
+// H's keys. g.mu is held.
+func (g *gate) connect(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, g.cfg.Copy())
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("enqueuer polling: connect the gate: %w", err)
+		return fmt.Errorf("enqueuer polling: connect the gate: %w", err)
 	}
+	var p, h int64
 	if _, err := conn.Exec(ctx, drainerSessionSQL); err != nil {
 		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // failed already
-		return nil, 0, 0, fmt.Errorf("enqueuer polling: set up the gate session: %w", err)
+		return fmt.Errorf("enqueuer polling: set up the gate session: %w", err)
 	}
 	if err := conn.QueryRow(ctx, pollKeysSQL, pollingLockClass, handoffLockClass).Scan(&p, &h); err != nil {
 		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // failed already
-		return nil, 0, 0, fmt.Errorf("enqueuer polling: lock keys: %w", err)
+		return fmt.Errorf("enqueuer polling: lock keys: %w", err)
 	}
-	return conn, p, h, nil
+	g.conn, g.polling, g.handoff = conn, p, h
+	g.gen++
+	return nil
 }
 
 // reopenEvery bounds how often the drainer retries a gate whose session
@@ -201,13 +198,16 @@ func (g *gate) reopen(ctx context.Context, now time.Time) error {
 		return nil
 	}
 	g.lastTry = now
-	conn, p, h, err := connectGate(ctx, g.cfg)
-	if err != nil {
-		return err
+	return g.connect(ctx)
+}
+
+// revive replaces a gate session that ended under the drainer (the server
+// or the network closed it; P went with it) with a new one. g.mu is held.
+func (g *gate) revive(ctx context.Context) error {
+	if g.conn == nil || !g.conn.IsClosed() {
+		return nil
 	}
-	g.conn, g.polling, g.handoff = conn, p, h
-	g.gen++
-	return nil
+	return g.connect(ctx)
 }
 
 // close ends the gate's session, releasing P if it was held, and keeps it
@@ -217,24 +217,8 @@ func (g *gate) close(ctx context.Context) {
 	defer g.mu.Unlock()
 	if g.conn != nil {
 		g.conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the session's end releases P
-		g.conn, g.cfg = nil, nil
 	}
-}
-
-// revive replaces a gate session that ended under the drainer (the server
-// or the network closed it; P went with it) with a new one, a new
-// generation. g.mu is held.
-func (g *gate) revive(ctx context.Context) error {
-	if g.conn == nil || !g.conn.IsClosed() || g.cfg == nil {
-		return nil
-	}
-	conn, p, h, err := connectGate(ctx, g.cfg)
-	if err != nil {
-		return err
-	}
-	g.conn, g.polling, g.handoff = conn, p, h
-	g.gen++
-	return nil
+	g.conn, g.cfg = nil, nil
 }
 
 // current returns the open gate's generation (0: closed).
@@ -298,7 +282,7 @@ func lockWithin(ctx context.Context, tx pgx.Tx, sql string, key int64) (ok bool,
 	}
 	if _, err := tx.Exec(ctx, sql, key); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
+		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
 			return false, nil
 		}
 		return false, fmt.Errorf("enqueuer polling: %s: %w", sql, err)
@@ -344,9 +328,6 @@ func (g *gate) release(ctx context.Context, pool *pgxpool.Pool, held uint64) (ok
 	return true, nil
 }
 
-// lockNotAvailable is SQLSTATE 55P03, lock_timeout's error.
-const lockNotAvailable = "55P03"
-
 // steerPolling runs after every pass of the drain loop: it measures the rows
 // taken and starts or stops polling (nextPollAction). A handoff (handedOff)
 // ends with the floor at the low-water mark and a wake-up, so the next pass
@@ -391,7 +372,7 @@ func (s *Service) steerPolling(ctx context.Context, p *pollState, taken int, now
 			return false
 		}
 		p.polling, p.held = false, 0
-		s.floor.lower(s.lw.mark.Load())
+		s.pollFloor()
 		s.signal(wakeHandoff)
 		return true
 	}
@@ -434,8 +415,8 @@ func (s *Service) pollingFailed(err error) {
 	})
 }
 
-// pollFloor is where a polling pass starts: the low-water mark, below which
-// no staged row exists now or can appear.
+// pollFloor is where a poll and the handoff's drain start: the low-water
+// mark, below which no staged row exists now or can appear.
 func (s *Service) pollFloor() {
 	s.floor.lower(s.lw.mark.Load())
 }
