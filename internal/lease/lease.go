@@ -25,6 +25,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -117,7 +118,7 @@ func Acquire(ctx context.Context, db Beginner, name, holder string, ttl time.Dur
 			Scan(&a.Acquired, &prevHolder, &prevRenewed, &prevExpires)
 	})
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
 		return Attempt{Busy: true}, nil
 	}
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -284,7 +285,7 @@ func withTableLock(ctx context.Context, pool *pgxpool.Pool, opts AdoptOptions, r
 
 func isLockTimeout(err error) bool {
 	var pg *pgconn.PgError
-	return errors.As(err, &pg) && pg.Code == "55P03"
+	return errors.As(err, &pg) && pg.Code == pgerrcode.LockNotAvailable
 }
 
 // backfillSQL copies one batch: the next BatchSize ids after $1 (up to

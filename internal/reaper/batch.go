@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
@@ -86,7 +87,7 @@ func (s *Service) runBatch(ctx context.Context, job batchJob, res *Result) (batc
 		b, err = s.tryBatch(ctx, orderedForm, job)
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
 		s.metrics.lockedBatches.Inc()
 		res.LockedBatches++
 		s.logger.Debug("batch met a locked key; redoing it skipping locked keys", zap.Int("batch", res.Batches+1))

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -178,7 +179,7 @@ func redoCause(err error) error {
 	switch {
 	case errors.Is(err, errRangeEmpty):
 		return nil
-	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable:
 		return nil
 	}
 	return err
