@@ -325,34 +325,20 @@ func Load(ctx context.Context, adminURL string, opts LoadOptions) (*LoadReport, 
 	opts.defaults()
 	rep := &LoadReport{Concurrency: opts.Concurrency, Rounds: opts.Rounds, Warmup: opts.Warmup,
 		Server: "the shared server; CPU of the backends connected to each run's database, WAL server-wide"}
-	private := false
-	if !opts.SharedServer {
-		// PostgreSQL's defaults (fsync on), so WAL and CPU are a real server's.
-		srv, err := dbtest.NewClusterWith(dbtest.ClusterOptions{Durable: true})
-		if err != nil {
-			opts.Logf("load: no private server (%v): measuring on the shared one", err)
-		} else {
-			defer srv.Remove()
-			adminURL, private = srv.URL(), true
-			rep.Server = "a private cluster (PostgreSQL's defaults, max_connections 300); CPU of all its processes, its WAL"
-		}
-	}
-	dir, err := os.MkdirTemp("", "idemd-load-")
+	env, err := newBenchEnv(ctx, adminURL, opts.SharedServer, "load", opts.Logf)
 	if err != nil {
-		return nil, fmt.Errorf("load: %w", err)
+		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	bins, err := system.Build(ctx, filepath.Join(dir, "bin"))
-	if err != nil {
-		return nil, fmt.Errorf("load: %w", err)
+	defer env.close()
+	if env.private {
+		rep.Server = "a private cluster (PostgreSQL's defaults, max_connections 300); CPU of all its processes, its WAL"
 	}
-	defer system.CloseIdleConnections()
-	admin, err := pgxpool.New(ctx, adminURL)
+	admin, err := pgxpool.New(ctx, env.adminURL)
 	if err != nil {
 		return nil, fmt.Errorf("load: admin pool: %w", err)
 	}
 	defer admin.Close()
-	b := &bench{admin: admin, adminURL: adminURL, private: private, bins: bins, dir: dir, opts: opts}
+	b := &bench{admin: admin, adminURL: env.adminURL, private: env.private, bins: env.bins, dir: env.dir, opts: opts}
 	runLen := opts.Duration / time.Duration(opts.Rounds)
 	pooled := make([]Phase, len(opts.Configs))
 	for round := range opts.Rounds {
@@ -388,6 +374,53 @@ func Load(ctx context.Context, adminURL string, opts LoadOptions) (*LoadReport, 
 		})
 	}
 	return rep, nil
+}
+
+// benchEnv is what every run of a benchmark shares: the server its
+// databases are created on and the binaries.
+type benchEnv struct {
+	adminURL string
+	private  bool // adminURL is a private cluster (dbtest.NewClusterWith)
+	dir      string
+	bins     *system.Binaries
+	close    func()
+}
+
+// newBenchEnv starts a private cluster with PostgreSQL's defaults (fsync
+// on, so WAL and CPU are a real server's) unless shared, falling back to
+// adminURL's server when none can be started, and builds the binaries into
+// a temporary directory. close removes both. name prefixes the errors and
+// the log line.
+func newBenchEnv(ctx context.Context, adminURL string, shared bool, name string, logf func(string, ...any)) (*benchEnv, error) {
+	env := &benchEnv{adminURL: adminURL}
+	var cleanups []func()
+	env.close = func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	if !shared {
+		srv, err := dbtest.NewClusterWith(dbtest.ClusterOptions{Durable: true})
+		if err != nil {
+			logf("%s: no private server (%v): measuring on the shared one", name, err)
+		} else {
+			cleanups = append(cleanups, func() { srv.Remove() })
+			env.adminURL, env.private = srv.URL(), true
+		}
+	}
+	dir, err := os.MkdirTemp("", "idemd-"+name+"-")
+	if err != nil {
+		env.close()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	cleanups = append(cleanups, func() { os.RemoveAll(dir) })
+	env.dir = dir
+	if env.bins, err = system.Build(ctx, filepath.Join(dir, "bin")); err != nil {
+		env.close()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	cleanups = append(cleanups, system.CloseIdleConnections)
+	return env, nil
 }
 
 // freshDatabase creates a database named after prefix on adminURL's server,

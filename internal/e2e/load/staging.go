@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -138,32 +137,23 @@ func (r *StagingReport) Find(variant string, clients int) (StagingPhase, bool) {
 func Staging(ctx context.Context, adminURL string, opts StagingOptions) (*StagingReport, error) {
 	opts.defaults()
 	rep := &StagingReport{Server: "the shared server"}
-	if !opts.SharedServer {
-		srv, err := dbtest.NewClusterWith(dbtest.ClusterOptions{Durable: true})
-		if err != nil {
-			opts.Logf("staging: no private server (%v): measuring on the shared one", err)
-		} else {
-			defer srv.Remove()
-			adminURL = srv.URL()
-			rep.Server = "a private cluster (PostgreSQL's defaults: fsync and synchronous_commit on)"
-		}
-	}
-	dir, err := os.MkdirTemp("", "idemd-staging-")
+	env, err := newBenchEnv(ctx, adminURL, opts.SharedServer, "staging", opts.Logf)
 	if err != nil {
-		return nil, fmt.Errorf("staging: %w", err)
+		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	bins, err := system.Build(ctx, filepath.Join(dir, "bin"))
-	if err != nil {
-		return nil, fmt.Errorf("staging: %w", err)
+	defer env.close()
+	if env.private {
+		rep.Server = "a private cluster (PostgreSQL's defaults: fsync and synchronous_commit on)"
 	}
-	defer system.CloseIdleConnections()
-	s := &staging{adminURL: adminURL, bins: bins, dir: dir, opts: opts}
+	s := &staging{adminURL: env.adminURL, bins: env.bins, dir: env.dir, opts: opts}
+	last := opts.Clients[len(opts.Clients)-1]
 	for _, clients := range opts.Clients {
 		pooled := make([]StagingPhase, len(StagingVariants))
 		for round := range opts.Rounds {
 			for _, i := range roundOrder(len(StagingVariants), round+clients) {
-				ph, err := s.run(ctx, StagingVariants[i], clients, round == opts.Rounds-1 && clients == opts.Clients[len(opts.Clients)-1] && i == 0, rep)
+				// The idle cost is measured once, after the last idemd run.
+				idle := round == opts.Rounds-1 && clients == last && StagingVariants[i] == StagingIdemd
+				ph, err := s.run(ctx, StagingVariants[i], clients, idle, rep)
 				if err != nil {
 					return nil, err
 				}
@@ -308,7 +298,9 @@ func (s *staging) run(ctx context.Context, variant string, clients int, idle boo
 				})
 				if err != nil {
 					mu.Lock()
-					firstErr = cmpErr(firstErr, err)
+					if firstErr == nil {
+						firstErr = err
+					}
 					mu.Unlock()
 					return
 				}
@@ -422,13 +414,6 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // mergeStaging pools run b into a.
