@@ -8,8 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
@@ -120,16 +118,7 @@ func TestUpgradeGrants(t *testing.T) {
 	if _, err := rm.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
 		t.Fatal(err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrate.Files(),
-		goose.WithTableName(migrate.VersionTable), goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := provider.UpTo(ctx, 13); err != nil {
-		t.Fatal(err)
-	}
+	migrateUpTo(t, pool, 13)
 	admin := adminPool(t, pool)
 	var nonces *string
 	if err := admin.QueryRow(ctx, `SELECT to_regclass('public.idemd_replay_nonces')::text`).Scan(&nonces); err != nil || nonces != nil {

@@ -151,16 +151,7 @@ func TestUpgradeToUnfinishedKeysTableUnderTraffic(t *testing.T) {
 	if _, err := pool.Exec(ctx, articleSchema); err != nil {
 		t.Fatal(err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrate.Files(),
-		goose.WithTableName(migrate.VersionTable), goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := provider.UpTo(ctx, 11); err != nil {
-		t.Fatal(err)
-	}
+	migrateUpTo(t, pool, 11)
 	// The completer's index as 00002 used to create it.
 	if _, err := pool.Exec(ctx, `CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished ON idempotency_keys (created_at)
 WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL`); err != nil {
@@ -208,7 +199,7 @@ VALUES ($1, 'POST', '{}', '/rides', $2, 1) RETURNING id`, fmt.Sprintf("live-%d",
 			}
 		}
 	}()
-	_, err = migrate.Up(ctx, pool, migrate.Options{})
+	_, err := migrate.Up(ctx, pool, migrate.Options{})
 	close(stop)
 	wg.Wait()
 	if err != nil {
@@ -266,5 +257,21 @@ func TestKeysFillfactor(t *testing.T) {
 	}
 	if ff := keysFillfactor(t, pool); ff != "fillfactor=70" {
 		t.Fatalf("the operator's fillfactor was changed: %q", ff)
+	}
+}
+
+// migrateUpTo applies idemd's migrations up to version on pool's database,
+// as an older release's `idemctl migrate` left it.
+func migrateUpTo(t *testing.T, pool *pgxpool.Pool, version int64) {
+	t.Helper()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrate.Files(),
+		goose.WithTableName(migrate.VersionTable), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.UpTo(context.Background(), version); err != nil {
+		t.Fatal(err)
 	}
 }
