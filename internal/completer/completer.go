@@ -5,10 +5,11 @@
 // side effect itself: the API owns the atomic phases; every write the
 // completer does checks the state it expects (its own lease).
 //
-// The shape is docs/architecture.md's: New(Config), Start/Stop through a
-// lifecycle.Runner running a lifecycle.Loop whose Pass is one pass (claim
-// and process batches until nothing is due right now; runOnce, RunOnce
-// for --once), returning a Result that tests call directly. The decisions are pure functions beside the
+// The shape is docs/architecture.md's: New(Config) fills in a
+// lifecycle.Skeleton with the completer's pass (claim and process batches
+// until nothing is due right now) and when the next is due; Start, Stop
+// and runOnce (RunOnce, --once, what tests call) are the skeleton's. The
+// decisions are pure functions beside the
 // I/O: the outcome of a replay (outcome.go), the circuit breaker
 // (breaker.go), the adaptive limit on replays in flight (congestion.go),
 // when a pass ends and when the next is due (this file).
@@ -27,7 +28,6 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
 
-	"github.com/idemd/idemd/internal/backoff"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/testsignal"
 )
@@ -134,7 +134,7 @@ type Service struct {
 	walk walker // the low-water mark of the walks (mark.go)
 
 	mu         sync.Mutex
-	runner     lifecycle.Runner
+	skel       lifecycle.Skeleton[*Result]
 	lastGauges time.Time
 	lastPrune  time.Time
 }
@@ -186,7 +186,24 @@ func New(cfg Config) (*Service, error) {
 		metrics: m,
 		now:     time.Now,
 		jitter:  rand.Int64N,
-		runner:  lifecycle.Runner{Name: "completer"},
+	}
+	s.skel = lifecycle.Skeleton[*Result]{
+		Name:   "completer",
+		Logger: cfg.Logger,
+		Ready:  cfg.Ready,
+		// A pass is due every --poll-interval and may hold a claim for
+		// its lease, so one older than three intervals and two leases
+		// means a stuck loop.
+		MaxPassAge: func() time.Duration { return 3*cfg.PollInterval + 2*cfg.Lease },
+		Pass:       s.pass,
+		Next: func(last *Result) time.Duration {
+			return nextPass(last, cfg.PollInterval, s.breaker.Remaining())
+		},
+		Retry:        passRetry(cfg.PollInterval),
+		Summary:      "completer pass",
+		SummaryLevel: zap.InfoLevel,
+		// A pass that claimed nothing logs no line.
+		Summarize: func(last *Result, _ error) ([]zap.Field, bool) { return last.fields(), last.Claimed > 0 },
 	}
 	s.breaker = newBreaker(func() time.Time { return s.now() }, cfg.BreakerFailures, cfg.BreakerCooldown, cfg.BreakerMaxCooldown, s.breakerChanged)
 	s.conc = newGate(newAIMD(cfg.Concurrency, true))
@@ -222,48 +239,15 @@ func (s *Service) breakerChanged(from, to BreakerState) {
 
 // Start runs passes in the background until Stop or until ctx ends: one at
 // once, then one per --poll-interval (sooner when the breaker's cool-down
-// ends first; backoff.Delay after a failed pass). Either stop request lets
-// the current batch finish; only Stop's deadline aborts in-flight replays.
-func (s *Service) Start(ctx context.Context) error {
-	// Readiness is set up before the loop can first mark a pass: a pass
-	// is due every --poll-interval and may hold a claim for its lease, so
-	// one older than three intervals and two leases means a stuck loop.
-	if s.cfg.Ready != nil {
-		s.cfg.Ready.MarkStarted(time.Now())
-		s.cfg.Ready.MaxPassAge = 3*s.cfg.PollInterval + 2*s.cfg.Lease
-	}
-	return s.runner.Start(ctx, func(ctx context.Context, stop <-chan struct{}) {
-		var last *Result
-		lifecycle.Loop{
-			Pass: func(ctx context.Context) error {
-				var err error
-				last, err = s.pass(ctx, stop)
-				return err
-			},
-			Next: func(err error, failures int) time.Duration {
-				return nextPass(last, err, failures, &s.cfg.Settings, s.breaker.Remaining())
-			},
-			Passed: s.markReady,
-		}.Run(ctx, stop)
-	})
-}
+// ends first; a backoff from --poll-interval after a failed pass). Either
+// stop request lets the current batch finish; only Stop's deadline aborts
+// in-flight replays.
+func (s *Service) Start(ctx context.Context) error { return s.skel.Start(ctx) }
 
 // Stop stops claiming, lets the current batch finish until ctx's deadline,
 // then aborts what is left (those keys are released, or their leases
 // simply expire) and returns when nothing of the completer runs.
-func (s *Service) Stop(ctx context.Context) error {
-	return s.runner.Stop(ctx)
-}
-
-// markReady tells /readyz that the completer is doing its job: Loop.Passed
-// after every successful pass, and the pass itself after every batch,
-// because draining a backlog at --rate can take longer than /readyz
-// allows a pass.
-func (s *Service) markReady(t time.Time) {
-	if s.cfg.Ready != nil {
-		s.cfg.Ready.MarkPass(t)
-	}
-}
+func (s *Service) Stop(ctx context.Context) error { return s.skel.Stop(ctx) }
 
 // RunOnce is one pass (--once): claim and process batches until no key is
 // due right now or the breaker is open. When ctx ends (SIGTERM) replays in
@@ -273,60 +257,41 @@ func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
 	return s.runOnce(ctx)
 }
 
-func (s *Service) runOnce(ctx context.Context) (*Result, error) {
-	return s.passFrom(ctx, nil, true)
-}
+func (s *Service) runOnce(ctx context.Context) (*Result, error) { return s.skel.RunOnce(ctx) }
 
 // pass is one pass: prune idemd_unfinished_keys (at most once per poll
 // interval) and read the low-water mark the walks start at (startWalks,
-// mark.go), then run batches until passGoesOn says the pass is done, or
-// stop is closed (Stop, or the end of Start's context; checked between
-// batches, nil never is). ctx ending aborts the batch in progress. It logs
-// one summary line when it claimed something, and its failure.
-func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, error) {
-	return s.passFrom(ctx, stop, false)
-}
-
-// passFrom is pass; full reads the mark from the start of the index
-// (--once: a one-shot process has no earlier pass to trust).
-func (s *Service) passFrom(ctx context.Context, stop <-chan struct{}, full bool) (*Result, error) {
+// mark.go; a one-shot pass reads it from the start of the index: it has
+// no earlier pass to trust), then run batches until passGoesOn says the
+// pass is done or a stop is requested (checked between batches). ctx
+// ending aborts the batch in progress.
+func (s *Service) pass(ctx context.Context, stop lifecycle.Stop) (*Result, error) {
 	res := &Result{}
-	_, err := s.startWalks(ctx, full)
+	_, err := s.startWalks(ctx, stop.OneShot())
 	if err == nil {
 		s.maybeRefreshGauges(ctx, false)
 		err = s.runBatches(ctx, stop, res)
 	}
 	s.maybeRefreshGauges(ctx, true)
-	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Error("completer pass failed", append(res.fields(), zap.Error(err))...)
-		}
-		return res, err
-	}
-	if res.Claimed > 0 {
-		s.log.Info("completer pass", res.fields()...)
-	}
-	return res, nil
+	return res, err
 }
 
-func (s *Service) runBatches(ctx context.Context, stop <-chan struct{}, res *Result) error {
-	for {
-		select {
-		case <-stop:
-			return nil
-		default:
-		}
+func (s *Service) runBatches(ctx context.Context, stop lifecycle.Stop, res *Result) error {
+	for !stop.Requested() {
 		b, err := s.runBatch(ctx)
 		res.add(b)
 		if err != nil {
 			return err
 		}
-		s.markReady(time.Now())
+		// Draining a backlog at --rate can take longer than /readyz
+		// allows a pass.
+		s.skel.MarkReady(time.Now())
 		if !passGoesOn(b, s.cfg.BatchSize, s.breaker.State() == BreakerOpen) {
 			return nil
 		}
 		s.maybeRefreshGauges(ctx, false)
 	}
+	return nil
 }
 
 // passGoesOn decides, after batch b, whether the pass claims another
@@ -351,15 +316,18 @@ func passGoesOn(b *Result, batchSize int, breakerOpen bool) bool {
 	return true
 }
 
-// nextPass is how long the loop waits after a pass: --poll-interval, or
-// the breaker's remaining cool-down (breakerLeft) when the pass ended on
-// an open breaker and it ends sooner; after failed passes (failures in a
-// row), backoff.Delay from --poll-interval.
-func nextPass(last *Result, err error, failures int, s *Settings, breakerLeft time.Duration) time.Duration {
-	if err != nil {
-		return backoff.Delay(failures, s.PollInterval, max(s.PollInterval, maxPassRetry), nil)
-	}
-	wait := s.PollInterval
+// passRetry is the backoff after failed passes (the database is
+// unreachable): from --poll-interval up to maxPassRetry, or to
+// --poll-interval when that is longer.
+func passRetry(pollInterval time.Duration) lifecycle.Retry {
+	return lifecycle.Retry{Base: pollInterval, Max: max(pollInterval, maxPassRetry)}
+}
+
+// nextPass is how long the loop waits after a successful pass:
+// --poll-interval, or the breaker's remaining cool-down (breakerLeft) when
+// the pass ended on an open breaker and it ends sooner.
+func nextPass(last *Result, pollInterval, breakerLeft time.Duration) time.Duration {
+	wait := pollInterval
 	if last != nil && last.BreakerOpen && breakerLeft > 0 && breakerLeft < wait {
 		wait = breakerLeft
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/lifecycle"
 )
 
 func TestMarkDecision(t *testing.T) {
@@ -233,7 +234,7 @@ func TestLateKeyBelowMark(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT created_at, key_id FROM idemd_unfinished_keys`).Scan(&hold.At, &hold.ID); err != nil {
 		t.Fatal(err)
 	}
-	res, err := svc.pass(ctx, nil)
+	res, err := svc.pass(ctx, lifecycle.Stop{})
 	if err != nil || res.Claimed != 0 {
 		t.Fatalf("first pass: %+v %v", res, err)
 	}
@@ -259,7 +260,7 @@ VALUES ('late-1', 1, 'POST', '/charges', '{}', 'started', now() - interval '2 ho
 		t.Fatalf("keys pending at started = %v before the full walk, want 2 (hold-1, fresh-1; late-1 is below the mark)", n)
 	}
 	for svc.walk.state.passes%fullWalkEvery != 0 {
-		res, err := svc.pass(ctx, nil)
+		res, err := svc.pass(ctx, lifecycle.Stop{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -277,7 +278,7 @@ VALUES ('late-1', 1, 'POST', '/charges', '{}', 'started', now() - interval '2 ho
 	if n := testutil.ToFloat64(svc.metrics.keysBelowMark); n != 0 {
 		t.Fatalf("keys below the mark counted before the full pass: %v", n)
 	}
-	res, err = svc.pass(ctx, nil)
+	res, err = svc.pass(ctx, lifecycle.Stop{})
 	if err != nil || res.Finished != 1 {
 		t.Fatalf("full pass: %+v %v", res, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemd/idemd/internal/backoff"
 )
 
 type timeoutErr struct{}
@@ -189,21 +191,18 @@ func TestNextPass(t *testing.T) {
 		{"breaker open, cool-down longer than a poll", &Result{BreakerOpen: true}, time.Minute, poll},
 		{"breaker opened during the pass, which ended drained", &Result{Claimed: 5, Retried: 5}, 2 * time.Second, poll},
 	} {
-		if got := nextPass(c.last, nil, 0, &s, c.breakerLeft); got != c.want {
+		if got := nextPass(c.last, poll, c.breakerLeft); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
 	}
-	boom := errors.New("database down")
+	// After failed passes the skeleton backs off from --poll-interval.
+	r := passRetry(poll)
 	for failures, ceiling := range map[int]time.Duration{1: poll, 2: 2 * poll, 3: 4 * poll, 4: maxPassRetry, 100: maxPassRetry} {
-		for range 100 {
-			if got := nextPass(&Result{}, boom, failures, &s, 0); got < 0 || got >= ceiling {
-				t.Fatalf("after %d failed passes: %s, want in [0, %s)", failures, got, ceiling)
-			}
+		if got := backoff.Ceiling(failures, r.Base, r.Max); got != ceiling {
+			t.Fatalf("after %d failed passes: up to %s, want up to %s", failures, got, ceiling)
 		}
 	}
-	long := s
-	long.PollInterval = 5 * time.Minute
-	if got := nextPass(&Result{}, boom, 10, &long, 0); got >= long.PollInterval {
-		t.Errorf("a poll interval above %s caps the retry: %s", maxPassRetry, got)
+	if r := passRetry(5 * time.Minute); backoff.Ceiling(10, r.Base, r.Max) != 5*time.Minute {
+		t.Errorf("a poll interval above %s caps the retry: %+v", maxPassRetry, r)
 	}
 }

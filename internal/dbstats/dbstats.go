@@ -38,7 +38,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"github.com/idemd/idemd/internal/backoff"
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/runhistory"
@@ -98,7 +97,7 @@ type Service struct {
 	logger  *zap.Logger
 	holder  string
 	metrics *metrics
-	runner  lifecycle.Runner
+	skel    lifecycle.Skeleton[*Result]
 
 	// pinnedNow replaces the database's now() in the River query; tests
 	// use it for exact ages. Production leaves it nil.
@@ -123,56 +122,51 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{
+	s := &Service{
 		cfg: cfg, logger: cfg.Logger.With(zap.String("component", "db-stats")),
-		holder: lease.Holder(LeaseName), metrics: m, runner: lifecycle.Runner{Name: "db-stats"},
+		holder: lease.Holder(LeaseName), metrics: m,
 		known: map[string]bool{},
-	}, nil
-}
-
-// Start is New followed by Service.Start: what a command's Run calls.
-func Start(ctx context.Context, cfg Config) (*Service, error) {
-	s, err := New(cfg)
-	if err != nil {
-		return nil, err
 	}
-	return s, s.Start(ctx)
+	s.skel = lifecycle.Skeleton[*Result]{
+		Name:   "db-stats",
+		Logger: s.logger,
+		Pass:   s.pass,
+		Next:   func(*Result) time.Duration { return cfg.Interval },
+		// A failed pass (the database is unreachable) is retried sooner
+		// than the interval, so the gauges come back with the database.
+		Retry:   lifecycle.Retry{Base: time.Second, Max: cfg.Interval},
+		Finally: s.release,
+		Summary: "db-stats pass",
+		// The exporter logs when it starts and stops exporting, not
+		// every pass: only a failed pass gets a line.
+		Summarize: func(last *Result, _ error) ([]zap.Field, bool) {
+			return []zap.Field{zap.Bool("exporting", last.Exporting), zap.Duration("duration", last.Duration)}, false
+		},
+	}
+	return s, nil
 }
 
 // Start runs a pass now and then every --db-stats-interval until Stop or
 // until ctx ends.
-func (s *Service) Start(ctx context.Context) error {
-	loop := lifecycle.Loop{
-		Pass: func(ctx context.Context) error {
-			_, err := s.runOnce(ctx)
-			return err
-		},
-		Next: func(err error, failures int) time.Duration {
-			if err != nil {
-				return min(backoff.Delay(failures, time.Second, s.cfg.Interval, nil), s.cfg.Interval)
-			}
-			return s.cfg.Interval
-		},
-	}
-	return s.runner.Start(ctx, func(ctx context.Context, stop <-chan struct{}) {
-		loop.Run(ctx, stop)
-		s.release(ctx)
-	})
-}
+func (s *Service) Start(ctx context.Context) error { return s.skel.Start(ctx) }
 
 // Stop lets the current pass finish until ctx's deadline, releases the
 // lease (another replica takes it at its next pass) and returns when
 // nothing of the exporter runs.
-func (s *Service) Stop(ctx context.Context) error { return s.runner.Stop(ctx) }
+func (s *Service) Stop(ctx context.Context) error { return s.skel.Stop(ctx) }
 
 // RunOnce does one pass: take or renew the lease, and read the stats if it
 // is ours.
 func (s *Service) RunOnce(ctx context.Context) (*Result, error) { return s.runOnce(ctx) }
 
-func (s *Service) runOnce(ctx context.Context) (*Result, error) {
+func (s *Service) runOnce(ctx context.Context) (*Result, error) { return s.skel.RunOnce(ctx) }
+
+// pass is one pass: the lease, then the stats when it is ours. A pass has
+// one unit, so it has no stop to look at.
+func (s *Service) pass(ctx context.Context, _ lifecycle.Stop) (*Result, error) {
 	start := time.Now()
 	res := &Result{}
-	err := s.pass(ctx, res)
+	err := s.exportPass(ctx, res)
 	res.Duration = time.Since(start)
 	switch {
 	case err != nil:
@@ -185,7 +179,7 @@ func (s *Service) runOnce(ctx context.Context) (*Result, error) {
 	return res, err
 }
 
-func (s *Service) pass(ctx context.Context, res *Result) error {
+func (s *Service) exportPass(ctx context.Context, res *Result) error {
 	a, err := lease.Acquire(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
 	if err != nil {
 		s.stopExporting("the db-stats lease could not be renewed", err)

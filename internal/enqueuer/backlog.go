@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/lifecycle"
 )
 
 // Querier is what Backlog reads through: a pool, a connection or a
@@ -49,18 +51,16 @@ func backlog(ctx context.Context, q Querier, from int64) (*StagedBacklog, error)
 // backlogs this table should ever have; it is read through the primary key
 // from the sweep's low-water mark, so it does not walk the dead rows an old
 // snapshot keeps below it.
-func (s *Service) statsLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.StatsInterval)
-	defer t.Stop()
-	for {
-		if err := s.refreshStats(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Debug("backlog stats failed", zap.Error(err))
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+func (s *Service) statsLoop() lifecycle.Loop {
+	return lifecycle.Loop{
+		Pass: func(ctx context.Context) error {
+			err := s.refreshStats(ctx)
+			if err != nil && ctx.Err() == nil {
+				s.logger.Debug("backlog stats failed", zap.Error(err))
+			}
+			return err
+		},
+		Next: func() time.Duration { return s.cfg.StatsInterval },
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"math"
 	"time"
+
+	"github.com/idemd/idemd/internal/lifecycle"
 )
 
 // coalesceRows: a pass that took at least this many rows ran behind a
@@ -77,7 +79,7 @@ func coalesceDelay(window time.Duration, lastTaken int, lastEnd, now time.Time, 
 // coalesce waits out coalesceDelay before a pass, or until
 // coalesceNotifications are pending; it returns early when stop is closed
 // or ctx ends (the pass then sees them).
-func (s *Service) coalesce(ctx context.Context, stop <-chan struct{}, lastTaken int, lastEnd time.Time) {
+func (s *Service) coalesce(ctx context.Context, stop lifecycle.Stop, lastTaken int, lastEnd time.Time) {
 	now := time.Now()
 	d := coalesceDelay(s.cfg.WakeCoalesce, lastTaken, lastEnd, now, s.floor.rate(now))
 	if d <= 0 {
@@ -90,7 +92,7 @@ wait:
 		select {
 		case <-t.C:
 			break wait
-		case <-stop:
+		case <-stop.Done():
 			break wait
 		case <-ctx.Done():
 			break wait

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/idemd/idemd/internal/lifecycle"
 )
 
 // Under a stream of commits a pass waits until window after the previous
@@ -122,7 +124,7 @@ func TestCoalesceReturnsOnceEnoughNotificationsArrive(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.coalesce(context.Background(), nil, 1, time.Now())
+		s.coalesce(context.Background(), lifecycle.Stop{}, 1, time.Now())
 	}()
 	for i := range coalesceNotifications {
 		s.floor.notify(int64(i), time.Now())

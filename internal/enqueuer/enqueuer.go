@@ -14,17 +14,17 @@
 // later drain that starts at or below it (see floor.go for where drains
 // start and why that finds every row).
 //
-// The shape is docs/architecture.md's: New(Config), Start/Stop through a
-// lifecycle.Runner running a lifecycle.Loop whose Pass is one pass (drain
-// from wherever the floor says rows are, until it says nothing more is
-// due; runOnce, RunOnce for --once), returning a Result that tests call
-// directly. The loop is woken by LISTEN idemd_staged_jobs (a
+// The shape is docs/architecture.md's: New(Config) fills in a
+// lifecycle.Skeleton with the enqueuer's pass (drain from wherever the
+// floor says rows are, until it says nothing more is due) and when the
+// next is due; Start, Stop and runOnce (RunOnce, --once, what tests call)
+// are the skeleton's. The loop is woken by LISTEN idemd_staged_jobs (a
 // statement-level trigger on staged_jobs sends it at commit, with the
 // lowest id the statement inserted; listen.go) on the one replica that
 // is the drainer (the others stand by; drainer.go) and by the sweep, which
 // every PollInterval looks for rows no notification told it about
-// (sweep.go); both run beside the loop under the same Runner, with the
-// backlog gauges (backlog.go). The decisions are pure functions beside the
+// (sweep.go); both run beside the loop, with the backlog gauges
+// (backlog.go). The decisions are pure functions beside the
 // I/O: where a drain starts and the sweep's low-water mark (floor.go),
 // whether a staged row can become a River job (validate.go), when the next
 // pass is due (this file).
@@ -43,7 +43,6 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"go.uber.org/zap"
 
-	"github.com/idemd/idemd/internal/backoff"
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/testsignal"
@@ -52,14 +51,11 @@ import (
 // NotifyChannel is the channel the staged_jobs trigger notifies.
 const NotifyChannel = "idemd_staged_jobs"
 
-// retryBase and retryMax bound backoff.Delay after a failed pass and
-// between the listener's reconnect attempts: the delay's ceiling is 200 ms
-// after the first failure and doubles per failure up to 10 s (the ceilings
-// of the enqueuer's former retry rule).
-const (
-	retryBase = 200 * time.Millisecond
-	retryMax  = 10 * time.Second
-)
+// passRetry is the backoff after a failed pass and between the
+// listener's reconnect attempts: a staged row waits for the next pass, so
+// the first retry comes within 200 ms, and a database that stays away is
+// asked at most every 10 s.
+var passRetry = lifecycle.Retry{Base: 200 * time.Millisecond, Max: 10 * time.Second}
 
 // Result is what one pass (or one drain of it) did. Counts are of
 // committed batches: a batch that failed moved nothing.
@@ -103,11 +99,8 @@ type Service struct {
 
 	// wake is a pending wake-up of the loop (Loop.Wake); buffered 1.
 	wake chan struct{}
-	// wakeHeld: signals before this instant leave wake alone, so the loop
-	// waits out a failed pass's backoff; the retry's pass takes the floor
-	// they lowered.
-	wakeMu   sync.Mutex
-	wakeHeld time.Time
+	// loop is the main loop's state across its passes, owned by it.
+	loop loopState
 	// floor is where the next drain starts (floor.go).
 	floor *floor
 	// lw is the sweep's low-water mark (sweep.go).
@@ -126,7 +119,10 @@ type Service struct {
 	markWanted       atomic.Bool // the drainer would poll once the sweep has a low-water mark
 	pollingErrLogged sync.Once
 
-	runner lifecycle.Runner
+	skel lifecycle.Skeleton[*Result]
+	// listenFailures counts the listener's failed connections since it
+	// last heard (its loop logs the first of an outage as a warning).
+	listenFailures int
 	// instance tells this replica's listener self-checks from others'.
 	instance string
 
@@ -194,136 +190,89 @@ func New(cfg Config) (*Service, error) {
 		metrics:   m,
 		wake:      make(chan struct{}, 1),
 		floor:     newFloor(),
-		runner:    lifecycle.Runner{Name: "enqueuer"},
 		instance:  lease.Holder("enqueuer"),
 	}
 	s.lw.mark.Store(fullPass)
 	s.passed.Store(fullPass)
+	if cfg.PollOnly {
+		s.metrics.pollOnly.Set(1)
+	}
+	s.skel = lifecycle.Skeleton[*Result]{
+		Name:       "enqueuer",
+		Logger:     cfg.Logger,
+		Ready:      cfg.Ready,
+		MaxPassAge: func() time.Duration { return max(3*cfg.PollInterval, 30*time.Second) },
+		Pass:       s.pass,
+		Next:       s.nextPass,
+		Retry:      passRetry,
+		Wake:       s.wake,
+		Beside:     s.besideLoop,
+		Finally:    s.loopStopped,
+		// A pass that found nothing to drain read nothing from the
+		// database and proves nothing; the sweep marks readiness when it
+		// finds the table empty.
+		ReadyAfter: func(last *Result) bool { return last.Batches > 0 },
+		// Under a stream of commits a pass moves rows hundreds of times
+		// a second: its line is for debugging.
+		Summary:      "enqueuer pass",
+		SummaryLevel: zap.DebugLevel,
+		Summarize:    func(last *Result, _ error) ([]zap.Field, bool) { return last.fields(), last.taken() > 0 },
+	}
 	return s, nil
+}
+
+// loopState is what the main loop keeps from one pass to the next.
+type loopState struct {
+	begun   bool      // the first pass (a full one) has run
+	last    *Result   // the last pass's
+	lastEnd time.Time // when it ended
+	poll    pollState
+	handoff bool // the pass after a handoff: polling ends with it
 }
 
 // Start runs the enqueuer in the background until Stop or until ctx ends:
 // a full pass at once, then a pass whenever a notification or the sweep
-// wakes the loop, and every --poll-interval (backoff.Delay after a failed
+// wakes the loop, and every --poll-interval (a backoff after a failed
 // pass, then a full pass). The listener, the sweep and the backlog gauges
 // run beside the loop. Either stop request lets the current batch commit.
-func (s *Service) Start(ctx context.Context) error {
-	// Readiness is set up before the loop can first mark a pass.
-	if s.cfg.Ready != nil {
-		s.cfg.Ready.MarkStarted(time.Now())
-		s.cfg.Ready.MaxPassAge = max(3*s.cfg.PollInterval, 30*time.Second)
-	}
-	return s.runner.Start(ctx, s.run)
-}
+func (s *Service) Start(ctx context.Context) error { return s.skel.Start(ctx) }
 
 // Stop lets the current batch finish and stops; if ctx ends first, the
 // batch is abandoned (its transaction rolls back: nothing is lost). It
 // returns when nothing of the enqueuer runs any more.
-func (s *Service) Stop(ctx context.Context) error {
-	return s.runner.Stop(ctx)
+func (s *Service) Stop(ctx context.Context) error { return s.skel.Stop(ctx) }
+
+// besideLoop is what runs beside the main loop: the listener (not with
+// --poll-only), the sweep and the backlog gauges. They have nothing to
+// finish, so they are cancelled as soon as the main loop has let its
+// batch commit.
+func (s *Service) besideLoop() []lifecycle.Loop {
+	loops := []lifecycle.Loop{s.sweepLoop(), s.statsLoop()}
+	if !s.cfg.PollOnly {
+		loops = append(loops, s.listenLoop())
+	}
+	return loops
 }
 
-// run is the Runner's work: the drain loop, with the listener, the sweep
-// and the stats loop beside it. Those have nothing to finish, so they are
-// cancelled as soon as the drain loop has let its batch commit.
-func (s *Service) run(ctx context.Context, stop <-chan struct{}) {
-	aux, cancelAux := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for _, f := range []func(context.Context){s.listen, s.sweepLoop, s.statsLoop} {
-		wg.Go(func() { f(aux) })
+// loopStopped ends polling with the loop (the polling lock's session
+// closed with the listener) and forgets the loop's state for a later
+// Start.
+func (s *Service) loopStopped(context.Context) {
+	if s.loop.poll.polling || s.loop.handoff {
+		s.setPolling(false)
 	}
-	defer wg.Wait()
-	defer cancelAux()
-
-	s.wakeMu.Lock()
-	s.wakeHeld = time.Time{}
-	s.wakeMu.Unlock()
-	// The first pass is a full one: rows committed while no enqueuer ran
-	// notified no one.
-	s.floor.lower(fullPass)
-	s.metrics.wakeups.WithLabelValues(wakeStart).Inc()
-
-	var (
-		last    *Result
-		lastEnd time.Time
-		poll    pollState
-		handoff bool // the pass after a handoff: polling ends with it
-	)
-	defer func() {
-		if poll.polling || handoff {
-			s.setPolling(false)
-		}
-	}()
-	lifecycle.Loop{
-		Pass: func(ctx context.Context) error {
-			switch {
-			case poll.polling:
-				s.pollFloor()
-			case last != nil:
-				s.coalesce(ctx, stop, last.taken(), lastEnd)
-			}
-			var err error
-			last, err = s.pass(ctx, stop)
-			lastEnd = time.Now()
-			if handoff && err == nil {
-				// The drain that saw the rows of every transaction that
-				// skipped its notification is done.
-				handoff = false
-				s.setPolling(false)
-			}
-			if err == nil {
-				handoff = s.steerPolling(ctx, &poll, last.taken(), lastEnd) || handoff
-			}
-			s.signals.passed.Signal(struct{}{})
-			return err
-		},
-		Next: func(err error, failures int) time.Duration {
-			d := nextPass(err, failures, s.cfg.PollInterval)
-			switch {
-			case err != nil:
-				s.retryAfter(d)
-			case poll.polling:
-				d = poll.wait
-			}
-			return d
-		},
-		Wake: s.wake,
-		// A pass that found nothing to drain read nothing from the
-		// database and proves nothing; the sweep marks readiness when it
-		// finds the table empty.
-		Passed: func(t time.Time) {
-			if last != nil && last.Batches > 0 {
-				s.markReady(t)
-			}
-		},
-	}.Run(ctx, stop)
+	s.loop = loopState{}
 }
 
-// nextPass is how long the loop waits for a wake-up after a pass:
-// --poll-interval (a pass then takes whatever the floor holds; the sweep
-// beside the loop wakes it as soon as it finds rows), or after failed
-// passes (failures in a row) backoff.Delay from retryBase up to retryMax.
-func nextPass(err error, failures int, pollInterval time.Duration) time.Duration {
-	if err != nil {
-		return backoff.Delay(failures, retryBase, retryMax, nil)
+// nextPass is how long the loop waits for a wake-up after a successful
+// pass: --poll-interval (a pass then takes whatever the floor holds; the
+// sweep beside the loop wakes it as soon as it finds rows), or the poll's
+// wait while the drainer polls (poll.go).
+func (s *Service) nextPass(*Result) time.Duration {
+	if s.loop.poll.polling {
+		return s.loop.poll.wait
 	}
-	return pollInterval
-}
-
-// retryAfter makes the pass after a failed one a full pass (the failed
-// drain's rows may lie anywhere from its floor on) and holds wake-ups for
-// the backoff d, so notifications do not turn the backoff into a hot loop
-// of failing passes.
-func (s *Service) retryAfter(d time.Duration) {
-	s.floor.lower(fullPass)
-	s.metrics.wakeups.WithLabelValues(wakeRetry).Inc()
-	s.wakeMu.Lock()
-	defer s.wakeMu.Unlock()
-	s.wakeHeld = time.Now().Add(d)
-	select {
-	case <-s.wake:
-	default:
-	}
+	return s.cfg.PollInterval
 }
 
 // trigger asks the loop for a full pass: a drain from the start of
@@ -336,28 +285,13 @@ func (s *Service) trigger(cause string) {
 // signal wakes the loop after the floor was lowered. Every signal is
 // counted by its cause, including those coalesced into a wake-up that is
 // already pending (which will see their rows too: the floor is taken when
-// the wake-up is handled) and those held during a retry's backoff (the
-// retry's pass takes the floor).
+// the wake-up is handled) and those that come during a failed pass's
+// backoff (the loop hears none then; the retry's pass takes the floor).
 func (s *Service) signal(cause string) {
 	s.metrics.wakeups.WithLabelValues(cause).Inc()
-	s.wakeMu.Lock()
-	defer s.wakeMu.Unlock()
-	if time.Now().Before(s.wakeHeld) {
-		return
-	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
-	}
-}
-
-// markReady tells /readyz the enqueuer is doing its job: after every
-// committed batch (a drain of a large backlog must not look stale while it
-// works), after a pass that drained, and after a sweep that found the
-// table empty.
-func (s *Service) markReady(t time.Time) {
-	if s.cfg.Ready != nil {
-		s.cfg.Ready.MarkPass(t)
 	}
 }
 
@@ -372,23 +306,58 @@ func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
 	return s.runOnce(ctx)
 }
 
-// runOnce is one pass of a service with no listener and no sweep beside
-// it: nothing says where rows are, so everything staged is due, and it
-// asks the floor for full passes until one takes nothing.
-func (s *Service) runOnce(ctx context.Context) (*Result, error) {
-	s.floor.lowerUntilEmpty()
-	return s.pass(ctx, nil)
+func (s *Service) runOnce(ctx context.Context) (*Result, error) { return s.skel.RunOnce(ctx) }
+
+// pass is one pass. Run alone (one-shot), nothing says where rows are, so
+// everything staged is due: it asks the floor for full passes until one
+// takes nothing. In the loop it first waits for company (coalesce.go) or,
+// while polling, drains from the low-water mark (poll.go), and after the
+// drain steers polling. A failed pass makes the next one a full pass: the
+// failed drain's rows may lie anywhere from its floor on.
+func (s *Service) pass(ctx context.Context, stop lifecycle.Stop) (*Result, error) {
+	if stop.OneShot() {
+		s.floor.lowerUntilEmpty()
+		return s.drainFloor(ctx, stop)
+	}
+	ls := &s.loop
+	switch {
+	case !ls.begun:
+		// The first pass is a full one: rows committed while no enqueuer
+		// ran notified no one.
+		ls.begun = true
+		s.floor.lower(fullPass)
+		s.metrics.wakeups.WithLabelValues(wakeStart).Inc()
+	case ls.poll.polling:
+		s.pollFloor()
+	case ls.last != nil:
+		s.coalesce(ctx, stop, ls.last.taken(), ls.lastEnd)
+	}
+	res, err := s.drainFloor(ctx, stop)
+	ls.last, ls.lastEnd = res, time.Now()
+	if err != nil {
+		s.floor.lower(fullPass)
+		s.metrics.wakeups.WithLabelValues(wakeRetry).Inc()
+	} else {
+		if ls.handoff {
+			// The drain that saw the rows of every transaction that
+			// skipped its notification is done.
+			ls.handoff = false
+			s.setPolling(false)
+		}
+		ls.handoff = s.steerPolling(ctx, &ls.poll, res.taken(), ls.lastEnd) || ls.handoff
+	}
+	s.signals.passed.Signal(struct{}{})
+	return res, err
 }
 
-// pass is one pass: it takes the floor (where notifications, the sweep and
+// drainFloor takes the floor (where notifications, the sweep and
 // full-pass requests say rows are) and drains from it, again while the
-// floor asks for more, until it asks for nothing or stop is closed (Stop,
-// or the end of Start's context; checked between batches, nil never is).
-// ctx ending aborts the batch in progress. It logs one summary line when
-// it moved something, and its failure. The Result is never nil.
-func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, error) {
+// floor asks for more, until it asks for nothing or a stop is requested
+// (checked between batches). ctx ending aborts the batch in progress. The
+// Result is never nil.
+func (s *Service) drainFloor(ctx context.Context, stop lifecycle.Stop) (*Result, error) {
 	res := &Result{}
-	for !stopped(stop) {
+	for !stop.Requested() {
 		spec, ok := s.floor.take(s.passed.Load())
 		if !ok {
 			// A drain that began after the last request covered it.
@@ -397,8 +366,7 @@ func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, erro
 		d, err := s.drain(ctx, stop, spec)
 		res.add(d)
 		if err != nil {
-			s.logger.Error("drain failed", append(res.fields(), zap.Int64("from_id", spec.from), zap.Error(err))...)
-			return res, err
+			return res, fmt.Errorf("enqueuer: drain from id %d: %w", spec.from, err)
 		}
 		if spec.untilEmpty && d.taken() > 0 {
 			s.floor.lowerUntilEmpty()
@@ -407,9 +375,6 @@ func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, erro
 		if endPass(s.cfg.WakeCoalesce, d.taken()) {
 			break
 		}
-	}
-	if res.taken() > 0 {
-		s.logger.Debug("drained", res.fields()...)
 	}
 	return res, nil
 }
@@ -433,7 +398,7 @@ func endPass(window time.Duration, taken int) bool {
 // empty transaction competing for the same WAL flush. Only when it comes
 // back full is there a backlog worth draining with every worker. The
 // Result is never nil.
-func (s *Service) drain(ctx context.Context, stop <-chan struct{}, spec drainSpec) (*Result, error) {
+func (s *Service) drain(ctx context.Context, stop lifecycle.Stop, spec drainSpec) (*Result, error) {
 	if s.hooks.drainStarted != nil {
 		s.hooks.drainStarted(spec)
 	}
@@ -444,7 +409,7 @@ func (s *Service) drain(ctx context.Context, stop <-chan struct{}, spec drainSpe
 		return total, err
 	}
 	total.addBatch(b)
-	if !b.full || stopped(stop) {
+	if !b.full || stop.Requested() {
 		return total, nil
 	}
 	var (
@@ -468,7 +433,7 @@ func (s *Service) drain(ctx context.Context, stop <-chan struct{}, spec drainSpe
 }
 
 // drainWorker moves batches until one comes back short.
-func (s *Service) drainWorker(ctx context.Context, stop <-chan struct{}, cur *cursor, spec drainSpec) (*Result, error) {
+func (s *Service) drainWorker(ctx context.Context, stop lifecycle.Stop, cur *cursor, spec drainSpec) (*Result, error) {
 	total := &Result{}
 	for {
 		b, err := s.runBatch(ctx, cur, spec)
@@ -476,18 +441,8 @@ func (s *Service) drainWorker(ctx context.Context, stop <-chan struct{}, cur *cu
 			return total, err
 		}
 		total.addBatch(b)
-		if !b.full || stopped(stop) {
+		if !b.full || stop.Requested() {
 			return total, nil
 		}
-	}
-}
-
-// stopped reports whether Stop has asked the pass to end after this batch.
-func stopped(stop <-chan struct{}) bool {
-	select {
-	case <-stop:
-		return true
-	default:
-		return false
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/testwait"
 )
 
@@ -586,7 +587,7 @@ SELECT min(id) FROM i`, n).Scan(&low); err != nil {
 	}
 	move := func(from int64, n int) {
 		t.Helper()
-		res, err := s.drain(ctx, nil, drainSpec{from: from, gapBelow: fullPass})
+		res, err := s.drain(ctx, lifecycle.Stop{}, drainSpec{from: from, gapBelow: fullPass})
 		if err != nil {
 			t.Fatal(err)
 		}

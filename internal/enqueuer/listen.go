@@ -12,47 +12,48 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/lifecycle"
 )
 
-// listen holds a dedicated connection (not a pool one: LISTEN is session
-// state) and turns notifications into wake-ups. After a reconnect it wakes
-// the loop for a full pass, since notifications sent while it was down are
+// listenLoop holds a dedicated connection (not a pool one: LISTEN is
+// session state) and turns notifications into wake-ups; it reconnects
+// after a failure with the pass's backoff. After a reconnect it wakes the
+// loop for a full pass, since notifications sent while it was down are
 // lost. A listener that stays connected but deaf (LISTEN through a
 // transaction-mode pooler "succeeds" and then hears nothing) is found by
 // its self-check; the first failure of an outage is a warning, the retries
-// after it are not. With --poll-only it only says so in its gauge.
-func (s *Service) listen(ctx context.Context) {
-	if s.cfg.PollOnly {
-		s.metrics.pollOnly.Set(1)
-		return
-	}
-	failures := 0
-	for ctx.Err() == nil {
-		err := s.listenOnce(ctx, func() {
-			if failures > 0 {
-				s.logger.Info("listener is back: notifications arrive again", zap.Int("failed_attempts", failures))
+// after it are not.
+func (s *Service) listenLoop() lifecycle.Loop {
+	return lifecycle.Loop{
+		Pass: func(ctx context.Context) error {
+			heard := false
+			err := s.listenOnce(ctx, func() {
+				heard = true
+				if s.listenFailures > 0 {
+					s.logger.Info("listener is back: notifications arrive again", zap.Int("failed_attempts", s.listenFailures))
+				}
+				s.listenFailures = 0
+			})
+			if ctx.Err() != nil {
+				return nil
 			}
-			failures = 0
-		})
-		if ctx.Err() != nil {
-			return
-		}
-		failures++
-		s.listening.Store(false)
-		s.metrics.listenerUp.Set(0)
-		delay := backoff.Delay(failures, retryBase, retryMax, nil)
-		log := s.logger.Debug
-		if failures == 1 {
-			log = s.logger.Warn
-		}
-		log("listener lost; waking by polling until it is back", zap.Error(err), zap.Duration("retry_in", delay), zap.Duration("poll_interval", s.cfg.PollInterval))
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
+			s.listenFailures++
+			s.listening.Store(false)
+			s.metrics.listenerUp.Set(0)
+			log := s.logger.Debug
+			if s.listenFailures == 1 {
+				log = s.logger.Warn
+			}
+			log("listener lost; waking by polling until it is back", zap.Error(err), zap.Int("failed_attempts", s.listenFailures), zap.Duration("poll_interval", s.cfg.PollInterval))
+			if heard {
+				// A connection that worked ends the outage's backoff: the
+				// next attempt comes within the first retry's delay.
+				return nil
+			}
+			return err
+		},
+		Next:  func() time.Duration { return backoff.Delay(1, passRetry.Base, passRetry.Max, nil) },
+		Retry: passRetry,
 	}
 }
 
@@ -105,17 +106,17 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	checkErr := make(chan error, 1)
-	go func() {
-		err := s.checkListener(lctx, check)
+	defer lifecycle.Beside(lctx, s.checkLoop(check, func(err error) {
 		checkErr <- err
 		cancel()
-	}()
+	}))()
 	for {
 		n, err := conn.WaitForNotification(lctx)
 		if err != nil {
-			cancel()
-			if cerr := <-checkErr; cerr != nil {
+			select {
+			case cerr := <-checkErr: // the self-check ended the wait
 				return cerr
+			default:
 			}
 			return fmt.Errorf("enqueuer listen: wait: %w", err)
 		}
@@ -192,39 +193,46 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// checkListener sends a NOTIFY through the pool, the path the API's own
+// checkLoop sends a NOTIFY through the pool, the path the API's own
 // notifications take, every ListenerCheckInterval and waits for it on the
 // listener (probeListener did the first), so listener_up means
-// notifications arrive, not merely that a connection is open. It returns
-// (ending the listener's connection) when a round trip fails.
-func (s *Service) checkListener(ctx context.Context, check *selfCheck) error {
-	for seq := 1; ; seq++ {
-		t := time.NewTimer(s.cfg.ListenerCheckInterval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-		came, err := s.sendCheck(ctx, check, strconv.Itoa(seq))
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+// notifications arrive, not merely that a connection is open. The first
+// round trip that fails is handed to failed, which ends the listener's
+// connection (and with it this loop).
+func (s *Service) checkLoop(check *selfCheck, failed func(error)) lifecycle.Loop {
+	seq := 0
+	every := s.cfg.ListenerCheckInterval
+	return lifecycle.Loop{
+		First: every,
+		Pass: func(ctx context.Context) error {
+			seq++
+			err := s.checkOnce(ctx, check, seq)
+			if err != nil && ctx.Err() == nil {
+				failed(err)
 			}
 			return err
-		}
-		timeout := time.NewTimer(s.cfg.ListenerCheckTimeout)
-		select {
-		case <-ctx.Done():
-			timeout.Stop()
-			return nil
-		case <-timeout.C:
-			return s.checkFailed()
-		case <-came:
-			timeout.Stop()
-		}
-		s.signals.listenerChecked.Signal(seq)
+		},
+		Next: func() time.Duration { return every },
 	}
+}
+
+// checkOnce is one self-check round trip.
+func (s *Service) checkOnce(ctx context.Context, check *selfCheck, seq int) error {
+	came, err := s.sendCheck(ctx, check, strconv.Itoa(seq))
+	if err != nil {
+		return err
+	}
+	timeout := time.NewTimer(s.cfg.ListenerCheckTimeout)
+	defer timeout.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timeout.C:
+		return s.checkFailed()
+	case <-came:
+	}
+	s.signals.listenerChecked.Signal(seq)
+	return nil
 }
 
 // sendCheck sends this replica's self-check payload named name through

@@ -1,70 +1,54 @@
 package enqueuer
 
 import (
-	"errors"
+	"context"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/lifecycle"
 )
 
-// After a pass the loop waits --poll-interval for a wake-up; after failed
-// passes, backoff.Delay between 0 and the ceiling for that many failures.
+// After a pass the loop waits --poll-interval for a wake-up, or the poll's
+// wait while the drainer polls; after failed passes the skeleton backs off
+// from 200 ms up to 10 s.
 func TestNextPass(t *testing.T) {
-	if d := nextPass(nil, 0, 2*time.Second); d != 2*time.Second {
+	s := &Service{cfg: Config{Settings: Settings{PollInterval: 2 * time.Second}}}
+	if d := s.nextPass(&Result{}); d != 2*time.Second {
 		t.Fatalf("after a pass: %s, want the poll interval", d)
 	}
-	failed := errors.New("connection refused")
-	for failures := 1; failures <= 10; failures++ {
-		ceiling := backoff.Ceiling(failures, retryBase, retryMax)
-		for range 100 {
-			if d := nextPass(failed, failures, 2*time.Second); d < 0 || d >= ceiling {
-				t.Fatalf("after %d failed passes: %s, want [0, %s)", failures, d, ceiling)
-			}
-		}
+	s.loop.poll = pollState{polling: true, wait: 3 * time.Millisecond}
+	if d := s.nextPass(&Result{}); d != 3*time.Millisecond {
+		t.Fatalf("after a poll: %s, want the poll's wait", d)
 	}
-	if c := backoff.Ceiling(1, retryBase, retryMax); c != 200*time.Millisecond {
+	if c := backoff.Ceiling(1, passRetry.Base, passRetry.Max); c != 200*time.Millisecond {
 		t.Fatalf("first retry's ceiling %s", c)
 	}
-	if c := backoff.Ceiling(20, retryBase, retryMax); c != 10*time.Second {
+	if c := backoff.Ceiling(20, passRetry.Base, passRetry.Max); c != 10*time.Second {
 		t.Fatalf("ceiling after 20 failures %s, want the 10s cap", c)
 	}
 }
 
-// A failed pass asks for a full pass and holds wake-ups for its backoff:
-// notifications then lower the floor, counted, but do not wake the loop,
-// which would otherwise turn the backoff into a hot loop of failing
-// passes; the retry's pass takes everything they asked for.
-func TestWakesAreHeldDuringARetrysBackoff(t *testing.T) {
-	m, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &Service{metrics: m, wake: make(chan struct{}, 1), floor: newFloor()}
-	pending := func() bool {
-		select {
-		case <-s.wake:
-			return true
-		default:
-			return false
-		}
-	}
-	s.signal(wakeNotify) // a wake-up left over from the failed pass
-	s.retryAfter(time.Hour)
-	if pending() {
-		t.Fatal("a wake-up pending before the failure survived the backoff's start")
-	}
+// A failed pass asks for a full pass and counts a retry wake-up: the
+// failed drain's rows may lie anywhere from its floor on. (The loop hears
+// no wake-up during the backoff that follows: lifecycle's
+// TestLoopRetryIgnoresWakeUps.)
+func TestFailedPassAsksForAFullPass(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	s := newService(t, pool)
+	s.loop.begun = true // not the start's full pass
 	s.floor.lower(500)
-	s.signal(wakeNotify)
-	if pending() {
-		t.Fatal("a notification woke the loop during the backoff")
+	pool.Close() // every batch fails
+	if _, err := s.pass(context.Background(), lifecycle.Stop{}); err == nil {
+		t.Fatal("a pass on a closed pool succeeded")
 	}
 	if spec, ok := s.floor.take(1000); !ok || spec.from != fullPass {
 		t.Fatalf("the retry's pass: %+v %v, want a full pass", spec, ok)
 	}
-	s.wakeHeld = time.Now().Add(-time.Millisecond) // the backoff is over
-	s.signal(wakeNotify)
-	if !pending() {
-		t.Fatal("a notification after the backoff did not wake the loop")
+	if n := testutil.ToFloat64(s.metrics.wakeups.WithLabelValues(wakeRetry)); n != 1 {
+		t.Fatalf("retry wake-ups counted: %v, want 1", n)
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/lifecycle"
 )
 
 // The sweep, every PollInterval, finds the lowest committed staged id with
@@ -28,35 +30,34 @@ type lowWater struct {
 	count int           // sweeps so far
 }
 
-// sweepLoop runs the sweep every PollInterval until ctx ends, and every
+// sweepLoop runs the sweep every PollInterval, and every
 // pollingSweepInterval while the drainer polls or would poll but has no
 // low-water mark yet (poll.go: each poll drains from the mark, so the mark
 // must follow the moves closely). Only the sweeps PollInterval apart count
 // towards the full ones.
-func (s *Service) sweepLoop(ctx context.Context) {
-	t := time.NewTimer(s.cfg.PollInterval)
-	defer t.Stop()
+func (s *Service) sweepLoop() lifecycle.Loop {
 	lastRegular := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		regular := time.Since(lastRegular) >= s.cfg.PollInterval
-		if regular {
-			lastRegular = time.Now()
-		}
-		if err := s.sweep(ctx, regular); err != nil && ctx.Err() == nil {
-			s.logger.Debug("sweep failed", zap.Error(err))
-		}
-		d := s.cfg.PollInterval
-		if s.polling.Load() || s.markWanted.Load() && s.lw.mark.Load() == fullPass {
-			// Polling, or the drainer would poll but has no mark yet
-			// (it takes two sweeps).
-			d = min(d, pollingSweepInterval)
-		}
-		t.Reset(d)
+	return lifecycle.Loop{
+		First: s.cfg.PollInterval,
+		Pass: func(ctx context.Context) error {
+			regular := time.Since(lastRegular) >= s.cfg.PollInterval
+			if regular {
+				lastRegular = time.Now()
+			}
+			err := s.sweep(ctx, regular)
+			if err != nil && ctx.Err() == nil {
+				s.logger.Debug("sweep failed", zap.Error(err))
+			}
+			return err
+		},
+		Next: func() time.Duration {
+			if s.polling.Load() || s.markWanted.Load() && s.lw.mark.Load() == fullPass {
+				// Polling, or the drainer would poll but has no mark yet
+				// (it takes two sweeps).
+				return min(s.cfg.PollInterval, pollingSweepInterval)
+			}
+			return s.cfg.PollInterval
+		},
 	}
 }
 
@@ -76,7 +77,7 @@ func (s *Service) sweep(ctx context.Context, regular bool) error {
 		return err
 	}
 	if low == nil {
-		s.markReady(time.Now())
+		s.skel.MarkReady(time.Now())
 		return nil
 	}
 	if s.hooks.sweepMarkOnly {

@@ -3,21 +3,20 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
 
-// The loop runs a pass at once, another on each wake-up, hands each pass's
-// error and the count of consecutive failures to Next, reports successes,
-// and returns when stopped.
+// The loop runs a pass at once and another on each wake-up, reports the
+// successful ones, and after a failed pass waits Retry's backoff instead
+// of Next's delay.
 func TestLoopPassesWakeUpsAndFailures(t *testing.T) {
 	wake := make(chan struct{})
 	passes := make(chan int)
 	boom := errors.New("boom")
 	results := []error{nil, boom, boom, nil}
-	var seen []int
-	passed := 0
-	n := 0
+	nexts, passed, n := 0, 0, 0
 	l := Loop{
 		Pass: func(context.Context) error {
 			err := results[n%len(results)]
@@ -25,10 +24,12 @@ func TestLoopPassesWakeUpsAndFailures(t *testing.T) {
 			passes <- n
 			return err
 		},
-		Next: func(err error, failures int) time.Duration {
-			seen = append(seen, failures)
+		Next: func() time.Duration {
+			nexts++
 			return time.Hour // only wake-ups start further passes
 		},
+		// The failed passes are retried by the backoff alone.
+		Retry:  Retry{Base: time.Nanosecond, Max: time.Nanosecond},
 		Wake:   wake,
 		Passed: func(time.Time) { passed++ },
 	}
@@ -37,19 +38,63 @@ func TestLoopPassesWakeUpsAndFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-passes // the first pass needs no wake-up
-	for range 3 {
-		wake <- struct{}{}
+	wake <- struct{}{}
+	for range 3 { // the wake-up's pass fails, the retry fails, the next succeeds
 		<-passes
 	}
 	if err := r.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if want := []int{0, 1, 2, 0}; len(seen) != len(want) || seen[0] != 0 || seen[1] != 1 || seen[2] != 2 || seen[3] != 0 {
-		t.Fatalf("failures handed to Next = %v, want %v", seen, want)
+	if nexts != 2 || passed != 2 {
+		t.Fatalf("Next called %d times and Passed %d, want 2 and 2 (once per successful pass)", nexts, passed)
 	}
-	if passed != 2 {
-		t.Fatalf("Passed called %d times, want 2", passed)
+}
+
+// During the backoff after a failed pass a wake-up starts nothing: it
+// stays pending for the pass after the backoff.
+func TestLoopRetryIgnoresWakeUps(t *testing.T) {
+	wake := make(chan struct{}, 1)
+	passes := make(chan struct{}, 2)
+	l := Loop{
+		Pass:  func(context.Context) error { passes <- struct{}{}; return errors.New("boom") },
+		Next:  func() time.Duration { return time.Hour },
+		Retry: Retry{Base: time.Hour, Max: time.Hour},
+		Wake:  wake,
 	}
+	var r Runner
+	if err := r.Start(context.Background(), l.Run); err != nil {
+		t.Fatal(err)
+	}
+	<-passes
+	wake <- struct{}{}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(passes) != 0 || len(wake) != 1 {
+		t.Fatalf("a wake-up during the backoff started a pass (passes %d, pending wake-ups %d)", len(passes), len(wake))
+	}
+}
+
+// Beside runs its loops until its stop is called, which returns only
+// when they have.
+func TestBesideStops(t *testing.T) {
+	ran := make(chan struct{}, 1)
+	var running sync.WaitGroup
+	running.Add(1)
+	stop := Beside(context.Background(), Loop{
+		Pass: func(ctx context.Context) error {
+			select {
+			case ran <- struct{}{}:
+				running.Done()
+			default:
+			}
+			<-ctx.Done()
+			return nil
+		},
+		Next: func() time.Duration { return time.Hour },
+	})
+	running.Wait()
+	stop() // goleak (TestMain) fails the package if a loop outlived it
 }
 
 // Next's delay starts the next pass without a wake-up.
@@ -63,7 +108,7 @@ func TestLoopNextDelay(t *testing.T) {
 			}
 			return nil
 		},
-		Next: func(error, int) time.Duration { return time.Nanosecond },
+		Next: func() time.Duration { return time.Nanosecond },
 	}
 	var r Runner
 	if err := r.Start(context.Background(), l.Run); err != nil {
@@ -83,7 +128,7 @@ func TestLoopFirstDelay(t *testing.T) {
 	passes := make(chan struct{}, 1)
 	l := Loop{
 		Pass:  func(context.Context) error { passes <- struct{}{}; return nil },
-		Next:  func(error, int) time.Duration { return time.Hour },
+		Next:  func() time.Duration { return time.Hour },
 		Wake:  wake,
 		First: time.Hour,
 	}

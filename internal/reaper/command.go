@@ -68,7 +68,6 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 	if err != nil {
 		return err
 	}
-	env.Ready.MarkStarted(time.Now())
 	if c.Schedule != "" {
 		return daemon.RunService(ctx, svc, c.ShutdownTimeout)
 	}

@@ -113,7 +113,7 @@ type Service struct {
 	holder string
 	// schedule is --schedule parsed; nil without one. Tests replace it.
 	schedule cron.Schedule
-	runner   lifecycle.Runner
+	skel     lifecycle.Skeleton[*Result]
 
 	// pinnedNow replaces the database's now() in every statement; tests use
 	// it to put keys exactly at the horizon. Production leaves it nil.
@@ -153,7 +153,8 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, logger: cfg.Logger, metrics: m, holder: lease.Holder("reaper"), runner: lifecycle.Runner{Name: "reaper"}}
+	s := &Service{cfg: cfg, logger: cfg.Logger, metrics: m, holder: lease.Holder("reaper")}
+	s.skel = s.skeleton()
 	if cfg.Schedule != "" {
 		if s.schedule, err = cronParser.Parse(cfg.Schedule); err != nil {
 			return nil, fmt.Errorf("reaper: parse schedule: %w", err)
@@ -171,19 +172,16 @@ func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
 	return s.runOnce(ctx)
 }
 
-func (s *Service) runOnce(ctx context.Context) (*Result, error) {
-	return s.pass(ctx, nil)
-}
+func (s *Service) runOnce(ctx context.Context) (*Result, error) { return s.skel.RunOnce(ctx) }
 
-// pass is one run. stop asks it to end after its current batch (Stop, or
-// the end of Start's context); ctx ending also cuts the batch in progress,
-// which rolls back (SIGTERM in a one-shot run, Stop's deadline). Everything
-// but the batches (the lease wait, the caps' count, the dry run) stops at
-// either.
-func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, error) {
+// pass is one run. A stop request asks it to end after its current batch;
+// ctx ending also cuts the batch in progress, which rolls back (SIGTERM in
+// a one-shot run, Stop's deadline). Everything but the batches (the lease
+// wait, the caps' count, the dry run) stops at either.
+func (s *Service) pass(ctx context.Context, stop lifecycle.Stop) (*Result, error) {
 	start := time.Now()
 	res := &Result{DryRun: s.cfg.DryRun, FlaggedByReason: map[string]int64{}, FinalBatchSize: s.cfg.BatchSize}
-	soft, cancel := stopContext(ctx, stop)
+	soft, cancel := stop.Context(ctx)
 	defer cancel()
 	var err error
 	if s.cfg.DryRun {
@@ -197,19 +195,6 @@ func (s *Service) pass(ctx context.Context, stop <-chan struct{}) (*Result, erro
 	res.Duration = time.Since(start)
 	s.finish(res, err)
 	return res, err
-}
-
-// stopContext is ctx, also cancelled when stop closes.
-func stopContext(ctx context.Context, stop <-chan struct{}) (context.Context, context.CancelFunc) {
-	soft, cancel := context.WithCancel(ctx)
-	go func() {
-		select {
-		case <-stop:
-			cancel()
-		case <-soft.Done():
-		}
-	}()
-	return soft, cancel
 }
 
 // reapWithLease takes the reaper's lease, keeps it renewed while the run
@@ -228,8 +213,7 @@ func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start ti
 		res.StopReason = "error"
 		return err
 	}
-	stopHeartbeat := s.startHeartbeat(soft)
-	defer stopHeartbeat()
+	defer lifecycle.Beside(soft, s.heartbeat())()
 
 	if s.hooks.afterLock != nil {
 		s.hooks.afterLock(soft)
@@ -473,7 +457,7 @@ func outcome(res *Result, err error) string {
 	return outcomeComplete
 }
 
-// finish records the run in metrics and the one summary line.
+// finish records the run in the metrics.
 func (s *Service) finish(res *Result, err error) {
 	result := outcome(res, err)
 	s.metrics.runs.WithLabelValues(result).Inc()
@@ -483,7 +467,12 @@ func (s *Service) finish(res *Result, err error) {
 	if result == outcomeComplete {
 		s.metrics.lastSuccess.SetToCurrentTime()
 	}
+}
 
+// summarize is the run's summary line (every run has one: the schedule
+// shows it ran, a one-shot run says what it did).
+func (s *Service) summarize(res *Result, err error) ([]zap.Field, bool) {
+	result := outcome(res, err)
 	fields := []zap.Field{
 		zap.String("result", result),
 		zap.Int64("deleted", res.Deleted),
@@ -515,9 +504,5 @@ func (s *Service) finish(res *Result, err error) {
 	if res.Plan != nil {
 		fields = append(fields, zap.Int64("would_delete", res.Plan.Deletes), zap.Int64("would_flag", res.Plan.Flags))
 	}
-	if err != nil {
-		s.logger.Error("reaper run summary", append(fields, zap.Error(err))...)
-		return
-	}
-	s.logger.Info("reaper run summary", fields...)
+	return fields, true
 }

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/lease"
+	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/runhistory"
 )
 
@@ -111,29 +112,23 @@ func (s *Service) takeLease(ctx context.Context, res *Result) (bool, error) {
 // waiting run sees a live holder renew well within the TTL.
 func heartbeatInterval(ttl time.Duration) time.Duration { return ttl / 4 }
 
-// startHeartbeat renews the lease until ctx ends or the returned stop is
-// called (which waits for it), so a run busy outside its batches (the cap
+// heartbeat renews the lease every heartbeatInterval while it runs beside
+// a run (lifecycle.Beside), so a run busy outside its batches (the cap
 // check's count) still shows it is alive. A renewal waits behind a running
 // batch, which holds the lease row locked.
-func (s *Service) startHeartbeat(ctx context.Context) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(heartbeatInterval(s.cfg.LeaseTTL))
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if err := lease.Renew(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL); err != nil && ctx.Err() == nil {
+func (s *Service) heartbeat() lifecycle.Loop {
+	every := heartbeatInterval(s.cfg.LeaseTTL)
+	return lifecycle.Loop{
+		First: every,
+		Pass: func(ctx context.Context) error {
+			err := lease.Renew(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
+			if err != nil && ctx.Err() == nil {
 				// The next batch's own renewal stops the run if the lease
 				// is really gone; this only says why.
 				s.logger.Warn("renewing the reaper's lease failed", zap.Error(err))
 			}
-		}
-	}()
-	return func() { cancel(); <-done }
+			return err
+		},
+		Next: func() time.Duration { return every },
+	}
 }

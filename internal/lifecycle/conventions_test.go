@@ -1,0 +1,65 @@
+package lifecycle
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// services are the packages built on the Skeleton (docs/architecture.md).
+var services = []string{"enqueuer", "completer", "reaper", "dbstats"}
+
+// Every service is built on the Skeleton, and none keeps loop bookkeeping
+// of its own: no Runner, no ticker, no Loop run by hand (side loops go
+// through Skeleton.Beside or Beside).
+func TestServicesAreBuiltOnTheSkeleton(t *testing.T) {
+	for _, svc := range services {
+		files, err := filepath.Glob(filepath.Join("..", svc, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		skeleton := false
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			file, err := parser.ParseFile(token.NewFileSet(), f, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ast.Inspect(file, func(n ast.Node) bool {
+				switch n := n.(type) {
+				case *ast.SelectorExpr:
+					x, ok := n.X.(*ast.Ident)
+					if !ok {
+						return true
+					}
+					switch x.Name + "." + n.Sel.Name {
+					case "lifecycle.Skeleton":
+						skeleton = true
+					case "lifecycle.Runner":
+						t.Errorf("%s: a Runner of its own; the Skeleton owns the service's", f)
+					case "time.NewTicker", "time.Tick":
+						t.Errorf("%s: a ticker; a loop is a lifecycle.Loop run by the Skeleton or Beside", f)
+					}
+				case *ast.CallExpr:
+					// lifecycle.Loop{...}.Run(...)
+					if sel, ok := n.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == "Run" {
+						if lit, ok := sel.X.(*ast.CompositeLit); ok {
+							if ts, ok := lit.Type.(*ast.SelectorExpr); ok && ts.Sel.Name == "Loop" {
+								t.Errorf("%s: a Loop run by hand; give it to the Skeleton (Beside) or lifecycle.Beside", f)
+							}
+						}
+					}
+				}
+				return true
+			})
+		}
+		if !skeleton {
+			t.Errorf("%s: not built on lifecycle.Skeleton", svc)
+		}
+	}
+}
