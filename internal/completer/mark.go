@@ -9,9 +9,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/lowwater"
 )
 
-// Where the candidate walk and Prune start (issue 16).
+// Where the candidate walk and Prune start: the low-water mark
+// (internal/lowwater says what the enqueuer's sweep shares with it).
 //
 // Every key the API inserts unfinished gets a row in idemd_unfinished_keys
 // and the completer deletes the rows of keys that finished (untrack,
@@ -38,10 +41,10 @@ import (
 // now() - --grace - markMargin, so that takes a transaction open for longer
 // than --grace + markMargin (5m + 1m at the defaults) between inserting
 // the key and committing, or a key inserted with an explicit old
-// created_at. Every fullWalkEvery-th pass (the first one included) and
-// every --once pass reads the mark from the start of the index instead: it
-// finds those rows, the mark drops to the lowest of them and the pass
-// claims them. So such a key waits at most fullWalkEvery × --poll-interval
+// created_at. Every lowwater.FullEvery-th pass (the first one included)
+// and every --once pass reads the mark from the start of the index
+// instead: it finds those rows, the mark drops to the lowest of them and
+// the pass claims them. So such a key waits at most FullEvery × --poll-interval
 // (5m at the defaults) beyond when it would have been due; a completer
 // works on keys abandoned for --grace already, so that is acceptable.
 // Those rows are counted (idemd_completer_keys_below_mark_total, logged
@@ -55,9 +58,6 @@ import (
 // at its row, and the dead entries of every key finished since are walked
 // again: the mark helps against the keys finished before the oldest
 // tracked one, not between tracked ones.
-
-// fullWalkEvery: every fullWalkEvery-th pass reads the mark from the start.
-const fullWalkEvery = 30
 
 // markMargin is how far behind now() - --grace the mark stays at least, for
 // the transactions that insert a key and commit later.
@@ -80,10 +80,10 @@ func (p position) before(q position) bool {
 	return p.ID < q.ID
 }
 
-// walkState is what one pass's mark read leaves the next.
-type walkState struct {
-	mark   position // no tracked row below it (walkStart: unknown)
-	passes int      // mark reads so far
+// markState is what one pass's mark read leaves the next.
+type markState struct {
+	mark  position // no tracked row below it (walkStart: unknown)
+	reads lowwater.Reads
 }
 
 // markReading is what one mark read found.
@@ -95,11 +95,11 @@ type markReading struct {
 	below int
 }
 
-// planMarkRead says where this pass reads the mark from: the previous
-// mark, or the start of the index (full) on every fullWalkEvery-th pass,
-// the first one included, and when forced (--once).
-func planMarkRead(st walkState, force bool) (from position, full bool) {
-	if force || st.passes%fullWalkEvery == 0 || st.mark == walkStart {
+// planRead says where this pass reads the mark from: the previous mark,
+// or the start of the index (full) when lowwater says so (the first read,
+// every FullEvery-th, a forced one: --once) and while there is no mark.
+func planRead(st markState, force bool) (from position, full bool) {
+	if st.reads.Full(force) || st.mark == walkStart {
 		return walkStart, true
 	}
 	return st.mark, false
@@ -110,7 +110,7 @@ func planMarkRead(st walkState, force bool) (from position, full bool) {
 // and has not committed yet may commit it there); with no tracked row, the
 // bound. gaps is the unfinished keys a full read found below the previous
 // mark.
-func nextMark(st walkState, full bool, r markReading) (next walkState, gaps int) {
+func nextMark(st markState, full bool, r markReading) (next markState, gaps int) {
 	mark := position{At: r.bound, ID: math.MinInt64}
 	if r.lowest != nil && r.lowest.before(mark) {
 		mark = *r.lowest
@@ -118,7 +118,7 @@ func nextMark(st walkState, full bool, r markReading) (next walkState, gaps int)
 	if full && st.mark != walkStart {
 		gaps = r.below
 	}
-	return walkState{mark: mark, passes: st.passes + 1}, gaps
+	return markState{mark: mark, reads: st.reads.Next()}, gaps
 }
 
 // inWalkTx runs fn in a transaction begun with walkBeginSQL, so its walks
@@ -130,7 +130,7 @@ func (s *Service) inWalkTx(ctx context.Context, fn func(pgx.Tx) error) error {
 // walker holds the mark between passes.
 type walker struct {
 	mu    sync.Mutex
-	state walkState
+	state markState
 	// logged: the first keys below the mark were logged.
 	logged sync.Once
 }
@@ -144,7 +144,7 @@ func (s *Service) startWalks(ctx context.Context, force bool) (position, error) 
 	s.walk.mu.Lock()
 	st := s.walk.state
 	s.walk.mu.Unlock()
-	from, full := planMarkRead(st, force)
+	from, full := planRead(st, force)
 	s.maybePrune(ctx, from)
 	below := walkStart // a range with nothing in it
 	if full {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/lowwater"
 )
 
 func TestMarkDecision(t *testing.T) {
@@ -25,7 +26,7 @@ func TestMarkDecision(t *testing.T) {
 	atBound := position{At: bound, ID: math.MinInt64}
 	for _, c := range []struct {
 		name     string
-		st       walkState
+		st       markState
 		force    bool
 		wantFrom position
 		wantFull bool
@@ -34,44 +35,44 @@ func TestMarkDecision(t *testing.T) {
 		wantGaps int
 	}{
 		{name: "first pass: from the start, mark at the lowest tracked row",
-			st: walkState{}, wantFrom: walkStart, wantFull: true,
+			st: markState{}, wantFrom: walkStart, wantFull: true,
 			read: markReading{lowest: ptr(at(1, 7)), bound: bound}, wantMark: at(1, 7)},
 		{name: "marked pass: from the mark, which moves up to the lowest tracked row",
-			st: walkState{mark: at(1, 7), passes: 1}, wantFrom: at(1, 7),
+			st: markState{mark: at(1, 7), reads: lowwater.Reads{Done: 1}}, wantFrom: at(1, 7),
 			read: markReading{lowest: ptr(at(3, 2)), bound: bound}, wantMark: at(3, 2)},
 		{name: "the mark stays at a tracked row that is not due (it is a position, not a due filter)",
-			st: walkState{mark: at(1, 7), passes: 5}, wantFrom: at(1, 7),
+			st: markState{mark: at(1, 7), reads: lowwater.Reads{Done: 5}}, wantFrom: at(1, 7),
 			read: markReading{lowest: ptr(at(1, 7)), bound: bound}, wantMark: at(1, 7)},
 		{name: "never past now() - grace - margin: a key still being inserted may commit below",
-			st: walkState{mark: at(1, 7), passes: 2}, wantFrom: at(1, 7),
+			st: markState{mark: at(1, 7), reads: lowwater.Reads{Done: 2}}, wantFrom: at(1, 7),
 			read: markReading{lowest: ptr(at(12, 1)), bound: bound}, wantMark: atBound},
 		{name: "nothing tracked: the bound",
-			st: walkState{mark: at(1, 7), passes: 2}, wantFrom: at(1, 7),
+			st: markState{mark: at(1, 7), reads: lowwater.Reads{Done: 2}}, wantFrom: at(1, 7),
 			read: markReading{bound: bound}, wantMark: atBound},
-		{name: "every fullWalkEvery-th pass from the start; keys found below the old mark are gaps and lower it",
-			st: walkState{mark: at(5, 1), passes: fullWalkEvery}, wantFrom: walkStart, wantFull: true,
+		{name: "every lowwater.FullEvery-th pass from the start; keys found below the old mark are gaps and lower it",
+			st: markState{mark: at(5, 1), reads: lowwater.Reads{Done: lowwater.FullEvery}}, wantFrom: walkStart, wantFull: true,
 			read: markReading{lowest: ptr(at(-60, 3)), bound: bound, below: 2}, wantMark: at(-60, 3), wantGaps: 2},
 		{name: "--once: from the start whatever the count",
-			st: walkState{mark: at(5, 1), passes: 3}, force: true, wantFrom: walkStart, wantFull: true,
+			st: markState{mark: at(5, 1), reads: lowwater.Reads{Done: 3}}, force: true, wantFrom: walkStart, wantFull: true,
 			read: markReading{lowest: ptr(at(5, 1)), bound: bound}, wantMark: at(5, 1)},
 		{name: "no mark yet (walkStart): from the start, no gaps counted",
-			st: walkState{mark: walkStart, passes: 4}, wantFrom: walkStart, wantFull: true,
+			st: markState{mark: walkStart, reads: lowwater.Reads{Done: 4}}, wantFrom: walkStart, wantFull: true,
 			read: markReading{lowest: ptr(at(2, 2)), bound: bound, below: 9}, wantMark: at(2, 2)},
 		{name: "a database clock that went back lowers the mark (lower is always safe)",
-			st: walkState{mark: at(20, 1), passes: 1}, wantFrom: at(20, 1),
+			st: markState{mark: at(20, 1), reads: lowwater.Reads{Done: 1}}, wantFrom: at(20, 1),
 			read: markReading{lowest: ptr(at(20, 1)), bound: bound}, wantMark: atBound},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			from, full := planMarkRead(c.st, c.force)
+			from, full := planRead(c.st, c.force)
 			if from != c.wantFrom || full != c.wantFull {
-				t.Fatalf("planMarkRead = %v %v, want %v %v", from, full, c.wantFrom, c.wantFull)
+				t.Fatalf("planRead = %v %v, want %v %v", from, full, c.wantFrom, c.wantFull)
 			}
 			next, gaps := nextMark(c.st, full, c.read)
 			if !next.mark.At.Equal(c.wantMark.At) || next.mark.ID != c.wantMark.ID || gaps != c.wantGaps {
 				t.Fatalf("nextMark = %v, %d gaps; want %v, %d", next.mark, gaps, c.wantMark, c.wantGaps)
 			}
-			if next.passes != c.st.passes+1 {
-				t.Fatalf("passes %d, want %d", next.passes, c.st.passes+1)
+			if next.reads.Done != c.st.reads.Done+1 {
+				t.Fatalf("reads %d, want %d", next.reads.Done, c.st.reads.Done+1)
 			}
 		})
 	}
@@ -259,13 +260,13 @@ VALUES ('late-1', 1, 'POST', '/charges', '{}', 'started', now() - interval '2 ho
 	if n := testutil.ToFloat64(svc.metrics.pending.WithLabelValues("started")); n != 2 {
 		t.Fatalf("keys pending at started = %v before the full walk, want 2 (hold-1, fresh-1; late-1 is below the mark)", n)
 	}
-	for svc.walk.state.passes%fullWalkEvery != 0 {
+	for svc.walk.state.reads.Done%lowwater.FullEvery != 0 {
 		res, err := svc.pass(ctx, lifecycle.Stop{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if k := getKey(t, pool, "late-1"); k.RecoveryPoint != "started" || k.Attempts != 0 || k.Leased != nil {
-			t.Fatalf("pass %d claimed the key below the mark: %+v", svc.walk.state.passes, k)
+			t.Fatalf("pass %d claimed the key below the mark: %+v", svc.walk.state.reads.Done, k)
 		}
 		if got := svc.walk.state.mark; got.ID != hold.ID {
 			t.Fatalf("the mark moved to %v", got)

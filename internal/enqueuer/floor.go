@@ -48,8 +48,8 @@ import (
 //     listener (--poll-only, or a listener that is down), it is the only
 //     wake-up, so a row waits at most about one PollInterval, as before.
 //     The sweep reads from a low-water mark below which no row can exist
-//     or appear, so it too skips the dead entries; every sweepFullEvery-th
-//     sweep reads from the start of the index, off the move path (it holds
+//     or appear, so it too skips the dead entries; every
+//     lowwater.FullEvery-th sweep reads from the start of the index, off the move path (it holds
 //     no row lock and no batch waits for it).
 //
 // The loop takes the floor (resetting it) before the drain's first
@@ -243,20 +243,19 @@ func (c *cursor) passed(last int64) {
 // needs ids to come from the sequence; a sequence with CACHE > 1 (ids
 // handed out later than the last value says) or no sequence at all turns
 // the mark off, a sequence that went backwards (setval, TRUNCATE ...
-// RESTART IDENTITY) resets it, and every sweepFullEvery-th sweep reads from
-// the start of the index anyway, for rows inserted with explicit ids below
-// the mark whose notification was also lost.
-const sweepFullEvery = 30
+// RESTART IDENTITY) resets it, and every lowwater.FullEvery-th sweep reads
+// from the start of the index anyway, for rows inserted with explicit ids
+// below the mark whose notification was also lost.
 
-// lowWaterState is what one sweep leaves the next.
-type lowWaterState struct {
+// markState is what one sweep leaves the next.
+type markState struct {
 	mark int64 // no staged row has an id below it (fullPass: unknown)
 	// cand is the last value and lock holders read at an earlier sweep,
 	// waiting for its holders to end; nil: none.
-	cand *lowWaterCandidate
+	cand *markCandidate
 }
 
-type lowWaterCandidate struct {
+type markCandidate struct {
 	last    int64    // the sequence's last value (0: none handed out)
 	holders []string // virtual transaction ids holding a lock on it
 }
@@ -267,24 +266,24 @@ type seqReading struct {
 	// usable: there is a sequence and its CACHE is 1, so the argument
 	// holds; the candidate fields are read only then.
 	usable bool
-	lowWaterCandidate
+	markCandidate
 }
 
-// nextLowWater is one sweep's decision: from the state the previous sweep
+// nextMark is one sweep's decision: from the state the previous sweep
 // left (st) and this sweep's reading of the sequence (seq), it reads the
 // lowest staged id from where the mark allows (read; from the start of
-// the index when full, every sweepFullEvery-th sweep) and returns that id
+// the index when full, every lowwater.FullEvery-th sweep) and returns that id
 // and the state for the next sweep. On a read error the state keeps what
 // the reading alone decided (a mark the sequence no longer supports is
 // dropped).
-func nextLowWater(st lowWaterState, seq seqReading, full bool, read func(from int64) (*int64, error)) (lowWaterState, *int64, error) {
+func nextMark(st markState, seq seqReading, full bool, read func(from int64) (*int64, error)) (markState, *int64, error) {
 	candEnded := false // st.cand's holders have all ended
 	switch {
 	case !seq.usable:
-		st = lowWaterState{mark: fullPass}
+		st = markState{mark: fullPass}
 	case st.cand != nil && seq.last < st.cand.last:
 		// The sequence went backwards: ids below the mark may come again.
-		st = lowWaterState{mark: fullPass}
+		st = markState{mark: fullPass}
 	default:
 		candEnded = st.cand != nil && !slices.ContainsFunc(st.cand.holders, func(v string) bool {
 			return slices.Contains(seq.holders, v)
@@ -314,7 +313,7 @@ func nextLowWater(st lowWaterState, seq seqReading, full bool, read func(from in
 		st.cand = nil
 	}
 	if st.cand == nil {
-		now := seq.lowWaterCandidate
+		now := seq.markCandidate
 		st.cand = &now
 	}
 	return st, low, nil

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/lowwater"
 	"github.com/idemd/idemd/internal/testwait"
 )
 
@@ -86,42 +87,42 @@ func TestFloorTake(t *testing.T) {
 // reads from the start and lowers it to an explicit id below it.
 func TestNextLowWater(t *testing.T) {
 	ptr := func(v int64) *int64 { return &v }
-	cand := func(last int64, holders ...string) *lowWaterCandidate {
-		return &lowWaterCandidate{last: last, holders: holders}
+	cand := func(last int64, holders ...string) *markCandidate {
+		return &markCandidate{last: last, holders: holders}
 	}
 	reading := func(last int64, holders ...string) seqReading {
-		return seqReading{usable: true, lowWaterCandidate: lowWaterCandidate{last: last, holders: holders}}
+		return seqReading{usable: true, markCandidate: markCandidate{last: last, holders: holders}}
 	}
 	for _, c := range []struct {
 		name     string
-		st       lowWaterState
+		st       markState
 		seq      seqReading
 		full     bool
 		low      *int64 // what the read returns
 		wantFrom int64  // where the read starts
-		want     lowWaterState
+		want     markState
 	}{
-		{name: "no usable sequence", st: lowWaterState{mark: 50, cand: cand(60)}, seq: seqReading{}, low: ptr(70),
-			wantFrom: fullPass, want: lowWaterState{mark: fullPass}},
-		{name: "first sweep: a candidate, no mark yet", st: lowWaterState{mark: fullPass}, seq: reading(100, "3/7"), low: ptr(90),
-			wantFrom: fullPass, want: lowWaterState{mark: fullPass, cand: cand(100, "3/7")}},
-		{name: "a holder is left: nothing moves", st: lowWaterState{mark: fullPass, cand: cand(100, "3/7", "4/2")}, seq: reading(120, "4/2"), low: ptr(90),
-			wantFrom: fullPass, want: lowWaterState{mark: fullPass, cand: cand(100, "3/7", "4/2")}},
-		{name: "holders ended, table empty: last value + 1", st: lowWaterState{mark: fullPass, cand: cand(100, "3/7")}, seq: reading(120, "5/1"), low: nil,
-			wantFrom: fullPass, want: lowWaterState{mark: 101, cand: cand(120, "5/1")}},
-		{name: "holders ended, a row below the last value: that row", st: lowWaterState{mark: 20, cand: cand(100)}, seq: reading(120), low: ptr(90),
-			wantFrom: 20, want: lowWaterState{mark: 90, cand: cand(120)}},
-		{name: "never below the mark it had", st: lowWaterState{mark: 150, cand: cand(100)}, seq: reading(160), low: ptr(155),
-			wantFrom: 150, want: lowWaterState{mark: 150, cand: cand(160)}},
-		{name: "the sequence went backwards", st: lowWaterState{mark: 150, cand: cand(200)}, seq: reading(10), low: ptr(5),
-			wantFrom: fullPass, want: lowWaterState{mark: fullPass, cand: cand(10)}},
-		{name: "a full sweep finds an explicit id below the mark", st: lowWaterState{mark: 150, cand: cand(160, "9/9")}, seq: reading(170, "9/9"), full: true, low: ptr(-5),
-			wantFrom: fullPass, want: lowWaterState{mark: -5, cand: cand(160, "9/9")}},
-		{name: "a full sweep without rows below the mark", st: lowWaterState{mark: 150, cand: cand(160, "9/9")}, seq: reading(170, "9/9"), full: true, low: ptr(165),
-			wantFrom: fullPass, want: lowWaterState{mark: 150, cand: cand(160, "9/9")}},
+		{name: "no usable sequence", st: markState{mark: 50, cand: cand(60)}, seq: seqReading{}, low: ptr(70),
+			wantFrom: fullPass, want: markState{mark: fullPass}},
+		{name: "first sweep: a candidate, no mark yet", st: markState{mark: fullPass}, seq: reading(100, "3/7"), low: ptr(90),
+			wantFrom: fullPass, want: markState{mark: fullPass, cand: cand(100, "3/7")}},
+		{name: "a holder is left: nothing moves", st: markState{mark: fullPass, cand: cand(100, "3/7", "4/2")}, seq: reading(120, "4/2"), low: ptr(90),
+			wantFrom: fullPass, want: markState{mark: fullPass, cand: cand(100, "3/7", "4/2")}},
+		{name: "holders ended, table empty: last value + 1", st: markState{mark: fullPass, cand: cand(100, "3/7")}, seq: reading(120, "5/1"), low: nil,
+			wantFrom: fullPass, want: markState{mark: 101, cand: cand(120, "5/1")}},
+		{name: "holders ended, a row below the last value: that row", st: markState{mark: 20, cand: cand(100)}, seq: reading(120), low: ptr(90),
+			wantFrom: 20, want: markState{mark: 90, cand: cand(120)}},
+		{name: "never below the mark it had", st: markState{mark: 150, cand: cand(100)}, seq: reading(160), low: ptr(155),
+			wantFrom: 150, want: markState{mark: 150, cand: cand(160)}},
+		{name: "the sequence went backwards", st: markState{mark: 150, cand: cand(200)}, seq: reading(10), low: ptr(5),
+			wantFrom: fullPass, want: markState{mark: fullPass, cand: cand(10)}},
+		{name: "a full sweep finds an explicit id below the mark", st: markState{mark: 150, cand: cand(160, "9/9")}, seq: reading(170, "9/9"), full: true, low: ptr(-5),
+			wantFrom: fullPass, want: markState{mark: -5, cand: cand(160, "9/9")}},
+		{name: "a full sweep without rows below the mark", st: markState{mark: 150, cand: cand(160, "9/9")}, seq: reading(170, "9/9"), full: true, low: ptr(165),
+			wantFrom: fullPass, want: markState{mark: 150, cand: cand(160, "9/9")}},
 	} {
 		var from int64
-		got, low, err := nextLowWater(c.st, c.seq, c.full, func(f int64) (*int64, error) { from = f; return c.low, nil })
+		got, low, err := nextMark(c.st, c.seq, c.full, func(f int64) (*int64, error) { from = f; return c.low, nil })
 		if err != nil || low != c.low {
 			t.Errorf("%s: low %v, err %v", c.name, low, err)
 		}
@@ -131,7 +132,7 @@ func TestNextLowWater(t *testing.T) {
 	}
 	// A failed read keeps what the reading decided alone.
 	failed := errors.New("connection lost")
-	got, _, err := nextLowWater(lowWaterState{mark: 150, cand: cand(200)}, reading(10), false, func(int64) (*int64, error) { return nil, failed })
+	got, _, err := nextMark(markState{mark: 150, cand: cand(200)}, reading(10), false, func(int64) (*int64, error) { return nil, failed })
 	if !errors.Is(err, failed) || got.mark != fullPass || got.cand != nil {
 		t.Errorf("failed read after the sequence went backwards: %+v, %v", got, err)
 	}
@@ -633,7 +634,7 @@ SELECT min(id) FROM i`, n).Scan(&low); err != nil {
 
 // TestSweepLowWaterMark: the sweep's mark rises past moved rows once every
 // transaction that could still hold a lower id has ended, never past an id
-// an open transaction holds, and every sweepFullEvery-th sweep still reads
+// an open transaction holds, and every lowwater.FullEvery-th sweep still reads
 // from the start of the index (a row with an explicit id below the mark).
 func TestSweepLowWaterMark(t *testing.T) {
 	pool := dbtest.NewPool(t)
@@ -704,11 +705,12 @@ SELECT max(id) FROM i`, n).Scan(&last); err != nil {
 		t.Fatal(err)
 	}
 	for low := sweep(); low == nil; low = sweep() {
-		if s.lw.count > 2*sweepFullEvery {
-			t.Fatalf("%d sweeps did not find id -5", s.lw.count)
+		if s.lw.reads.Done > 2*lowwater.FullEvery {
+			t.Fatalf("%d sweeps did not find id -5", s.lw.reads.Done)
 		}
 	}
-	if s.lw.count%sweepFullEvery != 0 || mark() > -5 {
-		t.Fatalf("id -5 found by sweep %d (want a multiple of %d), mark %d", s.lw.count, sweepFullEvery, mark())
+	// The sweep that found it was a full one: read number Done-1 (from 0).
+	if found := s.lw.reads.Done - 1; found%lowwater.FullEvery != 0 || mark() > -5 {
+		t.Fatalf("id -5 found by sweep %d (want a multiple of %d), mark %d", found, lowwater.FullEvery, mark())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/lowwater"
 )
 
 // The sweep, every PollInterval, finds the lowest committed staged id with
@@ -20,14 +21,16 @@ import (
 // A read from the start of staged_jobs_pkey walks every dead entry an old
 // snapshot keeps, so the sweep starts at a low-water mark, an id below
 // which no staged row can exist now or appear later: floor.go says how it
-// is established and moved (nextLowWater); this file reads what it needs.
+// is established and moved (nextMark); this file reads what it needs.
 
 // lowWater is the sweep's state.
 type lowWater struct {
 	// mark is state.mark, published for the stats loop.
 	mark  atomic.Int64
-	state lowWaterState // only the sweep reads and writes it
-	count int           // sweeps so far
+	state markState // only the sweep reads and writes it
+	// reads counts the regular sweeps (those PollInterval apart), which
+	// decide the full ones.
+	reads lowwater.Reads
 }
 
 // sweepLoop runs the sweep every PollInterval, and every
@@ -90,15 +93,15 @@ func (s *Service) sweep(ctx context.Context, regular bool) error {
 
 // sweepOnce runs one sweep's statements, in this order, each with its own
 // snapshot (READ COMMITTED): the sequence, the lock holders, the read of
-// the lowest id. It moves the low-water mark (nextLowWater) and returns
-// the lowest id (nil: none). Every sweepFullEvery-th regular sweep reads
+// the lowest id. It moves the low-water mark (nextMark) and returns the
+// lowest id (nil: none). The regular sweeps lowwater says are full read
 // from the start of the index.
 func (s *Service) sweepOnce(ctx context.Context, regular bool) (*int64, error) {
 	lw := &s.lw
 	full := false
 	if regular {
-		lw.count++
-		full = lw.count%sweepFullEvery == 0
+		full = lw.reads.Full(false)
+		lw.reads = lw.reads.Next()
 	}
 	// The mark's statements and the read run in one transaction begun as a
 	// move transaction is, so the read walks the index from the mark
@@ -131,7 +134,7 @@ func (s *Service) sweepOnce(ctx context.Context, regular bool) (*int64, error) {
 			return nil, fmt.Errorf("enqueuer sweep: sequence locks: %w", err)
 		}
 	}
-	next, low, err := nextLowWater(lw.state, seq, full, func(from int64) (*int64, error) {
+	next, low, err := nextMark(lw.state, seq, full, func(from int64) (*int64, error) {
 		var low *int64
 		err := tx.QueryRow(ctx, sweepSQL, pgx.NamedArgs{"from": from}).Scan(&low)
 		return low, err

@@ -66,6 +66,10 @@ type batchResult struct {
 	// found fewer than its limit: the run is complete.
 	more     bool
 	duration time.Duration
+	// ordered: the range form found nothing and the batch was redone in
+	// id order; locked: it met a locked key and was redone skipping
+	// locked keys; concurrent: it ran in a round beside other batches.
+	ordered, locked, concurrent bool
 }
 
 func (b batchResult) flagged() int64 { return b.flaggedUnfinished + b.flaggedGaveUp }
@@ -78,21 +82,23 @@ func (b batchResult) flagged() int64 { return b.flaggedUnfinished + b.flaggedGav
 // request does not cancel a running batch (it finishes within
 // --statement-timeout and the run stops after it); ctx ending and the
 // statement timeout do.
-func (s *Service) runBatch(ctx context.Context, job batchJob, res *Result) (batchResult, error) {
+func (s *Service) runBatch(ctx context.Context, job batchJob) (batchResult, error) {
+	ordered, locked := false, false
 	b, err := s.tryBatch(ctx, rangeForm, job)
 	if errors.Is(err, errRangeEmpty) {
 		s.metrics.orderedBatches.Inc()
-		res.OrderedBatches++
-		s.logger.Debug("the range form found nothing to delete before its bound; taking keys in id order", zap.Int("batch", res.Batches+1))
+		ordered = true
+		s.logger.Debug("the range form found nothing to delete before its bound; taking keys in id order", zap.Int64("deleted_so_far", job.deleted))
 		b, err = s.tryBatch(ctx, orderedForm, job)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
 		s.metrics.lockedBatches.Inc()
-		res.LockedBatches++
-		s.logger.Debug("batch met a locked key; redoing it skipping locked keys", zap.Int("batch", res.Batches+1))
+		locked = true
+		s.logger.Debug("batch met a locked key; redoing it skipping locked keys", zap.Int64("deleted_so_far", job.deleted))
 		b, err = s.tryBatch(ctx, lockingForm, job)
 	}
+	b.ordered, b.locked = ordered, locked
 	return b, err
 }
 

@@ -305,7 +305,10 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		if err != nil {
 			return s.roundFailed(ctx, err, res)
 		}
-		end := s.runRound(ctx, jobs, res)
+		end := s.runRound(ctx, jobs)
+		for _, b := range end.committed {
+			s.account(res, b)
+		}
 		cursor, alone = end.cursor, end.alone
 		if alone {
 			s.logger.Debug("a batch of a concurrent round is redone alone", zap.Int("batches", res.Batches), zap.Error(end.err))
@@ -419,8 +422,8 @@ func (s *Service) pause(soft context.Context) {
 	}
 }
 
-// account adds a committed batch to the run's Result, the metrics and the
-// debug log.
+// account adds a committed batch to the run's Result (the only place the
+// batches change it), the metrics and the debug log.
 func (s *Service) account(res *Result, b batchResult) {
 	s.metrics.batchDuration.Observe(b.duration.Seconds())
 	s.metrics.batches.Inc()
@@ -429,6 +432,15 @@ func (s *Service) account(res *Result, b batchResult) {
 	s.metrics.flagged.WithLabelValues(review.ReasonCompleterGaveUp).Add(float64(b.flaggedGaveUp))
 	res.Batches++
 	res.Deleted += b.deleted
+	if b.ordered {
+		res.OrderedBatches++
+	}
+	if b.locked {
+		res.LockedBatches++
+	}
+	if b.concurrent {
+		res.ConcurrentBatches++
+	}
 	res.Unprocessable += b.unprocessable
 	res.Flagged += b.flagged()
 	if b.flaggedUnfinished > 0 {

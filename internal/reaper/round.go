@@ -119,18 +119,19 @@ type roundEnd struct {
 	// (redoCause; a later batch's failure meets the run again when the
 	// rounds reach its range). nil: none.
 	err error
+	// committed are the round's committed batches, for the run's Result.
+	committed []batchResult
 }
 
-// runRound runs a round's batches, all at once when there are several, and
-// adds the committed ones to res.
-func (s *Service) runRound(ctx context.Context, jobs []batchJob, res *Result) roundEnd {
+// runRound runs a round's batches, all at once when there are several,
+// and returns the committed ones with what the round means for the run.
+func (s *Service) runRound(ctx context.Context, jobs []batchJob) roundEnd {
 	if len(jobs) == 1 {
-		b, err := s.runBatch(ctx, jobs[0], res)
+		b, err := s.runBatch(ctx, jobs[0])
 		if err != nil {
 			return roundEnd{cursor: jobs[0].cursor, more: true, err: err}
 		}
-		s.account(res, b)
-		return roundEnd{cursor: b.cursor, more: b.more}
+		return roundEnd{cursor: b.cursor, more: b.more, committed: []batchResult{b}}
 	}
 
 	type outcome struct {
@@ -147,6 +148,7 @@ func (s *Service) runRound(ctx context.Context, jobs []batchJob, res *Result) ro
 	wg.Wait()
 
 	end := roundEnd{cursor: jobs[0].cursor, more: true}
+	var committed []batchResult
 	failed := false
 	for i, o := range outcomes {
 		if o.err != nil {
@@ -159,8 +161,8 @@ func (s *Service) runRound(ctx context.Context, jobs []batchJob, res *Result) ro
 			continue
 		}
 		s.metrics.concurrentBatches.Inc()
-		res.ConcurrentBatches++
-		s.account(res, o.b)
+		o.b.concurrent = true
+		committed = append(committed, o.b)
 		if !failed {
 			end.more = o.b.more
 			if o.b.cursor != nil {
@@ -168,6 +170,7 @@ func (s *Service) runRound(ctx context.Context, jobs []batchJob, res *Result) ro
 			}
 		}
 	}
+	end.committed = committed
 	return end
 }
 
