@@ -47,7 +47,7 @@ func (s *Service) runBatch(ctx context.Context, cur *cursor, spec drainSpec) (*b
 	}
 	s.metrics.moved.Add(float64(res.moved))
 	if res.taken > 0 {
-		for p := s.passed.Load(); res.last > p && !s.passed.CompareAndSwap(p, res.last); p = s.passed.Load() {
+		for p := s.takenUpTo.Load(); res.last > p && !s.takenUpTo.CompareAndSwap(p, res.last); p = s.takenUpTo.Load() {
 		}
 	}
 	res.full = res.taken >= s.cfg.BatchSize

@@ -105,8 +105,8 @@ type Service struct {
 	floor *floor
 	// lw is the sweep's low-water mark (sweep.go).
 	lw lowWater
-	// passed is the highest id this replica has taken.
-	passed atomic.Int64
+	// takenUpTo is the highest id this replica has taken.
+	takenUpTo atomic.Int64
 	// listening is true while notifications are known to arrive (the
 	// listener_up gauge): this replica is the drainer (drainer.go).
 	listening atomic.Bool
@@ -193,7 +193,7 @@ func New(cfg Config) (*Service, error) {
 		instance:  lease.Holder("enqueuer"),
 	}
 	s.lw.mark.Store(fullPass)
-	s.passed.Store(fullPass)
+	s.takenUpTo.Store(fullPass)
 	if cfg.PollOnly {
 		s.metrics.pollOnly.Set(1)
 	}
@@ -358,7 +358,7 @@ func (s *Service) pass(ctx context.Context, stop lifecycle.Stop) (*Result, error
 func (s *Service) drainFloor(ctx context.Context, stop lifecycle.Stop) (*Result, error) {
 	res := &Result{}
 	for !stop.Requested() {
-		spec, ok := s.floor.take(s.passed.Load())
+		spec, ok := s.floor.take(s.takenUpTo.Load())
 		if !ok {
 			// A drain that began after the last request covered it.
 			break

@@ -38,9 +38,9 @@ var (
 
 // batchJob is what one batch is asked to do.
 type batchJob struct {
-	run    int64        // the run's row in idemd_reaper_runs
-	limit  int          // keys it may delete
-	cursor *batchCursor // where it starts (after); nil: from the oldest key
+	run       int64        // the run's row in idemd_reaper_runs
+	batchSize int          // keys it may delete (@batch_size)
+	cursor    *batchCursor // where it starts (after); nil: from the oldest key
 	// until, in a concurrent round, is where the next batch of the round
 	// starts: this batch takes only keys created before it (the range form
 	// only). nil: the batch finds its own end.
@@ -63,7 +63,7 @@ type batchResult struct {
 	// took nothing.
 	cursor *batchCursor
 	// more: eligible keys may be left after the cursor. False when the batch
-	// found fewer than its limit: the run is complete.
+	// found fewer than its batch size: the run is complete.
 	more     bool
 	duration time.Duration
 	// ordered: the range form found nothing and the batch was redone in
@@ -235,7 +235,7 @@ func eligibilityArgs(e Eligibility, now *time.Time) pgx.NamedArgs {
 // batchArgs are a batch statement's parameters.
 func (s *Service) batchArgs(job batchJob) pgx.NamedArgs {
 	args := eligibilityArgs(s.cfg.Eligibility, s.pinnedNow)
-	args["batch_size"] = job.limit
+	args["batch_size"] = job.batchSize
 	args["flagged_by"] = s.cfg.FlaggedBy
 	args["cursor_at"], args["cursor_id"] = nil, nil
 	if job.cursor != nil {

@@ -141,7 +141,7 @@ FROM generate_series(1, $1::int) g`, keys); err != nil {
 		name   string
 		cursor *batchCursor
 	}{{"first batch", nil}, {"from a cursor", cursor}} {
-		job := batchJob{limit: DefaultSettings().BatchSize, cursor: c.cursor}
+		job := batchJob{batchSize: DefaultSettings().BatchSize, cursor: c.cursor}
 		args := svc.batchArgs(job)
 		t.Run("range form, "+c.name, func(t *testing.T) {
 			p := explain(t, rangeBatchSQL, args)

@@ -9,20 +9,20 @@ import (
 	"github.com/idemd/idemd/internal/runhistory"
 )
 
-// Run outcomes, the values of the result label of idemd_reaper_runs_total.
-// Every outcome but a dry run's is also a result of the run history, whose
+// Run results, the values of the result label of idemd_reaper_runs_total.
+// Every result but a dry run's is also a result of the run history, whose
 // words they are (internal/runhistory).
 const (
-	outcomeComplete   = runhistory.ResultComplete   // everything eligible was reaped
-	outcomeIncomplete = runhistory.ResultIncomplete // stopped by --max-runtime or shutdown; the next run continues
-	outcomeLockHeld   = runhistory.ResultLockHeld   // another live run held the lease
-	outcomeDryRun     = "dry_run"                   // nothing changed
-	outcomeError      = runhistory.ResultError      // failed; see the log
+	resultComplete   = runhistory.ResultComplete   // everything eligible was reaped
+	resultIncomplete = runhistory.ResultIncomplete // stopped by --max-runtime or shutdown; the next run continues
+	resultLockHeld   = runhistory.ResultLockHeld   // another live run held the lease
+	resultDryRun     = "dry_run"                   // nothing changed
+	resultError      = runhistory.ResultError      // failed; see the log
 )
 
-// runResults lists every outcome above: each gets its series at 0 when the
+// runResults lists every result above: each gets its series at 0 when the
 // process starts, so the first run of a result is an increase Prometheus sees.
-var runResults = []string{outcomeComplete, outcomeIncomplete, outcomeLockHeld, outcomeDryRun, outcomeError}
+var runResults = []string{resultComplete, resultIncomplete, resultLockHeld, resultDryRun, resultError}
 
 type metrics struct {
 	runs           *prometheus.CounterVec

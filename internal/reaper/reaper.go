@@ -271,7 +271,7 @@ func (s *Service) probeWALCompression(ctx context.Context) bool {
 // stop (soft), or a batch fails for good. Batches run on ctx: only it cuts
 // one short.
 func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, run int64) error {
-	size := s.cfg.BatchSize
+	batchSize := s.cfg.BatchSize
 	var cursor *batchCursor
 	alone := false // the next round redoes a batch of a concurrent round
 	for {
@@ -291,13 +291,13 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		}
 		job := batchJob{
 			run:            run,
-			limit:          s.batchLimit(size, res.Deleted),
+			batchSize:      s.batchLimit(batchSize, res.Deleted),
 			cursor:         cursor,
 			deleted:        res.Deleted,
 			flagged:        res.Flagged,
 			walCompression: res.WALCompression,
 		}
-		width := roundWidth(&s.cfg.Settings, size, res.Deleted, res.Flagged)
+		width := roundWidth(&s.cfg.Settings, batchSize, res.Deleted, res.Flagged)
 		if alone {
 			width = 1
 		}
@@ -321,7 +321,7 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 				res.StopReason = "shutdown"
 				return nil
 			}
-			if size, err = s.batchFailed(soft, end.err, size, res); err != nil {
+			if batchSize, err = s.batchFailed(soft, end.err, batchSize, res); err != nil {
 				return err
 			}
 			continue
@@ -362,20 +362,20 @@ func (s *Service) roundFailed(ctx context.Context, err error, res *Result) error
 // crossed the horizon during the run beyond what the pre-check allowed, and
 // the batch's own check rolls it back and stops the run. If not, the batch
 // comes back short and the run is complete.
-func (s *Service) batchLimit(size int, deleted int64) int {
+func (s *Service) batchLimit(batchSize int, deleted int64) int {
 	if s.cfg.MaxDeletes > 0 {
-		if left := s.cfg.MaxDeletes - deleted; left+1 < int64(size) {
+		if left := s.cfg.MaxDeletes - deleted; left+1 < int64(batchSize) {
 			return int(left + 1)
 		}
 	}
-	return size
+	return batchSize
 }
 
 // batchFailed decides what a failed batch means for the run: a statement
 // timeout is retried at half the size (the new size comes back, with a nil
 // error); anything else ends the run with the error returned. soft ended:
 // the run was stopping, and a timeout is no reason to go on.
-func (s *Service) batchFailed(soft context.Context, err error, size int, res *Result) (int, error) {
+func (s *Service) batchFailed(soft context.Context, err error, batchSize int, res *Result) (int, error) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "57014" && soft.Err() == nil {
 		// statement_timeout: the database is slower than the batch size
@@ -383,28 +383,28 @@ func (s *Service) batchFailed(soft context.Context, err error, size int, res *Re
 		// floor below which the problem is not the batch size.
 		s.metrics.batchTimeouts.Inc()
 		res.BatchTimeouts++
-		if size <= minBatchSize {
+		if batchSize <= minBatchSize {
 			res.StopReason = "error"
-			return size, fmt.Errorf("reaper: batch %d timed out after %s even at %d keys: %w", res.Batches+1, s.cfg.StatementTimeout, size, err)
+			return batchSize, fmt.Errorf("reaper: batch %d timed out after %s even at %d keys: %w", res.Batches+1, s.cfg.StatementTimeout, batchSize, err)
 		}
-		size = max(size/2, minBatchSize)
-		res.FinalBatchSize = size
-		s.logger.Warn("batch hit the statement timeout; halving the batch size",
-			zap.Duration("statement_timeout", s.cfg.StatementTimeout), zap.Int("batch_size", size))
-		return size, nil
+		batchSize = max(batchSize/2, minBatchSize)
+		res.FinalBatchSize = batchSize
+		s.logger.Warn("batch hit the statement timeout; halving the batch batchSize",
+			zap.Duration("statement_timeout", s.cfg.StatementTimeout), zap.Int("batch_size", batchSize))
+		return batchSize, nil
 	}
 	res.StopReason = "error"
 	switch {
 	case errors.Is(err, ErrCapExceeded):
-		return size, fmt.Errorf("reaper: batch %d rolled back: %w; the %d keys deleted by earlier batches stay deleted", res.Batches+1, err, res.Deleted)
+		return batchSize, fmt.Errorf("reaper: batch %d rolled back: %w; the %d keys deleted by earlier batches stay deleted", res.Batches+1, err, res.Deleted)
 	case errors.As(err, &pgErr) && pgErr.Code == "23503":
 		blocked := &BlockedError{Constraint: pgErr.ConstraintName, Table: pgErr.TableName, Detail: pgErr.Detail, Err: err}
-		return size, fmt.Errorf("reaper: batch %d: %w; the %d keys deleted by earlier batches of this run stay deleted", res.Batches+1, blocked, res.Deleted)
+		return batchSize, fmt.Errorf("reaper: batch %d: %w; the %d keys deleted by earlier batches of this run stay deleted", res.Batches+1, blocked, res.Deleted)
 	default:
 		if soft.Err() != nil {
 			res.StopReason = "shutdown"
 		}
-		return size, fmt.Errorf("reaper: batch %d: %w", res.Batches+1, err)
+		return batchSize, fmt.Errorf("reaper: batch %d: %w", res.Batches+1, err)
 	}
 }
 
@@ -453,30 +453,30 @@ func (s *Service) account(res *Result, b batchResult) {
 		zap.Int64("flagged", b.flagged()), zap.Duration("duration", b.duration))
 }
 
-// outcome is what a run's result was: the result label of
+// runResult is what a run's result was: the result label of
 // idemd_reaper_runs_total, the summary's result and the history's.
-func outcome(res *Result, err error) string {
+func runResult(res *Result, err error) string {
 	switch {
 	case err != nil:
-		return outcomeError
+		return resultError
 	case res.LockHeld:
-		return outcomeLockHeld
+		return resultLockHeld
 	case res.DryRun:
-		return outcomeDryRun
+		return resultDryRun
 	case !res.Complete:
-		return outcomeIncomplete
+		return resultIncomplete
 	}
-	return outcomeComplete
+	return resultComplete
 }
 
 // finish records the run in the metrics.
 func (s *Service) finish(res *Result, err error) {
-	result := outcome(res, err)
+	result := runResult(res, err)
 	s.metrics.runs.WithLabelValues(result).Inc()
 	if !res.LockHeld {
 		s.metrics.runDuration.Observe(res.Duration.Seconds())
 	}
-	if result == outcomeComplete {
+	if result == resultComplete {
 		s.metrics.lastSuccess.SetToCurrentTime()
 	}
 }
@@ -484,7 +484,7 @@ func (s *Service) finish(res *Result, err error) {
 // summarize is the run's summary line (every run has one: the schedule
 // shows it ran, a one-shot run says what it did).
 func (s *Service) summarize(res *Result, err error) ([]zap.Field, bool) {
-	result := outcome(res, err)
+	result := runResult(res, err)
 	fields := []zap.Field{
 		zap.String("result", result),
 		zap.Int64("deleted", res.Deleted),

@@ -44,13 +44,13 @@ const minCursorID = math.MinInt64
 // room for fewer full batches (a batch's own cap check sees only the
 // batches committed before the round, so the round as a whole must fit),
 // and always at least one. Pure.
-func roundWidth(s *Settings, size int, deleted, flagged int64) int {
+func roundWidth(s *Settings, batchSize int, deleted, flagged int64) int {
 	w := int64(s.Concurrency)
 	if s.MaxDeletes > 0 {
-		w = min(w, (s.MaxDeletes-deleted)/int64(size))
+		w = min(w, (s.MaxDeletes-deleted)/int64(batchSize))
 	}
 	if s.MaxFlags > 0 {
-		w = min(w, (s.MaxFlags-flagged)/int64(size))
+		w = min(w, (s.MaxFlags-flagged)/int64(batchSize))
 	}
 	return int(max(w, 1))
 }
@@ -134,11 +134,11 @@ func (s *Service) runRound(ctx context.Context, jobs []batchJob) roundEnd {
 		return roundEnd{cursor: b.cursor, more: b.more, committed: []batchResult{b}}
 	}
 
-	type outcome struct {
+	type tried struct {
 		b   batchResult
 		err error
 	}
-	outcomes := make([]outcome, len(jobs))
+	outcomes := make([]tried, len(jobs))
 	var wg sync.WaitGroup
 	for i, job := range jobs {
 		wg.Go(func() {

@@ -79,7 +79,7 @@ func TestRoundJobs(t *testing.T) {
 		{"equal bounds stop the round", start, []time.Time{at(0), at(5), at(5), at(9)},
 			[]span{{start, p(at(5))}, {&batchCursor{at(5), minCursorID}, nil}}},
 	} {
-		got := spans(roundJobs(batchJob{limit: 10, cursor: c.cursor}, c.starts))
+		got := spans(roundJobs(batchJob{batchSize: 10, cursor: c.cursor}, c.starts))
 		if !eq(got, c.want) {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
