@@ -65,7 +65,7 @@ func (s *shared) request() replayauth.Request {
 }
 
 func (s *shared) sign(t *testing.T, nonce string) string {
-	return replaytest.SignAt(signer(t, testSecret), s.goTS, nonce, s.request())
+	return replaytest.SignAt(s.goTS, nonce, s.request(), []byte(testSecret))
 }
 
 func (s *shared) goVerifier(t *testing.T, now int64) *replayauth.Verifier {
@@ -73,7 +73,7 @@ func (s *shared) goVerifier(t *testing.T, now int64) *replayauth.Verifier {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return replaytest.VerifierWithClock(v, func() time.Time { return time.Unix(now, 0) }).
+	return v.WithClock(func() time.Time { return time.Unix(now, 0) }).
 		WithNonceStore(idem.NewReplayNonces(s.pool, idem.ReplayNoncesOptions{}))
 }
 

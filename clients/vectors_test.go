@@ -73,7 +73,11 @@ func (b *build) sign(ts int64, nonce string, r replayauth.Request, secrets ...st
 	if len(secrets) == 0 {
 		secrets = b.v.Secrets
 	}
-	return replaytest.SignAt(signer(b.t, secrets...), ts, nonce, r)
+	raw := make([][]byte, len(secrets))
+	for i, sec := range secrets {
+		raw[i] = []byte(sec)
+	}
+	return replaytest.SignAt(ts, nonce, r, raw...)
 }
 
 func (b *build) step(now float64, header string, r request, expect string) *build {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemd/idemd/idem"
 	"github.com/idemd/idemd/idem/replayauth"
-	"github.com/idemd/idemd/internal/replaytest"
 )
 
 func replayFixture(t *testing.T) (*idem.Store, *replayauth.Signer, *httptest.Server) {
@@ -109,7 +108,7 @@ func TestReplayAuthRejects(t *testing.T) {
 	body := []byte(`{}`)
 	otherSecret, _ := replayauth.NewSecret([]byte(strings.Repeat("x", 32)))
 	forger, _ := replayauth.NewSigner(otherSecret)
-	old := replaytest.SignerWithClock(signer, func() time.Time { return time.Now().Add(-time.Hour) })
+	old := signer.WithClock(func() time.Time { return time.Now().Add(-time.Hour) })
 
 	valid := sign(t, signer, "POST", "/things", 7, "open-key", body)
 	cases := []struct {

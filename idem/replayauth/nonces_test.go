@@ -39,7 +39,7 @@ func TestVerifierHasNoNonceCeiling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v = v.withClock(func() time.Time { return now })
+	v = v.WithClock(func() time.Time { return now })
 	signer := mustSigner(t, s)
 	req := Request{Method: "POST", Path: "/rides", UserID: 3, IdempotencyKey: "k"}
 	const n = 120_000 // more than the old ceiling of 100,000
@@ -137,7 +137,7 @@ func TestVerifyFailsClosedOnNonceStoreError(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	v, _ := NewVerifier(0, s)
 	down := errors.New("connection refused")
-	v = v.withClock(func() time.Time { return now }).WithNonceStore(failingStore{down})
+	v = v.WithClock(func() time.Time { return now }).WithNonceStore(failingStore{down})
 	req := Request{Method: "POST", Path: "/rides", UserID: 4, IdempotencyKey: "k"}
 	uid, err := v.Verify(ctxb(), mustSigner(t, s).signAt(now.Unix(), "n", req), req)
 	if uid != 0 || !errors.Is(err, ErrNonceStore) || !errors.Is(err, down) {
@@ -163,8 +163,8 @@ func TestVerifiersShareNonceStore(t *testing.T) {
 	store := &recordingStore{used: map[string]time.Time{}}
 	a, _ := NewVerifier(0, s)
 	b, _ := NewVerifier(0, s)
-	a = a.withClock(func() time.Time { return now }).WithNonceStore(store)
-	b = b.withClock(func() time.Time { return now }).WithNonceStore(store)
+	a = a.WithClock(func() time.Time { return now }).WithNonceStore(store)
+	b = b.WithClock(func() time.Time { return now }).WithNonceStore(store)
 	if a.NonceStore() != store || b.NonceStore() != store {
 		t.Fatal("NonceStore does not return the store given")
 	}
@@ -193,7 +193,7 @@ func TestDefaultMemoryFollowsVerifierClock(t *testing.T) {
 	past := time.Unix(1_500_000_000, 0) // 2017: long expired by the wall clock
 	c := newClock(past)
 	v, _ := NewVerifier(0, s)
-	v = v.withClock(c.now)
+	v = v.WithClock(c.now)
 	req := Request{Method: "POST", Path: "/rides", UserID: 6, IdempotencyKey: "k"}
 	h := mustSigner(t, s).signAt(past.Unix(), "old", req)
 	if _, err := v.Verify(ctxb(), h, req); err != nil {

@@ -24,14 +24,14 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemd/idemd/internal/replaysig"
 )
 
 // Header carries the signature.
@@ -49,8 +49,8 @@ const MinSecretLen = 32
 // Errors a verifier returns for a request it refuses. All of them map to
 // HTTP 401 (ErrNonceStore, below, is a 503).
 var (
-	ErrMissing   = errors.New("replayauth: signature header missing")
-	ErrMalformed = errors.New("replayauth: signature header malformed")
+	ErrMissing   = replaysig.ErrMissing
+	ErrMalformed = replaysig.ErrMalformed
 	ErrExpired   = errors.New("replayauth: timestamp outside the skew window")
 	ErrMismatch  = errors.New("replayauth: no signature matches")
 	ErrReplayed  = errors.New("replayauth: nonce already used")
@@ -63,13 +63,7 @@ var (
 var ErrNonceStore = errors.New("replayauth: nonce store unavailable")
 
 // Request is what a signature covers.
-type Request struct {
-	Method         string
-	Path           string // the request path (no query string)
-	UserID         int64
-	IdempotencyKey string
-	Body           []byte
-}
+type Request = replaysig.Request
 
 // Secret is an HMAC key. Its String method never reveals it.
 type Secret struct{ b []byte }
@@ -123,25 +117,7 @@ func ReadSecretFiles(paths ...string) ([]Secret, error) {
 // the method is upper-cased; the body is represented by its hex SHA-256.
 // Newlines cannot appear in any field: the method and path come from an HTTP
 // request line, the key is rejected by Verify if it contains one.
-func Canonical(ts int64, nonce string, r Request) string {
-	digest := sha256.Sum256(r.Body)
-	return strings.Join([]string{
-		"idemd-replay-v1",
-		strconv.FormatInt(ts, 10),
-		nonce,
-		strings.ToUpper(r.Method),
-		r.Path,
-		strconv.FormatInt(r.UserID, 10),
-		r.IdempotencyKey,
-		hex.EncodeToString(digest[:]),
-	}, "\n")
-}
-
-func mac(s Secret, canonical string) []byte {
-	m := hmac.New(sha256.New, s.b)
-	m.Write([]byte(canonical))
-	return m.Sum(nil)
-}
+func Canonical(ts int64, nonce string, r Request) string { return replaysig.Canonical(ts, nonce, r) }
 
 // Signer produces signature headers.
 type Signer struct {
@@ -157,9 +133,9 @@ func NewSigner(secrets ...Secret) (*Signer, error) {
 	return &Signer{secrets: secrets, now: time.Now}, nil
 }
 
-// withClock returns a copy of the signer using now (tests, through
-// github.com/idemd/idemd/internal/replaytest).
-func (s *Signer) withClock(now func() time.Time) *Signer {
+// WithClock returns a copy of the signer that takes its timestamps from
+// now: an API's tests sign a replay in the past or the future with it.
+func (s *Signer) WithClock(now func() time.Time) *Signer {
 	c := *s
 	c.now = now
 	return &c
@@ -174,78 +150,14 @@ func (s *Signer) Sign(r Request) (string, error) {
 	return s.signAt(s.now().Unix(), hex.EncodeToString(nb), r), nil
 }
 
-// signAt returns the header value for r at a given timestamp and nonce:
-// for the test vectors and idemd's own tests (github.com/idemd/idemd/internal/replaytest),
-// never for a real signature, whose nonce must be fresh.
+// signAt returns the header value for r at a given timestamp and nonce.
+// Unexported: a real signature's nonce must be fresh.
 func (s *Signer) signAt(ts int64, nonce string, r Request) string {
-	c := Canonical(ts, nonce, r)
-	var b strings.Builder
-	fmt.Fprintf(&b, "t=%d,n=%s,u=%d", ts, nonce, r.UserID)
-	for _, sec := range s.secrets {
-		b.WriteString(",v1=")
-		b.WriteString(hex.EncodeToString(mac(sec, c)))
+	raw := make([][]byte, len(s.secrets))
+	for i, sec := range s.secrets {
+		raw[i] = sec.b
 	}
-	return b.String()
-}
-
-// parsed is a decoded header.
-type parsed struct {
-	Timestamp int64
-	Nonce     string
-	UserID    int64
-	V1        [][]byte
-}
-
-// parse decodes a header value without checking it. Unexported: its
-// UserID is whatever the sender wrote, and only Verify says whether to
-// believe it.
-func parse(h string) (parsed, error) {
-	var p parsed
-	if h == "" {
-		return p, ErrMissing
-	}
-	var haveT, haveN, haveU bool
-	for _, part := range strings.Split(h, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			return p, ErrMalformed
-		}
-		switch k {
-		case "t":
-			ts, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || haveT {
-				return p, ErrMalformed
-			}
-			p.Timestamp, haveT = ts, true
-		case "n":
-			if v == "" || len(v) > 64 || haveN {
-				return p, ErrMalformed
-			}
-			p.Nonce, haveN = v, true
-		case "u":
-			u, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || haveU {
-				return p, ErrMalformed
-			}
-			p.UserID, haveU = u, true
-		case "v1":
-			sig, err := hex.DecodeString(v)
-			if err != nil || len(sig) != sha256.Size {
-				return p, ErrMalformed
-			}
-			if len(p.V1) >= 4 {
-				return p, ErrMalformed
-			}
-			p.V1 = append(p.V1, sig)
-		default:
-			// Unknown schemes are ignored, as Stripe does, so a future v2
-			// can be added alongside v1.
-		}
-	}
-	if !haveT || !haveN || !haveU || len(p.V1) == 0 {
-		return p, ErrMalformed
-	}
-	return p, nil
+	return replaysig.Sign(ts, nonce, r, raw...)
 }
 
 // Verifier checks signature headers.
@@ -274,9 +186,10 @@ func NewVerifier(skew time.Duration, secrets ...Secret) (*Verifier, error) {
 	return &Verifier{secrets: secrets, skew: skew, now: time.Now, mem: NewMemoryNonces(nil)}, nil
 }
 
-// withClock returns a verifier sharing the nonce store but using now for
-// the skew window (tests, through github.com/idemd/idemd/internal/replaytest).
-func (v *Verifier) withClock(now func() time.Time) *Verifier {
+// WithClock returns a verifier sharing the nonce store but judging the
+// skew window by now: an API's tests check a signature at a given time
+// with it.
+func (v *Verifier) WithClock(now func() time.Time) *Verifier {
 	c := *v
 	c.now = now
 	return &c
@@ -301,7 +214,7 @@ func (v *Verifier) NonceStore() NonceStore { return v.nonces }
 // its expiry. An error of the nonce store fails closed: Verify returns an
 // error wrapping ErrNonceStore and the store's error, never an acceptance.
 func (v *Verifier) Verify(ctx context.Context, header string, r Request) (int64, error) {
-	p, err := parse(header)
+	p, err := replaysig.Parse(header)
 	if err != nil {
 		return 0, err
 	}
@@ -317,7 +230,7 @@ func (v *Verifier) Verify(ctx context.Context, header string, r Request) (int64,
 	c := Canonical(p.Timestamp, p.Nonce, r)
 	ok := 0
 	for _, sec := range v.secrets {
-		want := mac(sec, c)
+		want := replaysig.MAC(sec.b, c)
 		for _, got := range p.V1 {
 			// Every comparison runs, so timing reveals nothing about which
 			// secret or signature matched.

@@ -85,7 +85,7 @@ func TestVectors(t *testing.T) {
 				sec, frac := math.Modf(st.Now)
 				now := time.Unix(int64(sec), int64(math.Round(frac*1e9)))
 				r := Request{Method: st.Request.Method, Path: st.Request.Path, IdempotencyKey: st.Request.Key, Body: []byte(st.Request.Body)}
-				uid, err := ver.withClock(func() time.Time { return now }).Verify(context.Background(), st.Header, r)
+				uid, err := ver.WithClock(func() time.Time { return now }).Verify(context.Background(), st.Header, r)
 				if !errors.Is(err, want) || (want == nil) != (err == nil) {
 					t.Fatalf("step %d: got %v, want %s", i, err, st.Expect)
 				}
@@ -111,7 +111,7 @@ func TestRejections(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return v.withClock(func() time.Time { return base })
+		return v.WithClock(func() time.Time { return base })
 	}
 
 	cases := []struct {
@@ -153,7 +153,7 @@ func TestReplayedNonceRejected(t *testing.T) {
 	s := secrets(t, []string{strings.Repeat("k", 40)})[0]
 	now := time.Unix(1_800_000_000, 0)
 	v, _ := NewVerifier(0, s)
-	v = v.withClock(func() time.Time { return now })
+	v = v.WithClock(func() time.Time { return now })
 	req := Request{Method: "POST", Path: "/rides", UserID: 1, IdempotencyKey: "k"}
 	h := mustSigner(t, s).signAt(now.Unix(), "once", req)
 	if _, err := v.Verify(context.Background(), h, req); err != nil {

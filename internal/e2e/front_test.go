@@ -34,6 +34,7 @@ const (
 type replayFront struct {
 	target string
 	signer *replayauth.Signer
+	secret []byte // signer's, for the headers replayauth will not sign
 	client *http.Client
 	mode   atomic.Value // string
 	// slowFor is how long a replay is held in modeSlow.
@@ -57,7 +58,7 @@ func newReplayFront(target string, secret []byte, slowFor time.Duration) (*repla
 		return nil, fmt.Errorf("front signer: %w", err)
 	}
 	f := &replayFront{
-		target: strings.TrimRight(target, "/"), signer: signer, slowFor: slowFor,
+		target: strings.TrimRight(target, "/"), signer: signer, secret: secret, slowFor: slowFor,
 		client:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}},
 		inFlight: map[string]bool{}, statuses: map[string]map[int]int{}, errors: map[string]int{},
 	}
@@ -115,9 +116,9 @@ func (f *replayFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if perr == nil {
 			// The same request signed ten minutes in the future: what a
 			// completer whose clock runs ahead sends.
-			sig = replaytest.SignAt(f.signer, parsed.Timestamp+int64((10*time.Minute)/time.Second), parsed.Nonce, replayauth.Request{
+			sig = replaytest.SignAt(parsed.Timestamp+int64((10*time.Minute)/time.Second), parsed.Nonce, replayauth.Request{
 				Method: r.Method, Path: r.URL.Path, UserID: parsed.UserID, IdempotencyKey: key, Body: body,
-			})
+			}, f.secret)
 		}
 	case modeSlow:
 		// The completer gives up after its request timeout; the API still

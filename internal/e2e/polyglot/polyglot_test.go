@@ -189,6 +189,7 @@ type system struct {
 	apiArgs   []string
 	lang      lang
 	secret    replayauth.Secret
+	rawSecret []byte // secret's bytes, for the headers replayauth will not sign
 	secretFil string
 }
 
@@ -304,7 +305,7 @@ func runOrdersAPI(t *testing.T, l lang) {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
-	s := &system{t: t, dir: dir, db: db, admin: admin, apiURL: "http://" + addr, lang: l, secret: secret, secretFil: secretFile,
+	s := &system{t: t, dir: dir, db: db, admin: admin, apiURL: "http://" + addr, lang: l, secret: secret, rawSecret: raw, secretFil: secretFile,
 		apiArgs: []string{filepath.Join(append([]string{root}, l.script...)...),
 			"--addr", addr, "--database-url", db.APIURL, "--replay-secret-file", secretFile,
 			"--lock-timeout", lockTimeout, "--test-control"}}
@@ -425,27 +426,23 @@ func runOrdersAPI(t *testing.T, l lang) {
 		t.Fatal(err)
 	}
 	req := replayauth.Request{Method: "POST", Path: "/orders", UserID: user, IdempotencyKey: target, Body: []byte(params)}
-	good, err := replayauth.NewSigner(secret)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, _ := replayauth.NewSecret([]byte("an attacker's guess at the secret!"))
-	forger, _ := replayauth.NewSigner(other)
+	good := s.rawSecret
+	forger := []byte("an attacker's guess at the secret!")
 	now := time.Now().Unix()
 
 	nonce := "forged-" + randomHex(8)
-	if r := s.replay(replaytest.SignAt(forger, now, nonce, req), target, params); r.status != http.StatusUnauthorized || r.body != unauthorized {
+	if r := s.replay(replaytest.SignAt(now, nonce, req, forger), target, params); r.status != http.StatusUnauthorized || r.body != unauthorized {
 		t.Fatalf("forged signature: %d %s, want 401 %s", r.status, r.body, unauthorized)
 	}
 	if n := s.nonceRows(nonce); n != 0 {
 		t.Fatalf("a forged signature recorded its nonce (%d rows)", n)
 	}
 	nonce = "tampered-" + randomHex(8)
-	if r := s.replay(replaytest.SignAt(good, now, nonce, req), target, strings.Replace(params, "3", "4", 1)); r.status != http.StatusUnauthorized {
+	if r := s.replay(replaytest.SignAt(now, nonce, req, good), target, strings.Replace(params, "3", "4", 1)); r.status != http.StatusUnauthorized {
 		t.Fatalf("tampered body: %d %s, want 401", r.status, r.body)
 	}
 	nonce = "expired-" + randomHex(8)
-	if r := s.replay(replaytest.SignAt(good, now-int64(replayauth.DefaultSkew/time.Second)-60, nonce, req), target, params); r.status != http.StatusUnauthorized {
+	if r := s.replay(replaytest.SignAt(now-int64(replayauth.DefaultSkew/time.Second)-60, nonce, req, good), target, params); r.status != http.StatusUnauthorized {
 		t.Fatalf("expired signature: %d %s, want 401", r.status, r.body)
 	}
 	if n := s.nonceRows(nonce); n != 0 {
@@ -455,7 +452,7 @@ func runOrdersAPI(t *testing.T, l lang) {
 	mallory := req
 	mallory.UserID = user + 1000
 	nonce = "other-user-" + randomHex(8)
-	if r := s.replay(replaytest.SignAt(good, now, nonce, mallory), target, params); r.status != http.StatusUnauthorized {
+	if r := s.replay(replaytest.SignAt(now, nonce, mallory, good), target, params); r.status != http.StatusUnauthorized {
 		t.Fatalf("another user's key: %d %s, want 401", r.status, r.body)
 	}
 	// A nonce a Go replica of the API accepted is refused by this one.
@@ -468,7 +465,7 @@ func runOrdersAPI(t *testing.T, l lang) {
 	if fresh, err := idem.NewReplayNonces(goPool, idem.ReplayNoncesOptions{}).Use(context.Background(), goNonce, time.Unix(now, 0).Add(replayauth.DefaultSkew)); err != nil || !fresh {
 		t.Fatalf("Go records %s: fresh %v, err %v", goNonce, fresh, err)
 	}
-	if r := s.replay(replaytest.SignAt(good, now, goNonce, req), target, params); r.status != http.StatusUnauthorized {
+	if r := s.replay(replaytest.SignAt(now, goNonce, req, good), target, params); r.status != http.StatusUnauthorized {
 		t.Fatalf("nonce used on a Go replica: %d %s, want 401", r.status, r.body)
 	}
 	// The nonce table refuses the API's inserts: fail closed with 503.
@@ -476,7 +473,7 @@ func runOrdersAPI(t *testing.T, l lang) {
 		t.Fatal(err)
 	}
 	nonce = "store-down-" + randomHex(8)
-	r := s.replay(replaytest.SignAt(good, now, nonce, req), target, params)
+	r := s.replay(replaytest.SignAt(now, nonce, req, good), target, params)
 	if _, err := admin.Exec(context.Background(), `GRANT INSERT ON idemd_replay_nonces TO `+dbtest.APIRole); err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +482,7 @@ func runOrdersAPI(t *testing.T, l lang) {
 	}
 	// Valid: the key is finished through the replay path...
 	nonce = "valid-" + randomHex(8)
-	valid := replaytest.SignAt(good, now, nonce, req)
+	valid := replaytest.SignAt(now, nonce, req, good)
 	if r := s.replay(valid, target, params); r.status != http.StatusCreated {
 		t.Fatalf("valid replay: %d %s, want 201", r.status, r.body)
 	}
@@ -497,7 +494,7 @@ func runOrdersAPI(t *testing.T, l lang) {
 		t.Fatalf("replayed signature: %d %s, want 401", r.status, r.body)
 	}
 	// So is a fresh one for the key now finished.
-	if r := s.replay(replaytest.SignAt(good, now, "finished-"+randomHex(8), req), target, params); r.status != http.StatusUnauthorized {
+	if r := s.replay(replaytest.SignAt(now, "finished-"+randomHex(8), req, good), target, params); r.status != http.StatusUnauthorized {
 		t.Fatalf("finished key: %d %s, want 401", r.status, r.body)
 	}
 	delete(abandoned, target)
