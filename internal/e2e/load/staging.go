@@ -60,6 +60,9 @@ type StagingOptions struct {
 	// in an order that changes from round to round; runs are pooled
 	// (default 2).
 	Rounds int
+	// Variants, when set, runs only these of StagingVariants (a focused
+	// look at one of them); the report's ratios need all four.
+	Variants []string
 	// SharedServer, EnqueuerArgs: as LoadOptions' and Config's.
 	SharedServer bool
 	EnqueuerArgs []string
@@ -151,6 +154,9 @@ func Staging(ctx context.Context, adminURL string, opts StagingOptions) (*Stagin
 		pooled := make([]StagingPhase, len(StagingVariants))
 		for round := range opts.Rounds {
 			for _, i := range roundOrder(len(StagingVariants), round+clients) {
+				if len(opts.Variants) > 0 && !slices.Contains(opts.Variants, StagingVariants[i]) {
+					continue
+				}
 				// The idle cost is measured once, after the last idemd run.
 				idle := round == opts.Rounds-1 && clients == last && StagingVariants[i] == StagingIdemd
 				ph, err := s.run(ctx, StagingVariants[i], clients, idle, rep)
