@@ -133,10 +133,9 @@ type Service struct {
 
 	walk walker // the low-water mark of the walks (mark.go)
 
-	mu         sync.Mutex
-	skel       lifecycle.Skeleton[*Result]
-	lastGauges time.Time
-	lastPrune  time.Time
+	mu        sync.Mutex
+	skel      lifecycle.Skeleton[*Result]
+	lastPrune time.Time
 }
 
 // testSignals tell tests that the completer reached a point; tests only
@@ -199,6 +198,7 @@ func New(cfg Config) (*Service, error) {
 		Next: func(last *Result) time.Duration {
 			return nextPass(last, cfg.PollInterval, s.breaker.Remaining())
 		},
+		Beside:       func() []lifecycle.Loop { return []lifecycle.Loop{s.gaugesLoop()} },
 		Retry:        passRetry(cfg.PollInterval),
 		Summary:      "completer pass",
 		SummaryLevel: zap.InfoLevel,
@@ -269,10 +269,8 @@ func (s *Service) pass(ctx context.Context, stop lifecycle.Stop) (*Result, error
 	res := &Result{}
 	_, err := s.startWalks(ctx, stop.OneShot())
 	if err == nil {
-		s.maybeRefreshGauges(ctx, false)
 		err = s.runBatches(ctx, stop, res)
 	}
-	s.maybeRefreshGauges(ctx, true)
 	return res, err
 }
 
@@ -289,7 +287,6 @@ func (s *Service) runBatches(ctx context.Context, stop lifecycle.Stop, res *Resu
 		if !passGoesOn(b, s.cfg.BatchSize, s.breaker.State() == BreakerOpen) {
 			return nil
 		}
-		s.maybeRefreshGauges(ctx, false)
 	}
 	return nil
 }

@@ -586,6 +586,25 @@ func TestStopAbortsHungRequestsAndReleases(t *testing.T) {
 	}
 }
 
+// A started completer refreshes its backlog gauges beside its passes, on
+// its own: here keys the API keeps failing stay pending, and the gauge
+// shows them without any call of RefreshGauges.
+func TestGaugesRefreshBesideThePasses(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	insertKeys(t, pool, "gs", 4, "started")
+	api := newTestAPI(t, pool, always(actFail503))
+	cfg := testConfig(api.srv.URL)
+	cfg.Registry = prometheus.NewRegistry()
+	svc := newTestService(t, pool, cfg)
+	if err := svc.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = svc.Stop(context.Background()) })
+	testwait.Until(t, 30*time.Second, "the pending gauge to show the four keys", func() bool {
+		return testutil.ToFloat64(svc.metrics.pending.WithLabelValues("started")) == 4
+	})
+}
+
 func TestGauges(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	insertKeys(t, pool, "ga", 3, "started")
@@ -639,6 +658,9 @@ VALUES (1, 1, 'r1', $1, '{}', 'test', now() - interval '2 days', NULL, NULL),
 		t.Fatalf("oldest open review age %v, want about two days", v)
 	}
 	if _, err := svc.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.RefreshGauges(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if c := testutil.CollectAndCount(svc.metrics.pending); c != 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/review"
 )
 
@@ -116,18 +117,18 @@ func countUnfinished(ctx context.Context, q Querier, from position) ([]Unfinishe
 	return groups, nil
 }
 
-// maybeRefreshGauges updates the backlog gauges at most once per poll
-// interval unless forced.
-func (s *Service) maybeRefreshGauges(ctx context.Context, force bool) {
-	s.mu.Lock()
-	if !force && time.Since(s.lastGauges) < s.cfg.PollInterval {
-		s.mu.Unlock()
-		return
-	}
-	s.lastGauges = time.Now()
-	s.mu.Unlock()
-	if err := s.RefreshGauges(ctx); err != nil && ctx.Err() == nil {
-		s.log.Warn("refreshing backlog gauges failed", zap.Error(err))
+// gaugesLoop refreshes the backlog gauges beside the main loop, at once
+// and then every --poll-interval, so they move while a long pass drains.
+func (s *Service) gaugesLoop() lifecycle.Loop {
+	return lifecycle.Loop{
+		Pass: func(ctx context.Context) error {
+			err := s.RefreshGauges(ctx)
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("refreshing backlog gauges failed", zap.Error(err))
+			}
+			return err
+		},
+		Next: func() time.Duration { return s.cfg.PollInterval },
 	}
 }
 
