@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemd/idemd/examples/rocketrides/api"
 	"github.com/idemd/idemd/examples/rocketrides/simulator"
 	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/e2e/alertcheck"
@@ -337,6 +338,13 @@ func (s *sideBySide) previousAlone(ctx context.Context) {
 // the current completer and reaper start beside the previous replicas.
 func (s *sideBySide) upgrade(ctx context.Context) {
 	t := s.t
+	// The current idemctl reads the previous schema (its floor, 17, is the
+	// previous release's newest), so an operator can look before migrating.
+	if out, err := execOut(ctx, s.bins.Idemctl, "status", "--database-url", dbtest.RuntimeURL(s.dbURL), "--log-format", "console"); err != nil {
+		t.Errorf("the current idemctl status on the previous schema: %v\n%s", err, out)
+	} else {
+		s.logf("current idemctl status on schema %d:\n%s", previousSchema, out)
+	}
 	enq := s.cur.Enqueuers[0]
 	if err := enq.Start(); err != nil {
 		t.Fatal(err)
@@ -364,14 +372,37 @@ func (s *sideBySide) upgrade(ctx context.Context) {
 		}
 	}
 	s.waitReady(ctx, s.cur.All()...)
+	// Each current daemon would have been ready on the previous schema
+	// too: its floor is at most the previous release's newest migration,
+	// so a replica that starts before the migrate Job ends is not stuck.
+	for _, p := range s.cur.All() {
+		if floor := s.gauge(ctx, p, "idemd_schema_version", "binary_oldest"); floor < 1 || floor > previousSchema {
+			t.Errorf("%s: schema floor %v, want 1..%d (it must run on the previous release's schema)", p.Name, floor, previousSchema)
+		}
+	}
 	s.logf("current enqueuer, completer and reaper beside the previous ones")
+	// API faults while both releases run: 500s anywhere and serialization
+	// failures mid-ride, for clients and both releases' replays alike.
+	if err := s.rr.SetFaults(ctx,
+		api.FaultRule{At: "", Rate: 0.1, Kind: api.FaultInternal},
+		api.FaultRule{At: api.RecoveryPointRideCreated, Rate: 0.2, Kind: api.FaultSerialization},
+	); err != nil {
+		t.Fatal(err)
+	}
+	s.logf("API faults on")
+	defer func() {
+		if err := s.rr.SetFaults(ctx); err != nil {
+			t.Error(err)
+		}
+		s.logf("API faults off")
+	}()
 
-	// Piles of old keys, each met by reaper runs of both releases at once:
-	// at least three rounds, and until each release's reaper has been the
-	// one deleting a pile.
-	for round := 0; round < 3 || len(s.deleters["prev"]) == 0 || len(s.deleters["cur"]) == 0; round++ {
-		if round == 6 {
-			t.Errorf("after %d rounds, a pile was deleted by the previous reaper %v and by the current one %v: both should have",
+	// Piles of old keys, each met by reaper runs of both releases at once,
+	// the releases taking turns to start first: at least four rounds, and
+	// until each release's reaper has been the one deleting a pile.
+	for round := 0; round < 4 || len(s.deleters["prev"]) == 0 || len(s.deleters["cur"]) == 0; round++ {
+		if round == 8 {
+			t.Errorf("after %d rounds, piles were first deleted by the previous release's reapers %v and by the current one's %v: both should have",
 				round, s.deleters["prev"], s.deleters["cur"])
 			break
 		}
@@ -380,11 +411,12 @@ func (s *sideBySide) upgrade(ctx context.Context) {
 		switch round {
 		case 1:
 			s.killAndRestart(s.cur.Enqueuers[0])
+		case 2:
+			s.killAndRestart(s.cur.Completers[0])
 			// Every daemon connection cut while a reaper is mid-pile.
 			during = func() { s.logf("proxy: severed %d sockets mid-pile", s.proxy.Sever()) }
 			cut = true
-		case 2:
-			s.killAndRestart(s.cur.Completers[0])
+		case 3:
 			// A snapshot held across the whole round.
 			after = s.holdSnapshot(ctx)
 		}
@@ -641,6 +673,21 @@ func (s *sideBySide) waitSchemaSeen(ctx context.Context, p *system.Proc, version
 	})
 }
 
+// gauge reads one sample of p's /metrics, the one whose "of" label is of.
+func (s *sideBySide) gauge(ctx context.Context, p *system.Proc, name, of string) float64 {
+	samples, err := metricSamples(ctx, p)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, m := range samples {
+		if m.Name == name && m.Labels["of"] == of {
+			return m.Value
+		}
+	}
+	s.t.Fatalf("%s exports no %s{of=%q}", p.Name, name, of)
+	return 0
+}
+
 func (s *sideBySide) exportsBuildInfo(ctx context.Context, p *system.Proc) bool {
 	page, err := p.Metrics(ctx)
 	if err != nil {
@@ -772,13 +819,25 @@ func (s *sideBySide) checkReaperFence(ctx context.Context) {
 	}
 	spans := overlap.Spans(ds, func(p string) bool { return strings.Contains(p, "-once-") })
 	pairs := overlap.Find(spans)
-	for _, p := range pairs {
+	for i, p := range pairs {
+		if i == 10 {
+			t.Errorf("... %d overlapping pairs in all", len(pairs))
+			break
+		}
 		t.Errorf("two reaper processes deleted at the same time: %s", p)
 	}
 	s.logf("reaper fence: %d deletions in %d spans by %d processes, %d overlapping pairs; rows by process %v",
 		len(ds), len(spans), len(perProcess), len(pairs), perProcess)
 	s.logf("reaper fence: piles first deleted by the previous release's %v, by the current release's %v",
 		s.deleters["prev"], s.deleters["cur"])
+	// What the reapers say about it (their own account, for the log only).
+	held := map[string]int{}
+	for _, p := range append(append(s.once, s.daemons.Reaper), s.cur.Reaper) {
+		if n := strings.Count(p.LogTail(1<<20), "another reaper run holds the lease"); n > 0 {
+			held[p.Name] = n
+		}
+	}
+	s.logf("reaper fence: runs that found the lease held, by their logs: %v", held)
 	var total int64
 	for _, n := range perProcess {
 		total += n
