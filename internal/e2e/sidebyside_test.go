@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,23 +39,23 @@ const (
 	reaperBatchSize = "20"
 	reaperPause     = "25ms"
 	reaperLeaseTTL  = 6 * time.Second
-	// previousSchema is the newest migration the previous release ships.
-	previousSchema = 17
 )
 
 // sideBySide is the state of TestSideBySideUpgradeAndRollback beyond env:
 // the two releases' binaries and the processes outside the daemon set.
 type sideBySide struct {
 	*env
-	old       *system.Binaries
-	daemonURL string
+	old *system.Binaries
+	// prevSchema is the newest migration the previous release ships.
+	prevSchema int64
+	daemonURL  string
 	// cur are the current release's long-running daemons (the rolling
 	// deploy's new replicas).
 	cur *system.DaemonSet
 	// once are the one-shot reaper runs (a CronJob's, or an operator's).
 	once []*system.Proc
-	// rounds counts pile rounds; deleters names, per version, the reaper
-	// processes that started deleting a pile.
+	// rounds counts the piles seeded; deleters names, per release, the
+	// reaper processes that were first to delete a pile.
 	rounds   int
 	deleters map[string][]string
 }
@@ -106,6 +107,10 @@ func TestSideBySideUpgradeAndRollback(t *testing.T) {
 	defer simClient.CloseIdleConnections()
 	stopTraffic := make(chan struct{})
 	trafficDone := make(chan simulator.Stats, 1)
+	// endTraffic stops the traffic and returns its counts; deferred too, so
+	// that a test that fails midway leaves no simulator running.
+	endTraffic := sync.OnceValue(func() simulator.Stats { close(stopTraffic); return <-trafficDone })
+	defer endTraffic()
 	go func() {
 		var total simulator.Stats
 		defer func() { trafficDone <- total }()
@@ -121,7 +126,9 @@ func TestSideBySideUpgradeAndRollback(t *testing.T) {
 			})
 			total = addStats(total, st)
 			if err != nil {
-				t.Errorf("simulator: %v", err)
+				if ctx.Err() == nil {
+					t.Errorf("simulator: %v", err)
+				}
 				return
 			}
 		}
@@ -131,8 +138,7 @@ func TestSideBySideUpgradeAndRollback(t *testing.T) {
 	s.upgrade(ctx)
 	s.rollback(ctx)
 
-	close(stopTraffic)
-	stats := <-trafficDone
+	stats := endTraffic()
 	s.logf("traffic done: %s", stats)
 	if stats.Created == 0 || stats.GaveUp == 0 {
 		t.Errorf("traffic did not exercise the system: %s", stats)
@@ -189,6 +195,12 @@ func setUpSideBySide(ctx context.Context, t *testing.T) *sideBySide {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if s.prevSchema, err = newestMigration(filepath.Join(prevDir, "src", "migrations")); err != nil {
+		t.Fatal(err)
+	}
+	if s.prevSchema >= migrate.Newest() {
+		t.Fatalf("the previous release ships migration %d, the current one %d: nothing to upgrade", s.prevSchema, migrate.Newest())
+	}
 	if _, err := s.pool.Exec(ctx, string(roles)); err != nil {
 		t.Fatalf("the previous roles.sql: %v", err)
 	}
@@ -198,8 +210,8 @@ func setUpSideBySide(ctx context.Context, t *testing.T) *sideBySide {
 	if _, err := s.pool.Exec(ctx, string(roles)); err != nil {
 		t.Fatalf("the previous roles.sql after its migrate: %v", err)
 	}
-	if v := s.schemaVersion(ctx); v != previousSchema {
-		t.Fatalf("the previous idemctl migrate left schema %d, want %d", v, previousSchema)
+	if v := s.schemaVersion(ctx); v != s.prevSchema {
+		t.Fatalf("the previous idemctl migrate left schema %d, want %d", v, s.prevSchema)
 	}
 
 	if s.proxy, err = tcpproxy.New(fmt.Sprintf("127.0.0.1:%d", s.cluster.Port())); err != nil {
@@ -263,7 +275,7 @@ func setUpSideBySide(ctx context.Context, t *testing.T) *sideBySide {
 			t.Fatalf("%s exports idemd_build_info: not the previous release's binary", p.Name)
 		}
 	}
-	s.logf("previous release (%s) on schema %d: %d daemons ready", previousRelease, previousSchema, len(s.daemons.All()))
+	s.logf("previous release (%s) on schema %d: %d daemons ready", previousRelease, s.prevSchema, len(s.daemons.All()))
 	return s
 }
 
@@ -338,23 +350,23 @@ func (s *sideBySide) previousAlone(ctx context.Context) {
 // the current completer and reaper start beside the previous replicas.
 func (s *sideBySide) upgrade(ctx context.Context) {
 	t := s.t
-	// The current idemctl reads the previous schema (its floor, 17, is the
-	// previous release's newest), so an operator can look before migrating.
+	// The current idemctl reads the previous schema (its floor is no newer),
+	// so an operator can look before migrating.
 	if out, err := execOut(ctx, s.bins.Idemctl, "status", "--database-url", dbtest.RuntimeURL(s.dbURL), "--log-format", "console"); err != nil {
 		t.Errorf("the current idemctl status on the previous schema: %v\n%s", err, out)
 	} else {
-		s.logf("current idemctl status on schema %d:\n%s", previousSchema, out)
+		s.logf("current idemctl status on schema %d:\n%s", s.prevSchema, out)
 	}
 	enq := s.cur.Enqueuers[0]
 	if err := enq.Start(); err != nil {
 		t.Fatal(err)
 	}
 	s.waitReady(ctx, enq)
-	s.waitSchemaSeen(ctx, enq, previousSchema)
+	s.waitSchemaSeen(ctx, enq, s.prevSchema)
 	if !s.exportsBuildInfo(ctx, enq) {
 		t.Fatalf("%s does not export idemd_build_info: not the current binary", enq.Name)
 	}
-	s.logf("%s ready on schema %d, before the migration", enq.Name, previousSchema)
+	s.logf("%s ready on schema %d, before the migration", enq.Name, s.prevSchema)
 
 	if err := system.Migrate(ctx, s.bins, dbtest.MigratorURL(s.dbURL)); err != nil {
 		t.Fatalf("the current idemctl migrate under traffic: %v", err)
@@ -376,8 +388,8 @@ func (s *sideBySide) upgrade(ctx context.Context) {
 	// too: its floor is at most the previous release's newest migration,
 	// so a replica that starts before the migrate Job ends is not stuck.
 	for _, p := range s.cur.All() {
-		if floor := s.gauge(ctx, p, "idemd_schema_version", "binary_oldest"); floor < 1 || floor > previousSchema {
-			t.Errorf("%s: schema floor %v, want 1..%d (it must run on the previous release's schema)", p.Name, floor, previousSchema)
+		if floor := s.gauge(ctx, p, "idemd_schema_version", "binary_oldest"); floor < 1 || floor > float64(s.prevSchema) {
+			t.Errorf("%s: schema floor %v, want 1..%d (it must run on the previous release's schema)", p.Name, floor, s.prevSchema)
 		}
 	}
 	s.logf("current enqueuer, completer and reaper beside the previous ones")
@@ -856,6 +868,26 @@ func expectNoRows(ctx context.Context, t *testing.T, pool *pgxpool.Pool, what, s
 	if n > 0 {
 		t.Errorf("%s: %d", what, n)
 	}
+}
+
+// newestMigration is the highest migration number among dir's files
+// (00017_name.sql is 17).
+func newestMigration(dir string) (int64, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.sql"))
+	if err != nil {
+		return 0, err
+	}
+	var newest int64
+	for _, f := range files {
+		var n int64
+		if _, err := fmt.Sscanf(filepath.Base(f), "%05d_", &n); err == nil && n > newest {
+			newest = n
+		}
+	}
+	if newest == 0 {
+		return 0, fmt.Errorf("no migration in %s", dir)
+	}
+	return newest, nil
 }
 
 // setDiff is what a has and b lacks.
