@@ -652,10 +652,11 @@ func (e *env) settle(ctx context.Context) {
 	e.logf("settled: %s", last)
 }
 
-// checkProcesses: every exit was one the harness caused.
-func (e *env) checkProcesses() {
+// checkProcesses: every exit was one the harness caused, for the daemon
+// set, Rocket Rides and the other long-running processes given.
+func (e *env) checkProcesses(others ...*system.Proc) {
 	var kills, unexpected int
-	for _, p := range append(e.daemons.All(), e.rr.Proc) {
+	for _, p := range append(append(e.daemons.All(), e.rr.Proc), others...) {
 		starts, k, u := p.Counts()
 		kills += k
 		unexpected += len(u)
@@ -674,9 +675,10 @@ func (e *env) checkProcesses() {
 
 // scanLogs fails the test on a panic or a Go runtime fatal error in any
 // process's log: a daemon that crashed and was restarted by the killer in
-// the same second would otherwise go unnoticed.
-func (e *env) scanLogs() {
-	for _, p := range append(e.daemons.All(), e.rr.Proc) {
+// the same second would otherwise go unnoticed. others are processes
+// outside the daemon set (one-shot runs).
+func (e *env) scanLogs(others ...*system.Proc) {
+	for _, p := range append(append(e.daemons.All(), e.rr.Proc), others...) {
 		b, err := os.ReadFile(p.LogPath)
 		if err != nil {
 			e.t.Errorf("%s: read log: %v", p.Name, err)

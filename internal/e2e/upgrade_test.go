@@ -181,7 +181,8 @@ func TestPreviousReleaseOnCurrentSchema(t *testing.T) {
 	}
 }
 
-// buildRelease builds the enqueuer, completer and idemctl of commit into dir, from
+// buildRelease builds the daemons and idemctl of commit into dir (its source
+// stays in dir/src), from
 // a copy of the commit's tree (git archive: the repository is only read).
 // A checkout without the commit (a shallow clone) skips the test, and
 // fails it with CI=true, where the clone must have the history.
@@ -206,7 +207,7 @@ func buildRelease(ctx context.Context, t *testing.T, commit, dir string) *system
 	if out, err := archive.CombinedOutput(); err != nil {
 		t.Fatalf("git archive %s: %v\n%s", commit, err, out)
 	}
-	build := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/enqueuer", "./cmd/completer", "./cmd/idemctl")
+	build := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator), "./cmd/enqueuer", "./cmd/completer", "./cmd/reaper", "./cmd/idemctl")
 	build.Dir = src
 	// The release's own go.mod and go.sum; modules come from the cache or
 	// the configured proxy.
@@ -215,6 +216,9 @@ func buildRelease(ctx context.Context, t *testing.T, commit, dir string) *system
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build of %s: %v\n%s", commit, err, out)
 	}
-	t.Logf("built %s's enqueuer, completer and idemctl in %s", commit, time.Since(start).Round(time.Second))
-	return &system.Binaries{Enqueuer: filepath.Join(dir, "enqueuer"), Completer: filepath.Join(dir, "completer"), Idemctl: filepath.Join(dir, "idemctl")}
+	t.Logf("built %s's enqueuer, completer, reaper and idemctl in %s", commit, time.Since(start).Round(time.Second))
+	return &system.Binaries{
+		Enqueuer: filepath.Join(dir, "enqueuer"), Completer: filepath.Join(dir, "completer"),
+		Reaper: filepath.Join(dir, "reaper"), Idemctl: filepath.Join(dir, "idemctl"),
+	}
 }
