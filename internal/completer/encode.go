@@ -83,3 +83,10 @@ func formEncode(params []byte) ([]byte, error) {
 	}
 	return []byte(strings.Join(pairs, "&")), nil
 }
+
+// EncodeBody is the body and Content-Type the completer replays stored
+// params with: what idemctl conformance sends on its signed replays, so
+// they are byte for byte the completer's.
+func EncodeBody(enc Encoding, params []byte) ([]byte, string, error) {
+	return encodeBody(enc, params)
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,16 +30,28 @@ type CLI struct {
 	Dead    DeadCmd    `cmd:"" help:"List, show and requeue dead-lettered staged jobs."`
 	Reaper  ReaperCmd  `cmd:"" help:"The reaper's run history (reaper runs)."`
 	Console ConsoleCmd `cmd:"" help:"Serve the web console: status, review queue, key lookup, dead letters, River's UI (docs/console.md)."`
+
+	Conformance ConformanceCmd `cmd:"" help:"Check a running API against the idempotency-key protocol, scenario by scenario (docs/conformance.md)."`
 }
 
-// Check reports configuration problems.
-func (c *CLI) Check() []string { return c.Database.Check() }
+// Check reports configuration problems. conformance needs no database:
+// without one it checks what a client sees.
+func (c *CLI) Check() []string {
+	p := c.Database.Check()
+	if c.Conformance.selected && strings.TrimSpace(c.DatabaseURL) == "" {
+		p = slices.DeleteFunc(p, func(s string) bool { return strings.HasPrefix(s, "--database-url") })
+	}
+	return p
+}
 
 // Globals is bound into every subcommand's Run.
 type Globals struct {
 	Pool   *pgxpool.Pool
 	Logger *zap.Logger
 	Stdout io.Writer
+	// HasDatabase is false when no --database-url was given (only
+	// conformance runs so): Pool then reaches nothing useful.
+	HasDatabase bool
 }
 
 // MigrateCmd applies migrations.
@@ -106,7 +119,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	defer base.Close()
 
-	g := &Globals{Pool: base.Pool, Logger: base.Logger, Stdout: stdout}
+	g := &Globals{Pool: base.Pool, Logger: base.Logger, Stdout: stdout, HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}
 	kctx.BindTo(base.Ctx, (*context.Context)(nil))
 	err := daemon.SchemaHint(kctx.Run(g))
 	if err != nil {

@@ -11,6 +11,8 @@ func (c *CLI) Help() string {
   idemctl review list -o json              the open reviews, for a script
   idemctl keys show --user-id 42 --key k1  one key and what happened to it
   idemctl console --operator alice         the web console on 127.0.0.1:8080
+  idemctl conformance --api-url http://localhost:8080 --request ride.json
+                                           does the API keep the protocol?
 
 Every flag is also an environment variable IDEMD_<FLAG> (shown as $IDEMD_...
 in each command's --help); the database URL is DATABASE_URL.`

@@ -1,0 +1,214 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// db is the oracle: idemd's tables, read independently of the API.
+type db struct {
+	pool  *pgxpool.Pool
+	river bool // river_job exists and can be read
+
+	mu   sync.Mutex
+	made []int64 // the keys the run inserted
+}
+
+// openDB checks the tables the database scenarios read.
+func (r *run) openDB(ctx context.Context) error {
+	d := &db{pool: r.cfg.Pool}
+	var keys, staged, dead, river bool
+	err := d.pool.QueryRow(ctx, `SELECT to_regclass('idempotency_keys') IS NOT NULL, to_regclass('staged_jobs') IS NOT NULL,
+		to_regclass('staged_jobs_dead') IS NOT NULL, to_regclass('river_job') IS NOT NULL`).Scan(&keys, &staged, &dead, &river)
+	if err != nil {
+		return fmt.Errorf("conformance: read the database's tables: %w", err)
+	}
+	if !keys || !staged || !dead {
+		return errors.New("conformance: the database has no idempotency_keys, staged_jobs or staged_jobs_dead: run idemctl migrate, or give the API's database")
+	}
+	if river {
+		// River's table may belong to a role this one cannot read.
+		if _, err := d.pool.Exec(ctx, `SELECT 1 FROM river_job LIMIT 0`); err == nil {
+			d.river = true
+		}
+	}
+	r.db = d
+	return nil
+}
+
+// keyRow is one idempotency_keys row as the API left it.
+type keyRow struct {
+	id            int64
+	key           string
+	userID        int64
+	recoveryPoint string
+	locked        bool
+	code          *int
+	body          *string
+	method, path  string
+	params        string // request_params as stored (JSON text)
+	xmin          string // changes whenever the row is written
+}
+
+const keyColumns = `id, idempotency_key, user_id, recovery_point, locked_at IS NOT NULL, response_code, response_body::text,
+	request_method, request_path, request_params::text, xmin::text`
+
+func scanKey(row pgx.Row) (keyRow, error) {
+	var k keyRow
+	err := row.Scan(&k.id, &k.key, &k.userID, &k.recoveryPoint, &k.locked, &k.code, &k.body, &k.method, &k.path, &k.params, &k.xmin)
+	return k, err
+}
+
+// keys returns every row with the key value, of any user.
+func (d *db) keys(ctx context.Context, key string) ([]keyRow, error) {
+	rows, err := d.pool.Query(ctx, `SELECT `+keyColumns+` FROM idempotency_keys WHERE idempotency_key = $1 ORDER BY id`, key)
+	if err != nil {
+		return nil, fmt.Errorf("read idempotency_keys: %w", err)
+	}
+	defer rows.Close()
+	var out []keyRow
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("read idempotency_keys: %w", err)
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// one returns the one row with the key, or a failure naming how many.
+func (d *db) one(ctx context.Context, key string) (keyRow, error) {
+	rows, err := d.keys(ctx, key)
+	if err != nil {
+		return keyRow{}, err
+	}
+	if len(rows) != 1 {
+		return keyRow{}, failf("idempotency_keys has %d rows with the key %s, want 1", len(rows), key)
+	}
+	return rows[0], nil
+}
+
+// byID re-reads a row.
+func (d *db) byID(ctx context.Context, id int64) (keyRow, error) {
+	k, err := scanKey(d.pool.QueryRow(ctx, `SELECT `+keyColumns+` FROM idempotency_keys WHERE id = $1`, id))
+	if err != nil {
+		return keyRow{}, fmt.Errorf("read idempotency_keys row %d: %w", id, err)
+	}
+	return k, nil
+}
+
+// clone inserts a key the API did not write: from's request under a new
+// key value, at recovery point started, as a client leaves it when it
+// goes away after the key was claimed. locked makes it a request in
+// progress (locked now). Every clone is deleted at the end of the run
+// unless the API finished it.
+func (d *db) clone(ctx context.Context, from keyRow, key string, locked bool) (keyRow, error) {
+	k, err := scanKey(d.pool.QueryRow(ctx, `INSERT INTO idempotency_keys
+		(idempotency_key, user_id, locked_at, last_run_at, request_method, request_path, request_params,
+		 request_fingerprint, recovery_point, upstream_idempotency_key)
+		SELECT $1, user_id, CASE WHEN $3::bool THEN now() END, now(), request_method, request_path, request_params,
+		 request_fingerprint, 'started', gen_random_uuid()
+		FROM idempotency_keys WHERE id = $2
+		RETURNING `+keyColumns, key, from.id, locked))
+	if err != nil {
+		return keyRow{}, fmt.Errorf("insert an abandoned key: %w", err)
+	}
+	d.mu.Lock()
+	d.made = append(d.made, k.id)
+	d.mu.Unlock()
+	return k, nil
+}
+
+// unchanged fails unless the row is as before was read.
+func (d *db) unchanged(ctx context.Context, before keyRow, what string) error {
+	after, err := d.byID(ctx, before.id)
+	if err != nil {
+		return err
+	}
+	if after.xmin != before.xmin {
+		return failf("%s, yet it wrote the key (recovery point %s -> %s, locked %v -> %v)",
+			what, before.recoveryPoint, after.recoveryPoint, before.locked, after.locked)
+	}
+	return nil
+}
+
+// cleanup deletes the keys the run inserted that the API did not finish
+// (left, they would be replayed by a completer).
+func (r *run) cleanup() {
+	d := r.db
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	ids := d.made
+	d.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Best effort: a key the API's own rows reference stays.
+	_, _ = d.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE id = ANY($1) AND recovery_point <> 'finished'`, ids)
+}
+
+// jobMark is the highest staged-job id anywhere: in staged_jobs, dead, or
+// moved into River (whose rows carry idemd_staged_id).
+func (d *db) jobMark(ctx context.Context) (int64, error) {
+	q := `SELECT greatest((SELECT max(id) FROM staged_jobs), (SELECT max(id) FROM staged_jobs_dead)`
+	if d.river {
+		q += `, (SELECT max((metadata->>'idemd_staged_id')::bigint) FROM river_job WHERE metadata ? 'idemd_staged_id')`
+	}
+	var m *int64
+	if err := d.pool.QueryRow(ctx, q+`)`).Scan(&m); err != nil {
+		return 0, fmt.Errorf("read staged job ids: %w", err)
+	}
+	if m == nil {
+		return 0, nil
+	}
+	return *m, nil
+}
+
+// jobsSince are the staged-job ids above mark, wherever the enqueuer has
+// moved them: one statement, one snapshot, so a job being moved is seen
+// once.
+func (d *db) jobsSince(ctx context.Context, mark int64) ([]int64, error) {
+	q := `SELECT id FROM staged_jobs WHERE id > $1 UNION SELECT id FROM staged_jobs_dead WHERE id > $1`
+	if d.river {
+		q += ` UNION SELECT (metadata->>'idemd_staged_id')::bigint FROM river_job
+			WHERE metadata ? 'idemd_staged_id' AND (metadata->>'idemd_staged_id')::bigint > $1`
+	}
+	rows, err := d.pool.Query(ctx, q, mark)
+	if err != nil {
+		return nil, fmt.Errorf("read staged jobs: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read staged jobs: %w", err)
+	}
+	return ids, nil
+}
+
+// riverTwice are the staged ids that became more than one River job.
+func (d *db) riverTwice(ctx context.Context, ids []int64) ([]int64, error) {
+	if !d.river || len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := d.pool.Query(ctx, `SELECT (metadata->>'idemd_staged_id')::bigint FROM river_job
+		WHERE metadata ? 'idemd_staged_id' AND (metadata->>'idemd_staged_id')::bigint = ANY($1)
+		GROUP BY 1 HAVING count(*) > 1`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read river_job: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read river_job: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,9 @@
+package conformance_test
+
+import (
+	"testing"
+
+	"github.com/idemd/idemd/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
