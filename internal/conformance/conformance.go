@@ -119,8 +119,9 @@ type Config struct {
 	Template Template
 	// Pool, when set, is the API's database: the checks that read
 	// idempotency_keys and staged_jobs run, and abandoned keys are made.
-	// Its role needs SELECT, INSERT and DELETE on idempotency_keys (the
-	// DELETE only for the keys the run made itself).
+	// The API's own role will do (SELECT, INSERT, UPDATE on
+	// idempotency_keys, SELECT on staged_jobs); one that can also read
+	// staged_jobs_dead and river_job sees jobs the enqueuer moves.
 	Pool *pgxpool.Pool
 	// Secrets, when set with Pool, are the completer's replay secrets:
 	// the signed-replay scenarios run.

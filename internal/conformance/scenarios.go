@@ -388,10 +388,14 @@ func checkStagedJobs(ctx context.Context, r *run) (string, error) {
 	if len(twice) > 0 {
 		return "", failf("staged job(s) %v became more than one River job", twice)
 	}
+	note := fmt.Sprintf("%d job(s) staged, committed when the answer arrived", len(staged))
 	if len(staged) == 0 {
-		return "the request staged no job", nil
+		note = "the request staged no job"
 	}
-	return fmt.Sprintf("%d job(s) staged, committed when the answer arrived", len(staged)), nil
+	if !r.db.dead || !r.db.river {
+		note += "; staged_jobs_dead or river_job not readable by this role, so jobs the enqueuer moved meanwhile are not seen"
+	}
+	return note, nil
 }
 
 func checkAbandonedResume(ctx context.Context, r *run) (string, error) {
