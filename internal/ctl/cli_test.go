@@ -80,6 +80,7 @@ var readCommands = [][]string{
 // prints JSON with -o json and --output json, and the deprecated --format
 // still works, hidden, with a warning naming -o.
 func TestOneOutputFlag(t *testing.T) {
+	readCommands := append(slices.Clone(readCommands), conformanceArgs(t))
 	withOutput := 0
 	for _, cmd := range commands(t) {
 		_, out, _ := run(t, append(slices.Clone(cmd), "--help")...)
