@@ -31,7 +31,7 @@ flask_app.create_app(sys.argv[2], sys.argv[4]).run(host=host, port=int(port), th
 // TestExampleAPIsPass: the example APIs in other languages, run as their
 // own processes on a database of their own as the API's role, pass every
 // scenario: orders_api.py and orders_api.rb with JSON bodies, and the
-// Flask app with form bodies (replayed form-encoded, as the completer's
+// Express and Flask apps with form bodies (replayed form-encoded, as the completer's
 // --request-encoding form does).
 func TestExampleAPIsPass(t *testing.T) {
 	python := clienttest.Python(t)
@@ -69,25 +69,45 @@ func TestExampleAPIsPass(t *testing.T) {
 		users(&tmpl)
 		runExample(t, "http://"+addr, db.APIURL, tmpl, secrets)
 	})
+	t.Run("express_app.js", func(t *testing.T) {
+		node := clienttest.Node(t)
+		dir := filepath.Join(clienttest.Root(t), "clients", "node", "example")
+		clienttest.NodePackages(t, node, dir, "express", "pg", "idemd-replayauth")
+		db := clienttest.NewAPIDatabase(t)
+		ordersTableFor(t, db)
+		addr := freeAddr(t)
+		_, port, _ := net.SplitHostPort(addr)
+		startProcessEnv(t, []string{"DATABASE_URL=" + db.APIURL, "IDEMD_REPLAY_SECRET_FILE=" + secretFile, "PORT=" + port},
+			node, filepath.Join(dir, "express_app.js"))
+		tmpl := conformance.Template{Encoding: "form", Body: json.RawMessage(`{"sku": "book", "quantity": "2"}`)}
+		users(&tmpl)
+		runExample(t, "http://"+addr, db.APIURL, tmpl, secrets)
+	})
 	t.Run("flask_app.py", func(t *testing.T) {
 		db := clienttest.NewAPIDatabase(t)
-		admin, err := pgxpool.New(context.Background(), db.AdminURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer admin.Close()
-		// The table flask_app.py's docstring gives; granted to the API's role.
-		if _, err := admin.Exec(context.Background(), `CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL,
-			key_id bigint NOT NULL UNIQUE, sku text NOT NULL, quantity int NOT NULL);
-			GRANT SELECT, INSERT ON orders TO `+db.Role+`; GRANT USAGE ON SEQUENCE orders_id_seq TO `+db.Role); err != nil {
-			t.Fatal(err)
-		}
+		ordersTableFor(t, db)
 		addr := freeAddr(t)
 		startProcess(t, python, "-c", flaskServer, example, db.APIURL, addr, secretFile)
 		tmpl := conformance.Template{Encoding: "form", Body: json.RawMessage(`{"sku": "book", "quantity": "2"}`)}
 		users(&tmpl)
 		runExample(t, "http://"+addr, db.APIURL, tmpl, secrets)
 	})
+}
+
+// ordersTableFor creates the framework examples' table, which their
+// docstrings give, granted to the API's role.
+func ordersTableFor(t *testing.T, db clienttest.DB) {
+	t.Helper()
+	admin, err := pgxpool.New(context.Background(), db.AdminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(context.Background(), `CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL,
+		key_id bigint NOT NULL UNIQUE, sku text NOT NULL, quantity int NOT NULL);
+		GRANT SELECT, INSERT ON orders TO `+db.Role+`; GRANT USAGE ON SEQUENCE orders_id_seq TO `+db.Role); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // runExample waits for the API and runs every scenario against it with
@@ -135,6 +155,12 @@ func assertNoKeysLeft(t *testing.T, pool *pgxpool.Pool) {
 // test ends; its output goes to the test log on failure.
 func startProcess(t *testing.T, bin string, args ...string) {
 	t.Helper()
+	startProcessEnv(t, nil, bin, args...)
+}
+
+// startProcessEnv is startProcess with env added to the environment.
+func startProcessEnv(t *testing.T, env []string, bin string, args ...string) {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), "api.log")
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -142,6 +168,7 @@ func startProcess(t *testing.T, bin string, args ...string) {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), env...)
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		t.Fatal(err)
