@@ -94,6 +94,7 @@ func TestBrokenAPIsFailTheirScenario(t *testing.T) {
 		// An API that cannot resume a key cannot be finished by the
 		// completer either.
 		{"never resumes a key", breaks{NoResume: true}, []string{"abandoned-resume", "replay-signed"}},
+		{"never takes over a crashed request's lock", breaks{NoTakeover: true}, []string{"abandoned-resume"}},
 		// Without the HMAC nothing ties the body to the signature.
 		{"skips the HMAC", breaks{NoHMAC: true}, []string{"replay-forged", "replay-tampered"}},
 		{"signs over the stored params", breaks{HMACOverStored: true}, []string{"replay-tampered"}},

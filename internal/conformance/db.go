@@ -108,19 +108,32 @@ func (d *db) byID(ctx context.Context, id int64) (keyRow, error) {
 	return k, nil
 }
 
+// lockState is how a key the run makes is locked.
+type lockState string
+
+const (
+	unlocked    lockState = "unlocked" // the request failed or its client went away; the key was unlocked
+	lockedNow   lockState = "now"      // a request holds it right now
+	lockedStale lockState = "stale"    // its request crashed an hour ago, holding the lock
+)
+
+// staleLockAge is how long ago a crashed request locked a key: far past
+// any lock timeout an API should have (the completer's default is 90 s).
+const staleLockAge = "1 hour"
+
 // clone inserts a key the API did not write: from's request under a new
 // key value, at recovery point started, as a client leaves it when it
-// goes away after the key was claimed. locked makes it a request in
-// progress (locked now). Every clone is deleted at the end of the run
-// unless the API finished it.
-func (d *db) clone(ctx context.Context, from keyRow, key string, locked bool) (keyRow, error) {
+// goes away after the key was claimed, locked as lock says. Every clone
+// is deleted at the end of the run unless the API finished it.
+func (d *db) clone(ctx context.Context, from keyRow, key string, lock lockState) (keyRow, error) {
 	k, err := scanKey(d.pool.QueryRow(ctx, `INSERT INTO idempotency_keys
 		(idempotency_key, user_id, locked_at, last_run_at, request_method, request_path, request_params,
 		 request_fingerprint, recovery_point, upstream_idempotency_key)
-		SELECT $1, user_id, CASE WHEN $3::bool THEN now() END, now(), request_method, request_path, request_params,
+		SELECT $1, user_id, CASE $3::text WHEN 'now' THEN now() WHEN 'stale' THEN now() - $4::interval END,
+		 CASE $3::text WHEN 'stale' THEN now() - $4::interval ELSE now() END, request_method, request_path, request_params,
 		 request_fingerprint, 'started', gen_random_uuid()
 		FROM idempotency_keys WHERE id = $2
-		RETURNING `+keyColumns, key, from.id, locked))
+		RETURNING `+keyColumns, key, from.id, string(lock), staleLockAge))
 	if err != nil {
 		return keyRow{}, fmt.Errorf("insert an abandoned key: %w", err)
 	}

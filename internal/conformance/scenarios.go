@@ -53,7 +53,7 @@ func Scenarios() []Scenario {
 			Doc: doc + "#begin-lock-or-insert-the-key", Needs: needSecondUser, Check: checkPerUser},
 		{Name: "staged-jobs", Rationale: "jobs are staged in a phase's transaction: committed when the answer arrives, never again on a retry, one River job each",
 			Doc: doc + "#stagejob", Needs: needDB, Check: checkStagedJobs},
-		{Name: "abandoned-resume", Rationale: "a key a client abandoned after claiming it is resumed by the client's retry and finished",
+		{Name: "abandoned-resume", Rationale: "a key abandoned after its claim (unlocked, or locked by a request that crashed) is resumed by the client's retry and finished",
 			Doc: doc + "#begin-lock-or-insert-the-key", Needs: needDB, Check: checkAbandonedResume},
 		{Name: "replay-signed", Rationale: "the completer's signed replay of an abandoned key is accepted and finishes the key",
 			Doc: doc + "#the-completers-replay-path", Needs: needDB | needSecret, Check: checkSignedReplay},
@@ -308,7 +308,7 @@ func checkConcurrent(ctx context.Context, r *run) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	held, err := r.db.clone(ctx, seed, r.key("held"), true)
+	held, err := r.db.clone(ctx, seed, r.key("held"), lockedNow)
 	if err != nil {
 		return "", err
 	}
@@ -403,23 +403,31 @@ func checkAbandonedResume(ctx context.Context, r *run) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	k, err := r.db.clone(ctx, seed, r.key("abandoned"), false)
-	if err != nil {
-		return "", err
-	}
-	a, err := r.send(ctx, req{key: k.key})
-	if err != nil {
-		return "", err
-	}
-	if !a.ok() {
-		return "", failf("the client's retry of a key left unlocked at recovery point started answered %s: it must resume the key", a)
-	}
-	after, err := r.db.byID(ctx, k.id)
-	if err != nil {
-		return "", err
-	}
-	if after.recoveryPoint != "finished" {
-		return "", failf("the retry answered %s but left the key at %q", a, after.recoveryPoint)
+	for _, c := range []struct {
+		lock lockState
+		what string
+	}{
+		{unlocked, "left unlocked at recovery point started"},
+		{lockedStale, "whose request crashed an hour ago holding its lock, at recovery point started"},
+	} {
+		k, err := r.db.clone(ctx, seed, r.key("abandoned-"+string(c.lock)), c.lock)
+		if err != nil {
+			return "", err
+		}
+		a, err := r.send(ctx, req{key: k.key})
+		if err != nil {
+			return "", err
+		}
+		if !a.ok() {
+			return "", failf("the client's retry of a key %s answered %s: it must resume the key", c.what, a)
+		}
+		after, err := r.db.byID(ctx, k.id)
+		if err != nil {
+			return "", err
+		}
+		if after.recoveryPoint != "finished" {
+			return "", failf("the client's retry of a key %s answered %s but left the key at %q", c.what, a, after.recoveryPoint)
+		}
 	}
 	return "", nil
 }
@@ -436,7 +444,7 @@ func (r *run) abandoned(ctx context.Context, scenario string) (keyRow, []byte, s
 	if err != nil {
 		return keyRow{}, nil, "", err
 	}
-	k, err := r.db.clone(ctx, seed, r.key(scenario), false)
+	k, err := r.db.clone(ctx, seed, r.key(scenario), unlocked)
 	if err != nil {
 		return keyRow{}, nil, "", err
 	}
@@ -580,7 +588,7 @@ func checkNonce(ctx context.Context, r *run) (string, error) {
 	// A key another request holds: the signature is accepted (its nonce
 	// spent) and the API answers 409, so the key stays unfinished and the
 	// second send meets the nonce check alone.
-	k, err := r.db.clone(ctx, seed, r.key("nonce"), true)
+	k, err := r.db.clone(ctx, seed, r.key("nonce"), lockedNow)
 	if err != nil {
 		return "", err
 	}

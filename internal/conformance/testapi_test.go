@@ -35,6 +35,7 @@ type breaks struct {
 	StageEveryRequest bool // the job is staged after the protocol, on replays too
 	LeaveLocked       bool // a finished key is left locked
 	NoResume          bool // an unfinished key is treated as in progress forever
+	NoTakeover        bool // a crashed request's lock is never taken over
 	NoHMAC            bool // replay signatures' HMAC not checked
 	HMACOverStored    bool // the HMAC is checked over the stored params, not the received body
 	NoWindow          bool // a signature's timestamp not checked
@@ -69,7 +70,11 @@ type orderAPI struct {
 type ctxUser struct{}
 
 func newOrderAPI(pool *pgxpool.Pool, secret []byte, b breaks) (http.Handler, error) {
-	a := &orderAPI{pool: pool, store: idem.New(pool, idem.Options{}), b: b, secret: secret}
+	opts := idem.Options{}
+	if b.NoTakeover {
+		opts.LockTimeout = 48 * time.Hour
+	}
+	a := &orderAPI{pool: pool, store: idem.New(pool, opts), b: b, secret: secret}
 	if b.customReplay() {
 		return a.replayAuth(a), nil
 	}
