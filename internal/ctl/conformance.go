@@ -137,8 +137,10 @@ func (c *ConformanceCmd) Help() string {
 scenarios do real work, each on keys of their own) and says, one line per
 scenario, whether the API keeps the idempotency-key protocol, why not, and
 the section of docs/api-authors.md that says what to do. Exit 0 only when no
-scenario failed. docs/conformance.md describes the scenarios and the
---request file.
+scenario failed. The database is optional here: without --database-url
+(DATABASE_URL) the scenarios that read the tables are skipped, and without
+--auth-secret-file the signed-replay ones. docs/conformance.md describes the
+scenarios and the --request file.
 
 Examples:
   idemctl conformance --api-url http://localhost:8080 --request ride.json
