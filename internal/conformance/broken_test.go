@@ -39,6 +39,13 @@ func ordersDB(t *testing.T) *pgxpool.Pool {
 // runOrders runs every scenario against orderAPI with b.
 func runOrders(t *testing.T, pool *pgxpool.Pool, b breaks) conformance.Report {
 	t.Helper()
+	return runOrdersWith(t, pool, b, true)
+}
+
+// runOrdersWith is runOrders, with the database and the secret given to
+// the run or not.
+func runOrdersWith(t *testing.T, pool *pgxpool.Pool, b breaks, withDB bool) conformance.Report {
+	t.Helper()
 	h, err := newOrderAPI(pool, []byte(testSecret), b)
 	if err != nil {
 		t.Fatal(err)
@@ -49,9 +56,11 @@ func runOrders(t *testing.T, pool *pgxpool.Pool, b breaks) conformance.Report {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := conformance.Run(context.Background(), conformance.Config{
-		APIURL: srv.URL, Template: orderTemplate(), Pool: pool, Secrets: []replayauth.Secret{secret},
-	})
+	cfg := conformance.Config{APIURL: srv.URL, Template: orderTemplate()}
+	if withDB {
+		cfg.Pool, cfg.Secrets = pool, []replayauth.Secret{secret}
+	}
+	rep, err := conformance.Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,5 +138,31 @@ func TestIgnoredKeyFailsReplayFirst(t *testing.T) {
 		"abandoned-resume", "replay-signed", "replay-forged", "replay-tampered", "replay-expired", "replay-foreign-user", "replay-nonce"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("failed %v, want %v", got, want)
+	}
+}
+
+// TestBrokenAPIsWithoutDatabase: what a client alone can see is enough
+// to catch these, from the answers only.
+func TestBrokenAPIsWithoutDatabase(t *testing.T) {
+	pool := ordersDB(t)
+	cases := []struct {
+		name string
+		b    breaks
+		want []string
+	}{
+		{"ignores the key", breaks{IgnoreKey: true}, []string{"replay", "params-mismatch", "key-required", "concurrent"}},
+		{"replays another body", breaks{ReplayOtherBody: true}, []string{"replay"}},
+		{"accepts a missing key", breaks{AcceptNoKey: true}, []string{"key-required"}},
+		{"answers a mismatch with 409", breaks{Mismatch409: true}, []string{"params-mismatch"}},
+		{"keys not per user", breaks{KeysGlobal: true}, []string{"per-user"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rep := runOrdersWith(t, pool, c.b, false)
+			if got := rep.FailedNames(); !slices.Equal(got, c.want) {
+				logReport(t, rep)
+				t.Fatalf("failed %v, want exactly %v", got, c.want)
+			}
+		})
 	}
 }

@@ -289,15 +289,20 @@ func (r *run) key(scenario string) string {
 
 // missing says why a scenario needing needs cannot run, "" when it can.
 func (r *run) missing(needs need) string {
-	switch {
-	case needs&needDB != 0 && r.cfg.Pool == nil:
-		return "needs --database-url"
-	case needs&needSecret != 0 && len(r.cfg.Secrets) == 0:
-		return "needs the completer's replay secret (--auth-secret-file)"
-	case needs&needSecondUser != 0 && r.cfg.Template.SecondUser == nil:
-		return "needs second_user in the request template"
+	var m []string
+	if needs&needDB != 0 && r.cfg.Pool == nil {
+		m = append(m, "--database-url")
 	}
-	return ""
+	if needs&needSecret != 0 && len(r.cfg.Secrets) == 0 {
+		m = append(m, "the completer's replay secret (--auth-secret-file)")
+	}
+	if needs&needSecondUser != 0 && r.cfg.Template.SecondUser == nil {
+		m = append(m, "second_user in the request file")
+	}
+	if len(m) == 0 {
+		return ""
+	}
+	return "needs " + strings.Join(m, " and ")
 }
 
 func randomHex(n int) string {
