@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -59,24 +60,29 @@ type Skeleton[R any] struct {
 	Summarize    func(last R, err error) (fields []zap.Field, worth bool)
 
 	runner Runner
+	// setup names the runner and sets readiness's limit once: concurrent
+	// Starts must not write them at the same time.
+	setup sync.Once
 }
 
 // Start runs the main loop in the background until Stop or until ctx
 // ends: a pass First after Start, then one whenever Wake delivers or the
 // wait after the last pass has passed.
 func (k *Skeleton[R]) Start(ctx context.Context) error {
+	k.setup.Do(func() {
+		k.runner.Name = k.Name
+		if k.Ready != nil && k.MaxPassAge != nil {
+			k.Ready.MaxPassAge = k.MaxPassAge()
+		}
+	})
 	if k.Ready != nil {
 		// Before the loop can first mark a pass.
 		k.Ready.MarkStarted(time.Now())
-		if k.MaxPassAge != nil {
-			k.Ready.MaxPassAge = k.MaxPassAge()
-		}
 	}
 	var first time.Duration
 	if k.First != nil {
 		first = k.First()
 	}
-	k.runner.Name = k.Name
 	return k.runner.Start(ctx, func(ctx context.Context, stop <-chan struct{}) {
 		if k.Finally != nil {
 			defer k.Finally(ctx)
