@@ -496,7 +496,7 @@ func TestAPIDownThenRecovers(t *testing.T) {
 	var mu sync.Mutex
 	var acts []time.Time
 	svc.hooks.reserved = func(at time.Time) { mu.Lock(); acts = append(acts, at); mu.Unlock() }
-	svc.signals.breakerOpened.Init()
+	svc.signals.breakerOpened.Init(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

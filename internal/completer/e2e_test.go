@@ -267,7 +267,7 @@ func TestEndToEndRocketRides(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		svc.signals.breakerOpened.Init()
+		svc.signals.breakerOpened.Init(t)
 		svc.hooks.reserved = func(at time.Time) {
 			reserveMu.Lock()
 			reservations[i] = append(reservations[i], at)

@@ -49,8 +49,8 @@ func startReplicas(t *testing.T, pool *pgxpool.Pool, n int, change func(*Setting
 				change(st)
 			}
 		})
-		s.signals.listenerUp.Init()
-		s.signals.standby.Init()
+		s.signals.listenerUp.Init(t)
+		s.signals.standby.Init(t)
 		if err := s.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}

@@ -380,7 +380,7 @@ func TestWakesOnNotifyWithoutPolling(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	s := newService(t, pool, func(s *Settings) { s.PollInterval = time.Hour })
-	s.signals.listenerUp.Init()
+	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +422,7 @@ func TestSurvivesTerminatedConnections(t *testing.T) {
 	}
 	defer svcPool.Close()
 	s := newService(t, svcPool, func(s *Settings) { s.BatchSize, s.PollInterval = 200, 50*time.Millisecond })
-	s.signals.listenerUp.Init()
+	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

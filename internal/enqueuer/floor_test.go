@@ -314,7 +314,7 @@ func TestLateLowIDIsMovedByItsNotification(t *testing.T) {
 	ctx := context.Background()
 	s := newService(t, pool, func(s *Settings) { s.PollInterval = time.Hour })
 	drains := recordDrains(s)
-	s.signals.listenerUp.Init()
+	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -383,8 +383,8 @@ func TestLostNotificationIsSweptAndCounted(t *testing.T) {
 	s := newService(t, pool, func(s *Settings) { s.PollInterval = 100 * time.Millisecond })
 	var lost sync.Map // payloads to lose
 	s.hooks.dropNotification = func(p string) bool { _, ok := lost.Load(p); return ok }
-	s.signals.listenerUp.Init()
-	s.signals.passed.Init()
+	s.signals.listenerUp.Init(t)
+	s.signals.passed.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -451,8 +451,8 @@ func TestRowsAnotherReplicaRolledBackAreSwept(t *testing.T) {
 	}
 
 	s := newService(t, pool, func(s *Settings) { s.PollInterval = 100 * time.Millisecond })
-	s.signals.listenerUp.Init()
-	s.signals.swept.Init()
+	s.signals.listenerUp.Init(t)
+	s.signals.swept.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +485,7 @@ func TestNotificationWithoutFloorIsAFullPass(t *testing.T) {
 	ctx := context.Background()
 	s := newService(t, pool, func(s *Settings) { s.PollInterval = time.Hour })
 	drains := recordDrains(s)
-	s.signals.listenerUp.Init()
+	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

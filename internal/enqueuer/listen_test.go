@@ -46,7 +46,7 @@ func TestListenerCheckIsNotStarvedByOtherReplicas(t *testing.T) {
 	})
 
 	s := newService(t, pool, func(s *Settings) { s.ListenerCheckInterval = time.Millisecond })
-	s.signals.listenerChecked.Init()
+	s.signals.listenerChecked.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

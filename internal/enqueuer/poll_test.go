@@ -338,8 +338,8 @@ func streamsLoseNothing(t *testing.T, pool *pgxpool.Pool) {
 	ctx := context.Background()
 	s := newService(t, pool, func(s *Settings) { s.PollInterval = 20 * time.Millisecond })
 	s.hooks.sweepMarkOnly = true
-	s.signals.polling.Init()
-	s.signals.listenerUp.Init()
+	s.signals.polling.Init(t)
+	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func TestDeafListenerIsDetected(t *testing.T) {
 		s.PollInterval, s.ListenDatabaseURL = 200*time.Millisecond, b.URL(db, "postgres")
 		s.ListenerCheckInterval, s.ListenerCheckTimeout = 100*time.Millisecond, 300*time.Millisecond
 	})
-	s.signals.listenerCheckFailed.Init()
+	s.signals.listenerCheckFailed.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestListenOnDirectURLBehindPooler(t *testing.T) {
 	pool, b, db, dbURL := pooledPool(t)
 	ctx := context.Background()
 	s := newService(t, pool, func(s *Settings) { s.PollInterval, s.ListenDatabaseURL = time.Hour, dbURL })
-	s.signals.listenerUp.Init()
+	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

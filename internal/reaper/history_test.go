@@ -142,7 +142,7 @@ func TestScheduleRecordsItsRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc.schedule = &dueOnce{}
-	svc.signals.passed.Init()
+	svc.signals.passed.Init(t)
 	if err := svc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func TestScheduleMode(t *testing.T) {
 	svc := newService(t, pool, func(s *Settings) { s.Schedule = "@every 1s" })
 	ready := &opshttp.Readiness{}
 	svc.skel.Ready = ready
-	svc.signals.passed.Init()
+	svc.signals.passed.Init(t)
 	if err := svc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -65,8 +65,8 @@ func TestScheduleFailedRunWaitsForTheSchedule(t *testing.T) {
 	insertOldKeys(t, pool, 10)
 	svc := newService(t, pool, func(s *Settings) { s.Schedule = "@hourly"; s.MaxDeletes = 1 })
 	svc.schedule = &dueOnce{}
-	svc.signals.passed.Init()
-	svc.signals.next.Init()
+	svc.signals.passed.Init(t)
+	svc.signals.next.Init(t)
 	if err := svc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestStopWaitsForTheRun(t *testing.T) {
 			insertOldKeys(t, pool, 10)
 			svc := newService(t, pool, func(s *Settings) { s.Schedule = "@hourly" })
 			svc.schedule = &dueOnce{}
-			svc.signals.passed.Init()
+			svc.signals.passed.Init(t)
 			locked := make(chan struct{})
 			svc.hooks.afterLock = func(ctx context.Context) {
 				close(locked)
@@ -130,7 +130,7 @@ func TestStopDeadlineCutsTheBatch(t *testing.T) {
 	insertOldKeys(t, pool, 10)
 	svc := newService(t, pool, func(s *Settings) { s.Schedule = "@hourly" })
 	svc.schedule = &dueOnce{}
-	svc.signals.passed.Init()
+	svc.signals.passed.Init(t)
 	inBatch := make(chan struct{})
 	svc.hooks.inBatch = func(ctx context.Context, _ pgx.Tx) {
 		close(inBatch)

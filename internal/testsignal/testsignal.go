@@ -6,6 +6,7 @@
 package testsignal
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -13,17 +14,37 @@ import (
 // Timeout bounds every wait; it is generous because CI machines are slow.
 const Timeout = 30 * time.Second
 
+// Capacity is how many values an initialised signal holds for its test. A
+// test that lets more pile up fails: the values it never read are ones it
+// may have meant to wait for.
+const Capacity = 1000
+
 // Signal carries values of T from a service to a test.
 type Signal[T any] struct {
-	ch chan T
+	ch      chan T
+	dropped atomic.Int64
 }
 
-// Init makes the signal record values; call it before the service starts.
-func (s *Signal[T]) Init() { s.ch = make(chan T, 1000) }
+// Init makes the signal record values for tb; call it before the service
+// starts. If the service signals while Capacity values are waiting, the
+// value is dropped (the service never blocks on its test) and tb fails
+// when it ends, saying how many were dropped. The failure is reported from
+// tb's cleanup, not from the service's goroutine, where a test must not
+// stop.
+func (s *Signal[T]) Init(tb testing.TB) {
+	tb.Helper()
+	s.ch = make(chan T, Capacity)
+	s.dropped.Store(0)
+	tb.Cleanup(func() {
+		if n := s.dropped.Load(); n > 0 {
+			tb.Errorf("testsignal: %d values dropped: more than %d signalled and not read (read them, or do not Init the signal)", n, Capacity)
+		}
+	})
+}
 
 // Signal records v if a test initialised the signal; otherwise it does
-// nothing. It never blocks: a test that does not read loses values beyond
-// the buffer, not the service's progress.
+// nothing. It never blocks: past Capacity unread values it drops v and
+// counts it, and the test fails (see Init).
 func (s *Signal[T]) Signal(v T) {
 	if s.ch == nil {
 		return
@@ -31,6 +52,7 @@ func (s *Signal[T]) Signal(v T) {
 	select {
 	case s.ch <- v:
 	default:
+		s.dropped.Add(1)
 	}
 }
 
