@@ -2,7 +2,6 @@ package completer
 
 import (
 	"context"
-	"errors"
 
 	"go.uber.org/zap"
 
@@ -122,17 +121,5 @@ func (c *Command) runWithStats(ctx context.Context, env *daemon.Env, svc *Servic
 	if err != nil {
 		return err
 	}
-	if err := stats.Start(ctx); err != nil {
-		return err
-	}
-	serr := svc.Start(ctx)
-	if serr == nil {
-		<-ctx.Done()
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.ShutdownTimeout)
-	defer cancel()
-	if serr == nil {
-		serr = svc.Stop(sctx)
-	}
-	return errors.Join(serr, stats.Stop(sctx))
+	return daemon.RunServices(ctx, c.ShutdownTimeout, stats, svc)
 }

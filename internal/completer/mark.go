@@ -121,10 +121,10 @@ func nextMark(st markState, full bool, r markReading) (next markState, gaps int)
 	return markState{mark: mark, reads: st.reads.Next()}, gaps
 }
 
-// inWalkTx runs fn in a transaction begun with walkBeginSQL, so its walks
+// inWalkTx runs fn in a transaction begun with lowwater.BeginSQL, so its walks
 // of idemd_unfinished_keys go through the primary key from the mark.
 func (s *Service) inWalkTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: walkBeginSQL}, fn)
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: lowwater.BeginSQL}, fn)
 }
 
 // walker holds the mark between passes.

@@ -79,7 +79,7 @@ func TestMarkDecision(t *testing.T) {
 }
 
 // explainBuffers runs sql under EXPLAIN (ANALYZE, BUFFERS) twice, in a
-// transaction begun as the completer begins its walks (walkBeginSQL) and
+// transaction begun as the completer begins its walks (lowwater.BeginSQL) and
 // rolled back, and returns the shared buffers (hit + read) of the second
 // run's plan.
 func explainBuffers(t *testing.T, pool *pgxpool.Pool, sql string, args pgx.NamedArgs) int {
@@ -88,7 +88,7 @@ func explainBuffers(t *testing.T, pool *pgxpool.Pool, sql string, args pgx.Named
 	var n int
 	for range 2 {
 		var out []byte
-		tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: walkBeginSQL})
+		tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: lowwater.BeginSQL})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -68,16 +68,6 @@ const (
     LIMIT @batch_size`
 )
 
-// walkBeginSQL begins every transaction that walks idemd_unfinished_keys
-// from a low-water mark (the claims, the mark read, Prune). While an old
-// snapshot keeps dead rows, the table is a few live rows in a long heap
-// and index, and the planner, whose statistics say "a few rows", prefers
-// reading every heap page (a sequential or bitmap scan and a sort) to
-// walking the primary key from the mark, which touches only the entries
-// from there on. With those two scans switched off it walks the index (as
-// the enqueuer's beginSQL). SET LOCAL ends with the transaction.
-const walkBeginSQL = `BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`
-
 // candidateLocking locks the candidates a claim selects, skipping rows
 // another replica or the API holds.
 const candidateLocking = `
@@ -230,7 +220,7 @@ LEFT JOIN LATERAL (
 // age by the database clock. It walks only idemd_unfinished_keys (every
 // unfinished key is in it) from the position (@from_at, @from_id) on, and
 // the primary key of idempotency_keys. In a transaction begun with
-// walkBeginSQL the walk goes through the side table's primary key from
+// lowwater.BeginSQL the walk goes through the side table's primary key from
 // that position, so from the low-water mark it skips the dead entries a
 // held snapshot keeps below it (mark.go).
 const unfinishedKeysSQL = `

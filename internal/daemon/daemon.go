@@ -234,17 +234,40 @@ func NewPool(ctx context.Context, url, appName, pooler string, logger *zap.Logge
 	return pool, nil
 }
 
-// RunService starts svc, waits for ctx to be cancelled, then stops it
-// within timeout. It is the body of every long-running command.
-func RunService(ctx context.Context, svc interface {
+// Service is what a long-running command runs until SIGTERM.
+type Service interface {
 	Start(context.Context) error
 	Stop(context.Context) error
-}, timeout time.Duration) error {
-	if err := svc.Start(ctx); err != nil {
-		return err
+}
+
+// RunService starts svc, waits for ctx to be cancelled, then stops it
+// within timeout. It is the body of every long-running command.
+func RunService(ctx context.Context, svc Service, timeout time.Duration) error {
+	return RunServices(ctx, timeout, svc)
+}
+
+// RunServices is RunService for services that run side by side: they
+// start in order and stop in reverse order, so one started first (an
+// exporter whose gauges should cover the others' whole life) stops last.
+// All the stops share one timeout, the command's --shutdown-timeout. If a
+// Start fails, the services already started are stopped, within timeout.
+func RunServices(ctx context.Context, timeout time.Duration, svcs ...Service) error {
+	var err error
+	started := 0
+	for _, svc := range svcs {
+		if err = svc.Start(ctx); err != nil {
+			break
+		}
+		started++
 	}
-	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	if err == nil {
+		<-ctx.Done()
+	}
+	// The stops keep ctx's values, not its cancellation.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	return svc.Stop(sctx)
+	for i := started - 1; i >= 0; i-- {
+		err = errors.Join(err, svcs[i].Stop(sctx))
+	}
+	return err
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemd/idemd/internal/lowwater"
 )
 
 // The statements share their parameters' meanings, by name (pgx.NamedArgs):
@@ -19,15 +21,9 @@ import (
 // The dead-letter insert names its parameters after the columns they fill.
 
 // beginSQL begins every transaction that reads staged_jobs from @from (the
-// moves, the sweep, the backlog gauges). While an old snapshot keeps dead
-// rows, staged_jobs is a few live rows at the end of a long heap and index,
-// and the planner, whose statistics say "a few rows" and "the whole range"
-// for id >= @from, prefers reading every heap page (a sequential or bitmap
-// scan and a sort) to walking the index from @from, which touches only the
-// entries from there on. With those two scans switched off it can only
-// walk the index. SET LOCAL ends with the transaction: nothing stays on a
-// server connection a pooler hands to someone else.
-const beginSQL = `BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`
+// moves, the sweep, the backlog gauges), so it walks the primary key from
+// there even while an old snapshot keeps dead rows (lowwater.BeginSQL).
+const beginSQL = lowwater.BeginSQL
 
 // moveBeginSQL begins a move transaction: beginSQL, and a commit that does
 // not wait for its WAL flush. Under a stream of commits the API's commits

@@ -11,6 +11,19 @@
 // as gaps.
 package lowwater
 
+// BeginSQL begins every transaction that walks a table's primary key from
+// a mark (the enqueuer's moves, sweep and backlog gauges on staged_jobs;
+// the completer's claims, mark reads and prune on idemd_unfinished_keys).
+// While an old snapshot keeps dead rows, the table is a few live rows in a
+// long heap and index, and the planner, whose statistics say "a few rows"
+// and, for a range from the mark, "the whole table", prefers reading every
+// heap page (a sequential or bitmap scan and a sort) to walking the index
+// from the mark, which touches only the entries from there on. With those
+// two scans switched off it can only walk the index. SET LOCAL ends with
+// the transaction: nothing stays on a server connection a pooler hands to
+// someone else.
+const BeginSQL = `BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`
+
 // FullEvery is how often a mark's read starts from the start of the index:
 // the first read and every FullEvery-th after it. A row below the mark is
 // found within FullEvery reads.
