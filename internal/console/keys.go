@@ -406,12 +406,13 @@ const retryLockTimeout = "5s"
 
 // RetryKey hands a given-up or failing key back to the completer, in one
 // transaction: it resets the columns the completer reads to decide it gave
-// up (completer_gave_up_at, which CandidateSQL excludes; completer_attempts,
-// which --max-attempts is compared with; completer_next_attempt_at, when it
-// is due), tracks the key again in idemd_unfinished_keys (the completer
-// untracked it when it gave up), resolves the key's open completer_gave_up
-// review (so a second give-up opens a new one rather than hiding behind the
-// old), and records the action. completer_last_error is kept: it is history,
+// up (completer_gave_up_at, which internal/completer's Unfinished
+// excludes; completer_attempts, which --max-attempts is compared with;
+// completer_next_attempt_at, when it is due), tracks the key again in
+// idemd_unfinished_keys (the completer untracked it when it gave up),
+// resolves the key's open completer_gave_up review (so a second give-up
+// opens a new one rather than hiding behind the old), and records the
+// action. completer_last_error is kept: it is history,
 // not a decision. It refuses a finished key, a gone key, a key a completer
 // replica has leased, and a key past the give-up horizon.
 func RetryKey(ctx context.Context, db TxDB, req RetryRequest) (*RetryResult, error) {

@@ -132,8 +132,8 @@ func TestOneOutputFlag(t *testing.T) {
 
 // TestMigrateLockWait: migrate's wait for a concurrent run is --lock-wait
 // (IDEMD_LOCK_WAIT). IDEMD_LOCK_TIMEOUT is the completer's (a key's lock
-// age) and migrate no longer reads it; --lock-timeout still works on the
-// command line for one release, hidden, with a warning.
+// age), which migrate does not read; migrate still accepts --lock-timeout
+// on the command line, hidden, with a warning, so scripts keep working.
 func TestMigrateLockWait(t *testing.T) {
 	_, help, _ := run(t, "migrate", "--help")
 	if !strings.Contains(help, "--lock-wait=5m") || !strings.Contains(help, "$IDEMD_LOCK_WAIT") {

@@ -154,7 +154,7 @@ AND (detail->>'completer_attempts')::int = 20 AND detail->>'completer_gave_up_at
 		t.Fatal("action not recorded")
 	}
 	// The candidate query of the completer (its conditions, internal/completer
-	// CandidateSQL, with no grace) now finds the key.
+	// candidateConditions, with no grace) finds the key after the retry.
 	if n := count(t, pool, `SELECT count(*) FROM idemd_unfinished_keys u JOIN idempotency_keys c ON c.id = u.key_id
 WHERE c.id = $1 AND c.recovery_point <> 'finished' AND c.completer_gave_up_at IS NULL
   AND (c.completer_next_attempt_at IS NULL OR c.completer_next_attempt_at <= now())

@@ -37,9 +37,8 @@ const (
 )
 
 // healthyExceptions are alerts left out of the healthy-start check because
-// of a known defect, each until it is fixed. None now: the enqueuer's
-// listener self-check is no longer starved by other replicas' checks
-// (internal/enqueuer, selfCheck), which made IdemdEnqueuerListenerDown fire.
+// of a known defect, each until it is fixed. None: every alert stays quiet
+// on a healthy start.
 var healthyExceptions []string
 
 // alertRun is the recording of one run and the moments of its faults.

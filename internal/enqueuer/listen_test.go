@@ -18,10 +18,10 @@ import (
 // crowd of replicas) while this replica checks its listener every few
 // milliseconds. Its own check must come back every time: twenty round
 // trips in a row on one connection, no failed check, the listener up
-// throughout. (The listener used to hand check payloads to the checker
-// through a one-slot channel and drop what did not fit, so another
-// replica's payload in the slot made this replica drop its own, time out,
-// and reconnect with listener_up 0.)
+// throughout. (A listener that hands check payloads to the checker
+// through a one-slot channel, dropping what does not fit, fails this:
+// another replica's payload in the slot makes this replica drop its own,
+// time out, and reconnect with listener_up 0.)
 func TestListenerCheckIsNotStarvedByOtherReplicas(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -152,7 +152,8 @@ func TestUpgradeToUnfinishedKeysTableUnderTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	migrateUpTo(t, pool, 11)
-	// The completer's index as 00002 used to create it.
+	// The completer's partial index as 00002 creates it, which 00012 must
+	// drop.
 	if _, err := pool.Exec(ctx, `CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished ON idempotency_keys (created_at)
 WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL`); err != nil {
 		t.Fatal(err)

@@ -205,7 +205,7 @@ const eligibleFromCursor = eligible + `
 // key needs a review and for which reason, evaluated on the row version
 // actually deleted.
 const deletedColumns = `k.id, k.created_at,
-              (k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL) AS needs_review,
+              ` + needsReview + ` AS needs_review,
               k.completer_gave_up_at IS NOT NULL AS gave_up`
 
 // reviewTail inserts the reviews and starts the final SELECT. The
@@ -250,6 +250,11 @@ SELECT
     (SELECT count(*) FROM flagged WHERE reason = @unfinished::text),
     (SELECT count(*) FROM flagged WHERE reason = @gave_up::text)`
 
+// needsReview says whether a key of idempotency_keys k needs a review when
+// it is deleted: it never finished, or the completer gave up on it (the
+// keys the completer still had to complete, and the ones it could not).
+const needsReview = `(k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL)`
+
 // reviewReason is the reason a key of idempotency_keys k would be flagged
 // for, if it needs a review.
 const reviewReason = `CASE WHEN k.completer_gave_up_at IS NOT NULL THEN @gave_up::text ELSE @unfinished::text END`
@@ -260,7 +265,7 @@ const reviewReason = `CASE WHEN k.completer_gave_up_at IS NOT NULL THEN @gave_up
 const planSQL = `
 WITH eligible AS (
     SELECT k.id, k.created_at, ` + reviewReason + ` AS reason,
-           k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL AS needs_review
+           ` + needsReview + ` AS needs_review
     FROM idempotency_keys k
     WHERE ` + eligible + `
     ORDER BY k.created_at
@@ -278,7 +283,7 @@ const planFlagsSQL = `
 SELECT k.id, k.user_id, k.idempotency_key, k.recovery_point, k.created_at, ` + reviewReason + ` AS reason
 FROM idempotency_keys k
 WHERE ` + eligible + `
-  AND (k.recovery_point <> 'finished' OR k.completer_gave_up_at IS NOT NULL)
+  AND ` + needsReview + `
   AND NOT EXISTS (
       SELECT 1 FROM idempotency_key_reviews r
       WHERE r.key_id = k.id AND r.reason = ` + reviewReason + `)

@@ -28,7 +28,8 @@ func sqlVariant(name string, stmts ...string) HotVariant {
 }
 
 const (
-	// The completer's former partial index (00002 before 00012).
+	// The partial index 00002 creates and 00012 drops: what the trigger
+	// and idemd_unfinished_keys are measured against.
 	expPartial   = `CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished ON idempotency_keys (created_at) WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL`
 	expNoTrigger = `DROP TRIGGER IF EXISTS idemd_track_unfinished_key ON idempotency_keys`
 	// A trigger that also deletes the key's row when the API finishes it,
