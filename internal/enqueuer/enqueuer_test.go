@@ -436,7 +436,8 @@ func TestSurvivesTerminatedConnections(t *testing.T) {
 		}
 		staged.Add(1000)
 		// Cut every connection the service has, mid-drain or mid-wait.
-		if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'idemd-enqueuer-under-test'`); err != nil {
+		if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = 'idemd-enqueuer-under-test'`); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 	}

@@ -179,7 +179,7 @@ func TestFenceLetsTheHolderOverlap(t *testing.T) {
 	testwait.Until(t, 10*time.Second, "the renewal waits for the fences", func() bool {
 		var waiting bool
 		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE idemd_leases%')`).Scan(&waiting)
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE idemd_leases%')`).Scan(&waiting)
 		return err == nil && waiting
 	})
 	for _, tx := range txs {
