@@ -15,14 +15,14 @@ package completer
 //
 // The database clock decides every age.
 
-// Unfinished is what keeps a key the completer's business: not finished
+// unfinished is what keeps a key the completer's business: not finished
 // and not given up. Every statement that asks whether a key is still to be
 // completed composes it. It names idempotency_keys' columns unqualified,
 // so it goes where idempotency_keys is the only table in scope with those
 // columns (idemd_unfinished_keys has neither). Migration 00012's trigger
 // and backfill, which fill idemd_unfinished_keys, state the same
 // condition in SQL.
-const Unfinished = `recovery_point <> 'finished' AND completer_gave_up_at IS NULL`
+const unfinished = `recovery_point <> 'finished' AND completer_gave_up_at IS NULL`
 
 // candidateConditions is what makes a key due: unfinished, not given up,
 // past the grace period, idle, not locked by a live request, its next
@@ -30,7 +30,7 @@ const Unfinished = `recovery_point <> 'finished' AND completer_gave_up_at IS NUL
 // idempotency_keys row; the row's own columns decide, the tracked
 // created_at only orders the walk and bounds it.
 const candidateConditions = `u.created_at < now() - @grace::interval
-      AND ` + Unfinished + `
+      AND ` + unfinished + `
       AND c.created_at < now() - @grace::interval
       AND c.last_run_at < now() - @idle::interval
       AND (c.locked_at IS NULL OR c.locked_at < now() - @lock_timeout::interval)
@@ -174,7 +174,7 @@ const giveUpSQL = `
 UPDATE idempotency_keys
 SET completer_gave_up_at = now(), completer_leased_until = NULL, completer_attempts = @attempts,
     completer_last_error = COALESCE(NULLIF(@last_error, ''), completer_last_error)
-WHERE id = @key_id AND completer_leased_until = @leased_until AND ` + Unfinished
+WHERE id = @key_id AND completer_leased_until = @leased_until AND ` + unfinished
 
 // pruneSQL walks up to @walk rows of idemd_unfinished_keys after the cursor
 // (@cursor_at, @cursor_id) and deletes those whose key is finished, given
@@ -183,7 +183,7 @@ WHERE id = @key_id AND completer_leased_until = @leased_until AND ` + Unfinished
 const pruneSQL = `
 WITH walked AS (
     SELECT u.created_at, u.key_id,
-           k.id IS NULL OR NOT (` + Unfinished + `) AS done
+           k.id IS NULL OR NOT (` + unfinished + `) AS done
     FROM idemd_unfinished_keys u
     LEFT JOIN idempotency_keys k ON k.id = u.key_id
     WHERE (u.created_at, u.key_id) > (@cursor_at::timestamptz, @cursor_id::bigint)
@@ -213,7 +213,7 @@ SELECT now() - @grace::interval - @margin::interval, l.created_at, l.key_id,
         FROM idemd_unfinished_keys u
         JOIN idempotency_keys k ON k.id = u.key_id
         WHERE (u.created_at, u.key_id) < (@below_at::timestamptz, @below_id::bigint)
-          AND ` + Unfinished + `)
+          AND ` + unfinished + `)
 FROM (SELECT 1) one
 LEFT JOIN LATERAL (
     SELECT u.created_at, u.key_id
@@ -236,6 +236,6 @@ SELECT k.recovery_point, count(*), min(k.created_at), EXTRACT(EPOCH FROM now() -
 FROM idemd_unfinished_keys u
 JOIN idempotency_keys k ON k.id = u.key_id
 WHERE (u.created_at, u.key_id) >= (@from_at::timestamptz, @from_id::bigint)
-  AND ` + Unfinished + `
+  AND ` + unfinished + `
 GROUP BY k.recovery_point
 ORDER BY k.recovery_point`

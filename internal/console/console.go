@@ -10,7 +10,7 @@
 // definition of a service's rule: the status overview and the review list
 // come from internal/ctl through the Backend interface, and a retry resets
 // exactly the columns the completer reads to decide it gave up
-// (internal/completer, Unfinished and giveUp).
+// (internal/completer, unfinished and giveUp).
 package console
 
 import (

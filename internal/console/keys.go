@@ -406,7 +406,7 @@ const retryLockTimeout = "5s"
 
 // RetryKey hands a given-up or failing key back to the completer, in one
 // transaction: it resets the columns the completer reads to decide it gave
-// up (completer_gave_up_at, which internal/completer's Unfinished
+// up (completer_gave_up_at, which internal/completer's unfinished
 // excludes; completer_attempts, which --max-attempts is compared with;
 // completer_next_attempt_at, when it is due), tracks the key again in
 // idemd_unfinished_keys (the completer untracked it when it gave up),

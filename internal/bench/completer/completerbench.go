@@ -200,7 +200,7 @@ const (
     FROM idemd_unfinished_keys u
     JOIN idempotency_keys c ON c.id = u.key_id
     WHERE u.created_at < now() - @grace::interval
-      AND ` + completer.Unfinished + `
+      AND recovery_point <> 'finished' AND completer_gave_up_at IS NULL
       AND c.created_at < now() - @grace::interval
       AND c.last_run_at < now() - @idle::interval
       AND (c.locked_at IS NULL OR c.locked_at < now() - @lock_timeout::interval)
@@ -231,7 +231,8 @@ const articleLocking = `
 // an ordered walk of the created_at index, every predicate on the heap.
 const createdAtScanSQL = `
     SELECT c.id FROM idempotency_keys c
-    WHERE ` + completer.Unfinished + `
+    WHERE c.recovery_point <> 'finished'
+      AND c.completer_gave_up_at IS NULL
       AND c.created_at < now() - @grace::interval
       AND c.last_run_at < now() - @idle::interval
       AND (c.locked_at IS NULL OR c.locked_at < now() - @lock_timeout::interval)
@@ -408,7 +409,7 @@ JOIN (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM users) u ON u.n =
 			return err
 		}
 		var left int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE `+completer.Unfinished).Scan(&left); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL`).Scan(&left); err != nil {
 			return err
 		}
 		if left == 0 {
