@@ -823,10 +823,10 @@ func TestStartSetsReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer svc.Stop(context.Background()) //nolint:errcheck
-	if want := 3*cfg.PollInterval + 2*cfg.Lease; ready.MaxPassAge != want {
-		t.Fatalf("MaxPassAge %s, want %s", ready.MaxPassAge, want)
+	if want := 3*cfg.PollInterval + 2*cfg.Lease; ready.MaxPassAge() != want {
+		t.Fatalf("MaxPassAge %s, want %s", ready.MaxPassAge(), want)
 	}
-	if err := ready.Check(context.Background(), time.Now().Add(ready.MaxPassAge+time.Second)); err == nil {
+	if err := ready.Check(context.Background(), time.Now().Add(ready.MaxPassAge()+time.Second)); err == nil {
 		t.Fatal("ready with no pass for longer than MaxPassAge")
 	}
 	testwait.Until(t, time.Minute, "a pass to mark readiness", func() bool {

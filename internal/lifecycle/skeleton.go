@@ -72,7 +72,7 @@ func (k *Skeleton[R]) Start(ctx context.Context) error {
 	k.setup.Do(func() {
 		k.runner.Name = k.Name
 		if k.Ready != nil && k.MaxPassAge != nil {
-			k.Ready.MaxPassAge = k.MaxPassAge()
+			k.Ready.SetMaxPassAge(k.MaxPassAge())
 		}
 	})
 	if k.Ready != nil {

@@ -113,8 +113,8 @@ func TestSkeletonStartReadinessAndFinally(t *testing.T) {
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if ready.MaxPassAge != 42*time.Second {
-		t.Fatalf("MaxPassAge %s, want the service's", ready.MaxPassAge)
+	if ready.MaxPassAge() != 42*time.Second {
+		t.Fatalf("MaxPassAge %s, want the service's", ready.MaxPassAge())
 	}
 	st := <-stops
 	<-besideRunning

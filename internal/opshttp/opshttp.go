@@ -26,14 +26,19 @@ type Readiness struct {
 	// Note, when it returns something, is said under /readyz's "ok": a
 	// condition that does not stop the daemon but an operator should see
 	// (a database schema newer than the binary). Optional.
-	Note func() string
-	// MaxPassAge is how old the last successful pass may be before /readyz
-	// fails. Zero disables the check.
-	MaxPassAge time.Duration
-
-	lastPass atomic.Int64 // unix nanos
-	started  atomic.Int64
+	Note       func() string
+	lastPass   atomic.Int64 // unix nanos
+	started    atomic.Int64
+	maxPassAge atomic.Int64 // a time.Duration; SetMaxPassAge
 }
+
+// SetMaxPassAge sets how old the last successful pass may be before
+// /readyz fails (zero, the default, disables the check). A service sets it
+// when it starts, while /readyz may already be answering.
+func (r *Readiness) SetMaxPassAge(d time.Duration) { r.maxPassAge.Store(int64(d)) }
+
+// MaxPassAge is the limit SetMaxPassAge set.
+func (r *Readiness) MaxPassAge() time.Duration { return time.Duration(r.maxPassAge.Load()) }
 
 // MarkPass records a successful pass (a drained batch, a sweep, a run).
 func (r *Readiness) MarkPass(t time.Time) { r.lastPass.Store(t.UnixNano()) }
@@ -54,11 +59,11 @@ func (r *Readiness) Check(ctx context.Context, now time.Time) error {
 			return err
 		}
 	}
-	if r.MaxPassAge > 0 {
+	if maxAge := r.MaxPassAge(); maxAge > 0 {
 		last := r.lastPass.Load()
 		if last == 0 {
 			// Grace for a fresh process that has not finished its first pass.
-			if s := r.started.Load(); s != 0 && now.Sub(time.Unix(0, s)) > r.MaxPassAge {
+			if s := r.started.Load(); s != 0 && now.Sub(time.Unix(0, s)) > maxAge {
 				return errors.New("no successful pass since start")
 			}
 			if r.started.Load() == 0 {
@@ -66,8 +71,8 @@ func (r *Readiness) Check(ctx context.Context, now time.Time) error {
 			}
 			return nil
 		}
-		if age := now.Sub(time.Unix(0, last)); age > r.MaxPassAge {
-			return fmt.Errorf("last successful pass %s ago (limit %s)", age.Round(time.Millisecond), r.MaxPassAge)
+		if age := now.Sub(time.Unix(0, last)); age > maxAge {
+			return fmt.Errorf("last successful pass %s ago (limit %s)", age.Round(time.Millisecond), maxAge)
 		}
 	}
 	return nil

@@ -28,7 +28,8 @@ func get(t *testing.T, url string) (int, string) {
 
 func TestEndpoints(t *testing.T) {
 	var pingErr error
-	ready := &Readiness{Ping: func(context.Context) error { return pingErr }, MaxPassAge: time.Hour}
+	ready := &Readiness{Ping: func(context.Context) error { return pingErr }}
+	ready.SetMaxPassAge(time.Hour)
 	reg := prometheus.NewRegistry()
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "idemd_test_total", Help: "test"})
 	reg.MustRegister(c)
@@ -62,7 +63,8 @@ func TestEndpoints(t *testing.T) {
 }
 
 func TestReadinessStalePass(t *testing.T) {
-	r := &Readiness{MaxPassAge: time.Minute}
+	r := &Readiness{}
+	r.SetMaxPassAge(time.Minute)
 	now := time.Unix(1_800_000_000, 0)
 	r.MarkStarted(now)
 	if err := r.Check(context.Background(), now.Add(2*time.Minute)); err == nil {

@@ -38,8 +38,8 @@ func TestScheduleMode(t *testing.T) {
 	if err := svc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if want := 2*time.Second + svc.cfg.MaxRuntime; ready.MaxPassAge != want {
-		t.Errorf("readiness allows a run %s old, want two intervals and --max-runtime, %s", ready.MaxPassAge, want)
+	if want := 2*time.Second + svc.cfg.MaxRuntime; ready.MaxPassAge() != want {
+		t.Errorf("readiness allows a run %s old, want two intervals and --max-runtime, %s", ready.MaxPassAge(), want)
 	}
 	res := svc.signals.passed.WaitOrTimeout(t)
 	if res.Deleted != 10 || !res.Complete {
