@@ -213,24 +213,42 @@ func (wd *webdriver) find(css string) string {
 	return el[w3cElement]
 }
 
+// onElement runs the element command path (after /element/{id}) on the
+// element css selects. An element found on the page a click is leaving
+// goes stale before the command reaches it: it is found again on the new
+// page, until the deadline.
+func (wd *webdriver) onElement(method, css, path string, body any) json.RawMessage {
+	wd.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v, err := wd.call(method, "/session/"+wd.session+"/element/"+wd.find(css)+path, body)
+		if err == nil {
+			return v
+		}
+		if !strings.Contains(err.Error(), "stale element reference") || time.Now().After(deadline) {
+			wd.t.Fatalf("%s on %s: %v", path, css, err)
+		}
+	}
+}
+
 // typeInto types text into the element css selects, as a keyboard would.
 func (wd *webdriver) typeInto(css, text string) {
 	wd.t.Helper()
-	wd.must(http.MethodPost, "/element/"+wd.find(css)+"/value", map[string]any{"text": text})
+	wd.onElement(http.MethodPost, css, "/value", map[string]any{"text": text})
 }
 
 // click clicks the element css selects; a submit button's page load is
 // waited for.
 func (wd *webdriver) click(css string) {
 	wd.t.Helper()
-	wd.must(http.MethodPost, "/element/"+wd.find(css)+"/click", map[string]any{})
+	wd.onElement(http.MethodPost, css, "/click", map[string]any{})
 }
 
 // text is the rendered text of the element css selects.
 func (wd *webdriver) text(css string) string {
 	wd.t.Helper()
 	var s string
-	if err := json.Unmarshal(wd.must(http.MethodGet, "/element/"+wd.find(css)+"/text", nil), &s); err != nil {
+	if err := json.Unmarshal(wd.onElement(http.MethodGet, css, "/text", nil), &s); err != nil {
 		wd.t.Fatal(err)
 	}
 	return s
