@@ -49,12 +49,12 @@ type Globals struct {
 // variable must not mean two things to two commands. --lock-timeout is the
 // deprecated spelling, read from the command line only.
 type MigrateCmd struct {
-	LockWait    time.Duration `name:"lock-wait" default:"5m" help:"How long to wait for a concurrent migration to finish, and then to retry migrations whose table lock was not granted within --ddl-lock-timeout."`
+	LockWait time.Duration `name:"lock-wait" default:"5m" help:"How long to wait for a concurrent migration to finish, and then to retry migrations whose table lock was not granted within --ddl-lock-timeout."`
 	// DDLLockTimeout is not --lock-timeout (the deprecated spelling of
 	// --lock-wait) nor IDEMD_LOCK_TIMEOUT (the completer's).
 	DDLLockTimeout time.Duration `name:"ddl-lock-timeout" default:"2s" help:"Every migration statement's lock_timeout: the longest the API's statements on a table queue behind a migration's lock request. A statement not granted its lock in time is retried, with backoff, until --lock-wait."`
-	LockTimeout time.Duration `name:"lock-timeout" hidden:"" env:"-" help:"Deprecated spelling of --lock-wait."`
-	Adopt       AdoptFlags    `embed:"" prefix:"adopt-"` // adopt.go
+	LockTimeout    time.Duration `name:"lock-timeout" hidden:"" env:"-" help:"Deprecated spelling of --lock-wait."`
+	Adopt          AdoptFlags    `embed:"" prefix:"adopt-"` // adopt.go
 }
 
 // wait is --lock-wait, or the deprecated --lock-timeout when that was given.
