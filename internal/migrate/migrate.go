@@ -166,6 +166,10 @@ func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *R
 		goose.WithTableName(VersionTable),
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithSlog(logger),
+		// A line for each migration applied, with its duration, as
+		// River's migrator writes: on a large table the operator sees
+		// where the time goes.
+		goose.WithVerbose(true),
 	)
 	if err != nil {
 		return fmt.Errorf("migrate: idemd provider: %w", err)
