@@ -23,6 +23,7 @@ import (
 	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/scratchdb"
+	"github.com/idemd/idemd/migrations"
 )
 
 // The migrations benchmark: what `idemctl migrate` costs an API that is
@@ -39,10 +40,16 @@ import (
 
 // MigrationsOptions tune the benchmark.
 type MigrationsOptions struct {
-	Keys   int           // keys seeded (10,000,000 when zero)
-	From   int64         // idemd migrations applied before (11 when zero)
-	Rate   int           // API requests a second (50 when zero)
-	Before time.Duration // the window measured before migrating (20s when zero)
+	Keys int   // keys seeded (10,000,000 when zero)
+	From int64 // idemd migrations applied before (11 when zero)
+	// Article starts instead from the article's schema (its
+	// idempotency_keys, users and staged_jobs, no River, no idemd): the
+	// adoption of idemd by an API that has run for a while, where
+	// migrate adds the key columns and builds the created_at index
+	// CONCURRENTLY on the whole table.
+	Article bool
+	Rate    int           // API requests a second (50 when zero)
+	Before  time.Duration // the window measured before migrating (20s when zero)
 	// SharedServer measures on adminURL's server instead of a private
 	// cluster.
 	SharedServer bool
@@ -89,7 +96,7 @@ type MigrationsReport struct {
 	Unfinished    int // keys unfinished and not given up: what 00012 backfills
 	TableSize     string
 	Seed          time.Duration
-	From          int64
+	From          int64 // 0: the article's schema
 	Rate          int
 	Steps         []MigrationStep
 	Migrate       time.Duration // idemctl migrate, process start to exit
@@ -119,7 +126,12 @@ func Migrations(ctx context.Context, adminURL string, opts MigrationsOptions) (*
 	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
-	if err := olderSchema(ctx, dbtest.MigratorURL(dbURL), opts.From); err != nil {
+	if opts.Article {
+		rep.From = 0
+		if err := articleSchema(ctx, dbtest.MigratorURL(dbURL)); err != nil {
+			return nil, err
+		}
+	} else if err := olderSchema(ctx, dbtest.MigratorURL(dbURL), opts.From); err != nil {
 		return nil, err
 	}
 	pool, err := pgxpool.New(ctx, dbURL)
@@ -128,11 +140,11 @@ func Migrations(ctx context.Context, adminURL string, opts MigrationsOptions) (*
 	}
 	defer pool.Close()
 	start := time.Now()
-	if err := seedKeys(ctx, pool, opts.Keys, opts.Logf); err != nil {
+	if err := seedKeys(ctx, pool, opts.Keys, opts.Article, opts.Logf); err != nil {
 		return nil, err
 	}
 	rep.Seed = time.Since(start)
-	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL),
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE recovery_point <> 'finished'),
 		pg_size_pretty(pg_total_relation_size('idempotency_keys')) FROM idempotency_keys`).Scan(&rep.Unfinished, &rep.TableSize); err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
@@ -214,13 +226,31 @@ func olderSchema(ctx context.Context, migratorURL string, from int64) error {
 	return nil
 }
 
+// articleSchema creates the article's tables, as the migrator role, which
+// owns them as it would after handing them over (docs/operations.md).
+func articleSchema(ctx context.Context, migratorURL string) error {
+	conn, err := pgx.Connect(ctx, migratorURL)
+	if err != nil {
+		return fmt.Errorf("migrations: article schema: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a scratch database
+	if _, err := conn.Exec(ctx, migrations.ArticleSchema+`
+CREATE TABLE staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL);
+INSERT INTO users (email) SELECT 'u' || g || '@example.com' FROM generate_series(1, 100000) g;`); err != nil {
+		return fmt.Errorf("migrations: article schema: %w", err)
+	}
+	return nil
+}
+
 // The seed's mix, by id modulo 200: 0-2 unfinished at each recovery point
 // the API stops at (1.5 %), 3 given up by the completer (0.5 %), the rest
 // finished, over the last 30 days. Sizes are a ride's: request_params
 // about 200 bytes of JSON, response_body about 300.
+// The article's schema has no completer columns (seedArticleSQL): its
+// given-up share is unfinished.
 const seedSQL = `
 INSERT INTO idempotency_keys (created_at, idempotency_key, last_run_at, locked_at, request_method, request_params,
-    request_path, response_code, response_body, recovery_point, user_id, completer_attempts, completer_gave_up_at)
+    request_path, response_code, response_body, recovery_point, user_id` + seedCompleterColumns + `)
 SELECT ts, 'seed-' || md5(g::text), ts, CASE WHEN b < 4 THEN ts END, 'POST',
        jsonb_build_object('origin_lat', 37.0 + (g % 1000) / 1000.0, 'origin_lon', -122.0 - (g % 997) / 1000.0,
                           'target_lat', 37.5 + (g % 991) / 1000.0, 'target_lon', -122.5 - (g % 983) / 1000.0,
@@ -228,19 +258,28 @@ SELECT ts, 'seed-' || md5(g::text), ts, CASE WHEN b < 4 THEN ts END, 'POST',
        '/rides',
        CASE WHEN b >= 4 THEN 201 END,
        CASE WHEN b >= 4 THEN '{"ride":{"id":' || g || ',"origin_lat":37.1,"origin_lon":-122.1,"target_lat":37.6,"target_lon":-122.6,' ||
-            '"stripe_charge_id":"ch_' || md5(g::text) || '","user_id":' || (g % 100000) || '},"receipt":"' || repeat('x', (120 + g % 60)::int) || '"}' END,
+            '"stripe_charge_id":"ch_' || md5(g::text) || '","user_id":' || (g % 100000) || '},"receipt":"' || repeat('x', (120 + g % 60)::int) || '"}' END /*body*/,
        CASE b WHEN 0 THEN 'started' WHEN 1 THEN 'ride_created' WHEN 2 THEN 'charge_created' WHEN 3 THEN 'charge_created' ELSE 'finished' END,
-       g % 100000,
-       CASE WHEN b = 3 THEN 5 ELSE 0 END,
-       CASE WHEN b = 3 THEN ts + interval '1 hour' END
+       1 + g % 100000` + seedCompleterValues + `
 FROM generate_series($1::bigint, $2::bigint) g,
      LATERAL (SELECT now() - interval '30 days' * (1 - g::float8 / $3::float8) AS ts, (g % 200)::int AS b) x`
+
+const (
+	seedCompleterColumns = `, completer_attempts, completer_gave_up_at`
+	seedCompleterValues  = `,
+       CASE WHEN b = 3 THEN 5 ELSE 0 END,
+       CASE WHEN b = 3 THEN ts + interval '1 hour' END`
+)
+
+// seedArticleSQL is seedSQL for the article's schema: no completer
+// columns, response_body JSONB.
+var seedArticleSQL = strings.NewReplacer(seedCompleterColumns, "", seedCompleterValues, "", "/*body*/", "::jsonb").Replace(seedSQL)
 
 // seedKeys inserts n keys in batches, with the secondary indexes dropped
 // and rebuilt after (as a restore would), the completer's index of older
 // releases among them, then vacuums and analyses the table so that
 // autovacuum does not run during the measurement.
-func seedKeys(ctx context.Context, pool *pgxpool.Pool, n int, logf func(string, ...any)) error {
+func seedKeys(ctx context.Context, pool *pgxpool.Pool, n int, article bool, logf func(string, ...any)) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("migrations: seed: %w", err)
@@ -253,18 +292,23 @@ DROP INDEX IF EXISTS idempotency_keys_user_id_idempotency_key; DROP INDEX IF EXI
 	const batch = 500_000
 	for lo := 1; lo <= n; lo += batch {
 		hi := min(lo+batch-1, n)
-		if _, err := conn.Exec(ctx, seedSQL, lo, hi, n); err != nil {
+		if _, err := conn.Exec(ctx, map[bool]string{false: seedSQL, true: seedArticleSQL}[article], lo, hi, n); err != nil {
 			return fmt.Errorf("migrations: seed %d-%d: %w", lo, hi, err)
 		}
 		logf("migrations: seeded %d of %d keys", hi, n)
 	}
-	for _, ddl := range []string{
+	ddls := []string{
 		`CREATE UNIQUE INDEX idempotency_keys_user_id_idempotency_key ON idempotency_keys (user_id, idempotency_key)`,
 		`CREATE INDEX idempotency_keys_created_at ON idempotency_keys (created_at)`,
 		`CREATE INDEX idempotency_keys_unfinished ON idempotency_keys (created_at) WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL`,
 		`VACUUM (FREEZE, ANALYZE) idempotency_keys`,
 		`CHECKPOINT`,
-	} {
+	}
+	if article {
+		// The article's only index besides the primary key.
+		ddls = slices.Delete(ddls, 1, 3)
+	}
+	for _, ddl := range ddls {
 		if _, err := conn.Exec(ctx, ddl); err != nil {
 			return fmt.Errorf("migrations: seed: %s: %w", ddl, err)
 		}
@@ -367,7 +411,7 @@ func (l *apiLoad) run(ctx context.Context) {
 // transaction as the API's atomic phases are.
 func (l *apiLoad) request(ctx context.Context, n int) error {
 	key := "live-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.Itoa(n)
-	user := n % 100000
+	user := 1 + n%100000
 	var id int64
 	phases := []func(pgx.Tx) error{
 		func(tx pgx.Tx) error {
