@@ -37,7 +37,8 @@ func migrationsRows(res *load.MigrationsReport, rep *Report) {
 	for _, s := range res.Steps {
 		rep.Rows = append(rep.Rows, Row{Suite: "migrations", Name: "migration " + s.Name + ", " + on, Value: Dur(s.Duration)})
 	}
-	rep.Rows = append(rep.Rows, Row{Suite: "migrations", Name: fmt.Sprintf("idemctl migrate, %s, under %d requests/s", on, res.Rate), Value: Dur(res.Migrate)})
+	rep.Rows = append(rep.Rows, Row{Suite: "migrations", Name: fmt.Sprintf("idemctl migrate, %s, under %d requests/s", on, res.Rate),
+		Value: fmt.Sprintf("%s, %d lock retries", Dur(res.Migrate), res.LockRetries)})
 	for _, w := range []struct {
 		name string
 		w    load.APIWindow

@@ -100,6 +100,7 @@ type MigrationsReport struct {
 	Rate          int
 	Steps         []MigrationStep
 	Migrate       time.Duration // idemctl migrate, process start to exit
+	LockRetries   int           // its retries after a lock timeout (its log's warnings)
 	Before        APIWindow
 	During        APIWindow
 	MigrateOutput string
@@ -192,6 +193,7 @@ func Migrations(ctx context.Context, adminURL string, opts MigrationsOptions) (*
 	<-loadDone
 
 	rep.Steps = migrationSteps(out)
+	rep.LockRetries = strings.Count(out, "lock was not granted in time")
 	rep.Before = ld.window(beforeStart, migStart)
 	rep.During = ld.window(migStart, migEnd)
 	return rep, nil
