@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/testwait"
 )
@@ -241,6 +242,40 @@ func TestUpGivesUpAfterLockWait(t *testing.T) {
 		t.Fatalf("%d retries without a holder", res.LockRetries)
 	}
 	if err := migrate.Check(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Behind a transaction-mode pooler migrate sets no session lock_timeout:
+// the one the operator gives the migrator's role (here the database's, the
+// test's own) applies, and a statement it times out is retried all the
+// same until --lock-wait.
+func TestUpTransactionPoolerUsesTheRolesLockTimeout(t *testing.T) {
+	lc := lockCases[0]
+	pool := emptyDatabase(t)
+	ctx := context.Background()
+	migrateUpTo(t, pool, lc.upTo)
+	admin, err := pgx.Connect(ctx, dbtest.WithDatabase(dbtest.ServerURL(t), pool.Config().ConnConfig.Database))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{pool.Config().ConnConfig.Database}.Sanitize()+" SET lock_timeout = '50ms'"); err != nil {
+		t.Fatal(err)
+	}
+	pool.Reset() // new connections read the database's setting
+	holder := holdWriteLock(t, pool, lc)
+
+	log := &retryLog{}
+	_, err = migrate.Up(ctx, pool, migrate.Options{TransactionPooler: true, DDLLockTimeout: time.Hour, LockWait: 500 * time.Millisecond, Logger: slog.New(log)})
+	var pg *pgconn.PgError
+	if err == nil || !errors.As(err, &pg) || pg.Code != pgerrcode.LockNotAvailable || len(log.list()) == 0 {
+		t.Fatalf("want lock_not_available after retries (%d logged), got %v", len(log.list()), err)
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate.Up(ctx, pool, migrate.Options{TransactionPooler: true}); err != nil {
 		t.Fatal(err)
 	}
 }
