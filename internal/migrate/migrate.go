@@ -82,6 +82,13 @@ type Options struct {
 // a server connection nor a snapshot that idemd's CREATE INDEX CONCURRENTLY
 // would wait for; the winner's open transaction holds no snapshot between
 // statements (READ COMMITTED), so it does not block those either.
+//
+// The migrations' statements run on connections whose lock_timeout is
+// DDLLockTimeout: a statement that waits for a table's lock makes every
+// later request for a conflicting lock on that table, the API's writes
+// included, queue behind it, so it must not wait long. One that times out
+// ends the run's attempt; the next attempt, after a backoff, resumes where
+// it stopped (upOnce), until LockWait has passed since Up began.
 func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) {
 	if opts.LockWait <= 0 {
 		opts.LockWait = 5 * time.Minute
