@@ -167,3 +167,25 @@ func TestMigrateLockWait(t *testing.T) {
 		t.Errorf("IDEMD_LOCK_WAIT=not-a-duration: exit %d, %s", code, errs)
 	}
 }
+
+// TestMigrateDDLLockTimeout: every migration statement's lock_timeout is
+// --ddl-lock-timeout (IDEMD_DDL_LOCK_TIMEOUT), its own name, and it must be
+// positive (zero would be PostgreSQL's "wait forever").
+func TestMigrateDDLLockTimeout(t *testing.T) {
+	_, help, _ := run(t, "migrate", "--help")
+	if !strings.Contains(help, "--ddl-lock-timeout=2s") || !strings.Contains(help, "$IDEMD_DDL_LOCK_TIMEOUT") {
+		t.Errorf("migrate --help lacks --ddl-lock-timeout ($IDEMD_DDL_LOCK_TIMEOUT):\n%s", help)
+	}
+	url, _ := setup(t)
+	if code, out, errs := run(t, "--database-url", dbtest.MigratorURL(url), "migrate", "--ddl-lock-timeout", "0s"); code != 2 || !strings.Contains(errs, "--ddl-lock-timeout must be positive") {
+		t.Errorf("--ddl-lock-timeout 0s: exit %d\n%s%s", code, out, errs)
+	}
+	t.Setenv("IDEMD_DDL_LOCK_TIMEOUT", "not-a-duration")
+	if code, _, errs := run(t, "--database-url", dbtest.MigratorURL(url), "migrate"); code != 2 || !strings.Contains(errs, "IDEMD_DDL_LOCK_TIMEOUT") {
+		t.Errorf("IDEMD_DDL_LOCK_TIMEOUT=not-a-duration: exit %d, %s", code, errs)
+	}
+	t.Setenv("IDEMD_DDL_LOCK_TIMEOUT", "500ms")
+	if code, out, errs := run(t, "--database-url", dbtest.MigratorURL(url), "migrate"); code != 0 || !strings.Contains(out, "migrate: applied") {
+		t.Errorf("IDEMD_DDL_LOCK_TIMEOUT=500ms: exit %d\n%s%s", code, out, errs)
+	}
+}

@@ -47,6 +47,7 @@ func (c *CLI) Check() []string {
 // Globals is bound into every subcommand's Run.
 type Globals struct {
 	Pool   *pgxpool.Pool
+	Pooler string // --pooler: what Pool goes through
 	Logger *zap.Logger
 	Stdout io.Writer
 	// HasDatabase is false when no --database-url was given (only
@@ -61,9 +62,12 @@ type Globals struct {
 // variable must not mean two things to two commands. --lock-timeout is the
 // deprecated spelling, read from the command line only.
 type MigrateCmd struct {
-	LockWait    time.Duration `name:"lock-wait" default:"5m" help:"How long to wait for a concurrent migration to finish."`
-	LockTimeout time.Duration `name:"lock-timeout" hidden:"" env:"-" help:"Deprecated spelling of --lock-wait."`
-	Adopt       AdoptFlags    `embed:"" prefix:"adopt-"` // adopt.go
+	LockWait time.Duration `name:"lock-wait" default:"5m" help:"How long to wait for a concurrent migration to finish, and then to retry migrations whose table lock was not granted within --ddl-lock-timeout."`
+	// DDLLockTimeout is not --lock-timeout (the deprecated spelling of
+	// --lock-wait) nor IDEMD_LOCK_TIMEOUT (the completer's).
+	DDLLockTimeout time.Duration `name:"ddl-lock-timeout" default:"2s" help:"Every migration statement's lock_timeout: the longest the API's statements on a table queue behind a migration's lock request. A statement not granted its lock in time is retried, with backoff, until --lock-wait."`
+	LockTimeout    time.Duration `name:"lock-timeout" hidden:"" env:"-" help:"Deprecated spelling of --lock-wait."`
+	Adopt          AdoptFlags    `embed:"" prefix:"adopt-"` // adopt.go
 }
 
 // wait is --lock-wait, or the deprecated --lock-timeout when that was given.
@@ -76,11 +80,21 @@ func (m *MigrateCmd) wait() time.Duration {
 
 // Run applies the migrations and then the grants on their tables.
 func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
-	res, err := migrate.Up(ctx, g.Pool, migrate.Options{LockWait: m.wait(), Logger: logging.Slog(g.Logger)})
+	if m.DDLLockTimeout <= 0 {
+		return &config.Error{Problems: []string{fmt.Sprintf("--ddl-lock-timeout must be positive, got %s", m.DDLLockTimeout)}}
+	}
+	res, err := migrate.Up(ctx, g.Pool, migrate.Options{
+		LockWait: m.wait(), DDLLockTimeout: m.DDLLockTimeout,
+		TransactionPooler: g.Pooler == config.PoolerTransaction, Logger: logging.Slog(g.Logger),
+	})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(g.Stdout, "migrate: applied %d River and %d idemd migrations, and the grants on their tables\n", len(res.RiverVersions), len(res.IdemdVersions))
+	fmt.Fprintf(g.Stdout, "migrate: applied %d River and %d idemd migrations, and the grants on their tables", len(res.RiverVersions), len(res.IdemdVersions))
+	if res.LockRetries > 0 {
+		fmt.Fprintf(g.Stdout, " (%d retries after a table lock was not granted within --ddl-lock-timeout)", res.LockRetries)
+	}
+	fmt.Fprintln(g.Stdout)
 	return m.Adopt.run(ctx, g, m.wait())
 }
 
@@ -119,7 +133,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	defer base.Close()
 
-	g := &Globals{Pool: base.Pool, Logger: base.Logger, Stdout: stdout, HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}
+	g := &Globals{Pool: base.Pool, Pooler: cli.Database.Pooler, Logger: base.Logger, Stdout: stdout, HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}
 	kctx.BindTo(base.Ctx, (*context.Context)(nil))
 	err := daemon.SchemaHint(kctx.Run(g))
 	if err != nil {

@@ -26,7 +26,8 @@ deploy/sql/roles.sql has run once (docs/operations.md, "Database roles").
 
 Examples:
   DATABASE_URL=postgres://idemd_migrator@db:5432/app idemctl migrate
-  idemctl migrate --lock-wait 10m          wait longer for a concurrent run
+  idemctl migrate --lock-wait 10m          wait longer for a concurrent run, or a table's lock
+  idemctl migrate --ddl-lock-timeout 500ms hold the API's statements at most 500ms behind a lock request
   idemctl migrate --adopt-article-schema   also move the article's JSONB body to TEXT`
 }
 

@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,13 +40,33 @@ const VersionTable = "idemd_schema_migrations"
 type Result struct {
 	RiverVersions []int   // River migration versions applied in this run
 	IdemdVersions []int64 // idemd migration versions applied in this run
+	// LockRetries counts the runs that stopped on a table lock not granted
+	// within DDLLockTimeout and were retried.
+	LockRetries int
 }
+
+// DefaultDDLLockTimeout is Options.DDLLockTimeout's default.
+const DefaultDDLLockTimeout = 2 * time.Second
 
 // Options tune Up. The zero value is usable.
 type Options struct {
-	// LockWait bounds the wait for another migrator to finish (default 5m).
+	// LockWait bounds the whole wait (default 5m): for another migrator
+	// to finish, and for the table locks of the migrations' statements,
+	// retries included.
 	LockWait time.Duration
-	Logger   *slog.Logger
+	// DDLLockTimeout is every migration statement's lock_timeout
+	// (DefaultDDLLockTimeout when zero): how long the API's statements on
+	// a table may queue behind a migration's request for its lock. A
+	// statement not granted its lock in time fails, and the run is retried
+	// until LockWait has passed.
+	DDLLockTimeout time.Duration
+	// TransactionPooler says the pool goes through a transaction-mode
+	// pooler, where a session setting would stay on a server connection
+	// other clients then get: lock_timeout is not set (the migrator role's
+	// own lock_timeout applies, docs/operations.md), and a statement that
+	// times out is still retried.
+	TransactionPooler bool
+	Logger            *slog.Logger
 }
 
 // Up applies River's migrations and then idemd's, then the grants on
@@ -60,14 +82,25 @@ type Options struct {
 // a server connection nor a snapshot that idemd's CREATE INDEX CONCURRENTLY
 // would wait for; the winner's open transaction holds no snapshot between
 // statements (READ COMMITTED), so it does not block those either.
+//
+// The migrations' statements run on connections whose lock_timeout is
+// DDLLockTimeout: a statement that waits for a table's lock makes every
+// later request for a conflicting lock on that table, the API's writes
+// included, queue behind it, so it must not wait long. One that times out
+// ends the run's attempt; the next attempt, after a backoff, resumes where
+// it stopped (upOnce), until LockWait has passed since Up began.
 func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) {
 	if opts.LockWait <= 0 {
 		opts.LockWait = 5 * time.Minute
+	}
+	if opts.DDLLockTimeout <= 0 {
+		opts.DDLLockTimeout = DefaultDDLLockTimeout
 	}
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	deadline := time.Now().Add(opts.LockWait)
 
 	release, err := holdLock(ctx, pool, opts.LockWait)
 	if err != nil {
@@ -75,18 +108,63 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 	}
 	defer release()
 
-	res := &Result{}
+	last := &lastTimedOut{}
+	ddl, err := ddlPool(ctx, pool, opts, last)
+	if err != nil {
+		return nil, err
+	}
+	defer ddl.Close()
 
+	res := &Result{}
+	for attempt := 1; ; attempt++ {
+		err := upOnce(ctx, ddl, logger, res)
+		if err == nil {
+			return res, nil
+		}
+		if !isLockTimeout(err) {
+			return nil, err
+		}
+		if !time.Now().Before(deadline) {
+			return nil, fmt.Errorf("migrate: a table's lock was not granted within --ddl-lock-timeout %s in %d attempts over --lock-wait %s "+
+				"(a long transaction holds a lock on the table, see pg_locks); the migrations applied so far are kept, run again: %w",
+				opts.DDLLockTimeout, attempt, opts.LockWait, err)
+		}
+		res.LockRetries++
+		logger.Warn("migrate: a migration's table lock was not granted in time; the API's statements were not kept waiting behind it; retrying",
+			"attempt", attempt, "ddl_lock_timeout", opts.DDLLockTimeout, "waited_in", lockWaiter(err),
+			"table", last.table(), "statement", last.statement())
+		wait := min(time.Duration(attempt)*200*time.Millisecond, 5*time.Second, time.Until(deadline))
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("migrate: wait to retry: %w", ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+}
+
+// upOnce applies what is not applied yet, adding to res. River's
+// migrations each run in a transaction and idemd's either in one or, NO
+// TRANSACTION, as statements that are each safe to run again, and both
+// record a version only once it is applied, so after a failure a new run
+// resumes where this one stopped.
+func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *Result) error {
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
 	if err != nil {
-		return nil, fmt.Errorf("migrate: river migrator: %w", err)
+		return fmt.Errorf("migrate: river migrator: %w", err)
 	}
 	riverRes, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
 	if err != nil {
-		return nil, fmt.Errorf("migrate: river: %w", err)
+		return fmt.Errorf("migrate: river: %w", err)
 	}
 	for _, v := range riverRes.Versions {
 		res.RiverVersions = append(res.RiverVersions, v.Version)
+	}
+
+	// An index a CREATE INDEX CONCURRENTLY left INVALID (its build was
+	// interrupted, by a lock timeout among others) would satisfy the
+	// migration's IF NOT EXISTS and stay unusable.
+	if err := dropInvalidIndexes(ctx, pool, logger); err != nil {
+		return err
 	}
 
 	db := stdlib.OpenDBFromPool(pool)
@@ -95,25 +173,183 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 		goose.WithTableName(VersionTable),
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithSlog(logger),
+		// A line for each migration applied, with its duration, as
+		// River's migrator writes: on a large table the operator sees
+		// where the time goes.
+		goose.WithVerbose(true),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("migrate: idemd provider: %w", err)
+		return fmt.Errorf("migrate: idemd provider: %w", err)
 	}
 	results, err := provider.Up(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("migrate: idemd: %w", err)
+	var partial *goose.PartialError
+	if errors.As(err, &partial) {
+		results = partial.Applied
 	}
 	for _, r := range results {
 		res.IdemdVersions = append(res.IdemdVersions, r.Source.Version)
+	}
+	if err != nil {
+		return fmt.Errorf("migrate: idemd: %w", err)
 	}
 	// Every run, not only one that applied something: a database whose
 	// tables were handed to the migrator, or whose grants someone changed,
 	// is put right by the next migrate. Without arguments Exec sends the
 	// file as one simple-protocol query, as psql -f would.
 	if _, err := pool.Exec(ctx, rolesql.Grants); err != nil {
-		return nil, fmt.Errorf("migrate: apply grants (deploy/sql/grants.sql): %w", err)
+		return fmt.Errorf("migrate: apply grants (deploy/sql/grants.sql): %w", err)
 	}
-	return res, nil
+	return nil
+}
+
+// ddlPool is a pool for the migrations' statements: pool's settings, at
+// most a few connections, each with lock_timeout set to opts.DDLLockTimeout
+// (unless opts.TransactionPooler), and last told the statement of each lock
+// timeout.
+func ddlPool(ctx context.Context, pool *pgxpool.Pool, opts Options, last *lastTimedOut) (*pgxpool.Pool, error) {
+	cfg := pool.Config().Copy()
+	cfg.MaxConns = 4
+	cfg.MinConns = 0
+	cfg.ConnConfig.Tracer = &lockTimeoutTracer{prev: cfg.ConnConfig.Tracer, last: last}
+	if !opts.TransactionPooler {
+		prev := cfg.AfterConnect
+		setting := strconv.FormatInt(opts.DDLLockTimeout.Milliseconds(), 10)
+		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			if prev != nil {
+				if err := prev(ctx, conn); err != nil {
+					return err
+				}
+			}
+			// A session setting: a direct connection, or a session-mode
+			// pooler's, which resets it when the session ends.
+			_, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", setting)
+			return err
+		}
+	}
+	ddl, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: open the migrations' pool: %w", err)
+	}
+	return ddl, nil
+}
+
+// concurrentIndexRE finds the indexes idemd's migrations build
+// CONCURRENTLY.
+var concurrentIndexRE = regexp.MustCompile(`(?i)CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)`)
+
+// concurrentIndexes lists the indexes idemd's migrations build
+// CONCURRENTLY, from the migration files themselves.
+func concurrentIndexes() ([]string, error) {
+	ms, err := versions()
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, m := range ms {
+		b, err := fs.ReadFile(Files(), m.file)
+		if err != nil {
+			return nil, fmt.Errorf("migrate: read %s: %w", m.file, err)
+		}
+		for _, sub := range concurrentIndexRE.FindAllStringSubmatch(string(b), -1) {
+			if !slices.Contains(names, sub[1]) {
+				names = append(names, sub[1])
+			}
+		}
+	}
+	return names, nil
+}
+
+// dropInvalidIndexes drops, CONCURRENTLY, each index of concurrentIndexes
+// that exists INVALID, so that the migration creating it builds it anew.
+// Migrators exclude one another (LockKey), so no such build is under way.
+func dropInvalidIndexes(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	names, err := concurrentIndexes()
+	if err != nil {
+		return err
+	}
+	rows, err := pool.Query(ctx, `
+SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE NOT i.indisvalid AND c.relname = ANY($1) AND pg_table_is_visible(c.oid)`, names)
+	if err != nil {
+		return fmt.Errorf("migrate: find invalid indexes: %w", err)
+	}
+	invalid, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("migrate: find invalid indexes: %w", err)
+	}
+	for _, name := range invalid {
+		logger.Warn("migrate: dropping an index an interrupted CREATE INDEX CONCURRENTLY left invalid; its migration builds it again", "index", name)
+		if _, err := pool.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+			return fmt.Errorf("migrate: drop invalid index %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// lockWaiter names, for the log, the migration whose statement timed out
+// on its lock: the idemd migration file, or River's error, which names its
+// version.
+func lockWaiter(err error) string {
+	var partial *goose.PartialError
+	if errors.As(err, &partial) && partial.Failed != nil {
+		return partial.Failed.Source.Path
+	}
+	return err.Error()
+}
+
+// lastTimedOut is the last statement that failed on a lock timeout, for the
+// retry's log line.
+type lastTimedOut struct {
+	mu  sync.Mutex
+	sql string
+}
+
+func (l *lastTimedOut) statement() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := strings.Join(strings.Fields(l.sql), " ")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// tableRE finds the table a DDL or DML statement names.
+var tableRE = regexp.MustCompile(`(?i)\b(?:ON|TABLE|INTO|UPDATE)\s+(?:ONLY\s+)?(?:IF\s+(?:NOT\s+)?EXISTS\s+)?([\w."]+)`)
+
+// table is the table the statement names, "" when none is found.
+func (l *lastTimedOut) table() string {
+	if m := tableRE.FindStringSubmatch(l.statement()); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+// lockTimeoutTracer tells last the SQL of each statement that fails with
+// lock_not_available, and passes every event on to prev.
+type lockTimeoutTracer struct {
+	prev pgx.QueryTracer
+	last *lastTimedOut
+}
+
+type sqlKey struct{}
+
+func (t *lockTimeoutTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if t.prev != nil {
+		ctx = t.prev.TraceQueryStart(ctx, conn, data)
+	}
+	return context.WithValue(ctx, sqlKey{}, data.SQL)
+}
+
+func (t *lockTimeoutTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+	if t.prev != nil {
+		t.prev.TraceQueryEnd(ctx, conn, data)
+	}
+	if sql, ok := ctx.Value(sqlKey{}).(string); ok && isLockTimeout(data.Err) {
+		t.last.mu.Lock()
+		t.last.sql = sql
+		t.last.mu.Unlock()
+	}
 }
 
 // holdLock takes LockKey (see Up) and returns the function that releases
