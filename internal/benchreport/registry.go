@@ -9,4 +9,5 @@ var Suites = map[string]func(ctx context.Context, adminURL string, scale Scale, 
 	"completer": Completer,
 	"e2e":       E2E,
 	"staging":   Staging,
+	"adoption":  Adoption,
 }
