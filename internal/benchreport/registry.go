@@ -10,4 +10,5 @@ var Suites = map[string]func(ctx context.Context, adminURL string, scale Scale, 
 	"e2e":        E2E,
 	"staging":    Staging,
 	"migrations": Migrations,
+	"adoption":   Adoption,
 }

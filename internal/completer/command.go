@@ -40,11 +40,13 @@ func (c *Command) LongRunning() bool { return !c.Once }
 func (c *Command) OldestSchema() int64 { return OldestSchema }
 
 // OldestSchema is the lowest idemd migration the completer runs on:
-// 00016_idemd_reaper_runs.sql, whose run history the database-wide
-// exporter it runs (internal/dbstats) reads; it also needs
-// idempotency_key_reviews (00004), idemd_leases (00011, the exporter's
-// lease) and idemd_unfinished_keys (00012, its candidates).
-const OldestSchema = 16
+// 00019_idempotency_keys_completer_replayed_at.sql, the column its
+// candidates and failed attempts use (sql.go); it also needs
+// idemd_reaper_runs (00016, whose run history the database-wide exporter
+// it runs, internal/dbstats, reads), idempotency_key_reviews (00004),
+// idemd_leases (00011, the exporter's lease) and idemd_unfinished_keys
+// (00012, its candidates).
+const OldestSchema = 19
 
 // FlagDefaults implements config.Defaulter: the flags' defaults are
 // DefaultSettings and the exporter's dbstats.DefaultSettings, embedded as

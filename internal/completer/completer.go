@@ -133,6 +133,11 @@ type Service struct {
 
 	walk walker // the low-water mark of the walks (mark.go)
 
+	// retries are the times the failed attempts of this process fall due
+	// again: the next pass is due at the first of them when that comes
+	// before --poll-interval.
+	retries retrySchedule
+
 	mu        sync.Mutex
 	skel      lifecycle.Skeleton[*Result]
 	lastPrune time.Time
@@ -196,7 +201,8 @@ func New(cfg Config) (*Service, error) {
 		MaxPassAge: func() time.Duration { return 3*cfg.PollInterval + 2*cfg.Lease },
 		Pass:       s.pass,
 		Next: func(last *Result) time.Duration {
-			return nextPass(last, cfg.PollInterval, s.breaker.Remaining())
+			retryLeft, retry := s.retries.next(s.now())
+			return nextPass(last, cfg.PollInterval, s.breaker.Remaining(), retryLeft, retry)
 		},
 		Beside:       func() []lifecycle.Loop { return []lifecycle.Loop{s.gaugesLoop()} },
 		Retry:        passRetry(cfg.PollInterval),
@@ -322,13 +328,70 @@ func passRetry(pollInterval time.Duration) lifecycle.Retry {
 
 // nextPass is how long the loop waits after a successful pass:
 // --poll-interval, or the breaker's remaining cool-down (breakerLeft) when
-// the pass ended on an open breaker and it ends sooner.
-func nextPass(last *Result, pollInterval, breakerLeft time.Duration) time.Duration {
+// the pass ended on an open breaker and it ends sooner, or, with the
+// breaker closed, until a retry this process scheduled falls due (retry:
+// there is one; retryLeft: in how long, 0 when it fell due during the
+// pass) plus retryWakeMargin when that is sooner.
+func nextPass(last *Result, pollInterval, breakerLeft, retryLeft time.Duration, retry bool) time.Duration {
 	wait := pollInterval
-	if last != nil && last.BreakerOpen && breakerLeft > 0 && breakerLeft < wait {
-		wait = breakerLeft
+	if last != nil && last.BreakerOpen {
+		if breakerLeft > 0 && breakerLeft < wait {
+			wait = breakerLeft
+		}
+		return wait
+	}
+	if retry && retryLeft+retryWakeMargin < wait {
+		wait = retryLeft + retryWakeMargin
 	}
 	return wait
+}
+
+// retryWakeMargin is added to a retry's due time before the pass that
+// picks it up: the database's clock decides whether it is due, and a pass
+// a little early finds nothing and waits a whole --poll-interval.
+const retryWakeMargin = 50 * time.Millisecond
+
+// retrySchedule holds when the retries this process scheduled fall due.
+type retrySchedule struct {
+	mu  sync.Mutex
+	due []time.Time
+}
+
+// add records a retry due at at.
+func (r *retrySchedule) add(at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.due = append(r.due, at)
+}
+
+// next returns how long until the first retry falls due and true, or
+// false when there is none. Retries already due (they fell due while a
+// pass ran, after its claims) make it 0 and are dropped: the pass it asks
+// for at once picks them all up.
+func (r *retrySchedule) next(now time.Time) (time.Duration, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var first time.Time
+	kept := r.due[:0]
+	dueNow := false
+	for _, at := range r.due {
+		if !at.After(now) {
+			dueNow = true
+			continue
+		}
+		kept = append(kept, at)
+		if first.IsZero() || at.Before(first) {
+			first = at
+		}
+	}
+	r.due = kept
+	switch {
+	case dueNow:
+		return 0, true
+	case first.IsZero():
+		return 0, false
+	}
+	return first.Sub(now), true
 }
 
 // runBatch claims one batch (one probe when the breaker is half-open,

@@ -78,7 +78,20 @@ type verdict struct {
 	lastError string
 	// giveUpWhy says why writeGiveUp gives up, for the review's detail.
 	giveUpWhy string
+	// retryBase, when not zero, replaces --backoff-base for the retry
+	// writeAttempt schedules (a conflict's: conflictRetryBase).
+	retryBase time.Duration
 }
+
+// conflictRetryBase caps the first retry of a 409 on a key no request
+// holds. With the article's API that is mostly a serialization failure
+// between the completer's own concurrent replays: it clears as soon as
+// the adaptive limit (congestion.go) has cut the replays in flight, so a
+// retry within a second finds it cleared, where --backoff-base (10 s)
+// would stretch a drain the conflicts barely slowed. A parameter
+// mismatch, which never clears, still doubles from here to --backoff-max
+// and counts towards --max-attempts.
+const conflictRetryBase = time.Second
 
 // atClaim is the verdict on a key before its replay: a key claimed past
 // the give-up horizon is given up without a request; ok means replay it.
@@ -130,11 +143,13 @@ func judge(k claimedKey, rep reply, st keyState, shuttingDown bool, s *Settings)
 		// different (the article's API answers a mismatch with 409), or its
 		// transaction met a serialization failure. A mismatch never clears,
 		// so it must count towards --max-attempts; a serialization failure
-		// is retried after backoff like a 5xx, and the adaptive concurrency
-		// (congestion.go) makes it rare.
-		return failed(k, st, s, OutcomeRejected, noteSucceeded, fmt.Sprintf(
+		// is retried after a short backoff (conflictRetryBase), and the
+		// adaptive concurrency (congestion.go) makes it rare.
+		v := failed(k, st, s, OutcomeRejected, noteSucceeded, fmt.Sprintf(
 			"API answered %d %s while no request held the key (its lock older than --lock-timeout %s)",
 			rep.status, http.StatusText(rep.status), s.LockTimeout), conflictHint)
+		v.retryBase = min(s.BackoffBase, conflictRetryBase)
+		return v
 	case rep.status >= 500 || rep.status == http.StatusTooManyRequests:
 		return failed(k, st, s, OutcomeRetry, noteFailed, fmt.Sprintf("API answered %d %s", rep.status, http.StatusText(rep.status)), "")
 	case rep.status == http.StatusUnauthorized || rep.status == http.StatusForbidden:

@@ -68,11 +68,11 @@ func TestJudge(t *testing.T) {
 		{"409: a live request holds the key", k, status(409), held, false,
 			verdict{outcome: OutcomeInProgress, breaker: noteSucceeded, write: writeInProgress}, "", nil},
 		{"409 on a key no request holds: an attempt", k, status(409), unfinished, false,
-			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "while no request held the key (its lock older than --lock-timeout 1m30s): most likely a parameter mismatch", nil},
+			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3, retryBase: conflictRetryBase}, "while no request held the key (its lock older than --lock-timeout 1m30s): most likely a parameter mismatch", nil},
 		{"409 on a key no request holds, last attempt: give up naming the mismatch", last, status(409), unfinished, false,
-			verdict{outcome: OutcomeGaveUp, breaker: noteSucceeded, write: writeGiveUp, attempts: 5, giveUpWhy: "5 failed attempts (--max-attempts 5)"}, "parameter mismatch", nil},
+			verdict{outcome: OutcomeGaveUp, breaker: noteSucceeded, write: writeGiveUp, attempts: 5, giveUpWhy: "5 failed attempts (--max-attempts 5)", retryBase: conflictRetryBase}, "parameter mismatch", nil},
 		{"409 on a key no request holds, past the horizon: give up", k, status(409), pastHorizon, false,
-			verdict{outcome: OutcomeGaveUp, breaker: noteSucceeded, write: writeGiveUp, attempts: 3, giveUpWhy: "past the give-up horizon of 23h0m0s after creation"}, "parameter mismatch", nil},
+			verdict{outcome: OutcomeGaveUp, breaker: noteSucceeded, write: writeGiveUp, attempts: 3, giveUpWhy: "past the give-up horizon of 23h0m0s after creation", retryBase: conflictRetryBase}, "parameter mismatch", nil},
 		{"422 names the encoding", k, status(422), unfinished, false,
 			verdict{outcome: OutcomeRejected, breaker: noteSucceeded, write: writeAttempt, attempts: 3}, "the request encoding may be wrong: replays are sent as --request-encoding json (application/json); if the API reads form bodies, set --request-encoding form", nil},
 		{"415 names the encoding", k, status(415), unfinished, false,
@@ -184,14 +184,20 @@ func TestNextPass(t *testing.T) {
 		name        string
 		last        *Result
 		breakerLeft time.Duration
+		retryLeft   time.Duration
 		want        time.Duration
 	}{
-		{"drained", &Result{Claimed: 3}, 0, poll},
-		{"breaker open, cool-down ends first", &Result{BreakerOpen: true}, 2 * time.Second, 2 * time.Second},
-		{"breaker open, cool-down longer than a poll", &Result{BreakerOpen: true}, time.Minute, poll},
-		{"breaker opened during the pass, which ended drained", &Result{Claimed: 5, Retried: 5}, 2 * time.Second, poll},
+		{"drained, no retry", &Result{Claimed: 3}, 0, 0, poll},
+		{"breaker open, cool-down ends first", &Result{BreakerOpen: true}, 2 * time.Second, 0, 2 * time.Second},
+		{"breaker open, cool-down longer than a poll", &Result{BreakerOpen: true}, time.Minute, 0, poll},
+		{"breaker opened during the pass, which ended drained", &Result{Claimed: 5, Retried: 5}, 2 * time.Second, 0, poll},
+		{"a retry falls due before the next poll", &Result{Claimed: 5, Rejected: 1}, 0, 700 * time.Millisecond, 700*time.Millisecond + retryWakeMargin},
+		{"a retry fell due during the pass", &Result{Claimed: 5, Rejected: 1}, 0, 0, retryWakeMargin},
+		{"a retry falls due after the next poll", &Result{Claimed: 5, Rejected: 1}, 0, poll, poll},
+		{"breaker open: its cool-down, not the retry", &Result{BreakerOpen: true}, 2 * time.Second, 100 * time.Millisecond, 2 * time.Second},
 	} {
-		if got := nextPass(c.last, poll, c.breakerLeft); got != c.want {
+		retry := c.retryLeft > 0 || c.name == "a retry fell due during the pass"
+		if got := nextPass(c.last, poll, c.breakerLeft, c.retryLeft, retry); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
 	}
@@ -204,5 +210,31 @@ func TestNextPass(t *testing.T) {
 	}
 	if r := passRetry(5 * time.Minute); backoff.Ceiling(10, r.Base, r.Max) != 5*time.Minute {
 		t.Errorf("a poll interval above %s caps the retry: %+v", maxPassRetry, r)
+	}
+}
+
+// The retries a process scheduled wake its loop in order, each once.
+func TestRetrySchedule(t *testing.T) {
+	var r retrySchedule
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if got, ok := r.next(t0); ok {
+		t.Fatalf("empty: %s, want none", got)
+	}
+	r.add(t0.Add(3 * time.Second))
+	r.add(t0.Add(time.Second))
+	r.add(t0.Add(2 * time.Second))
+	// A retry that fell due while a pass ran is due at once, once.
+	for _, c := range []struct {
+		now  time.Duration
+		want time.Duration
+		ok   bool
+	}{{0, time.Second, true}, {2500 * time.Millisecond, 0, true}, {2500 * time.Millisecond, 500 * time.Millisecond, true},
+		{3500 * time.Millisecond, 0, true}, {3500 * time.Millisecond, 0, false}} {
+		if got, ok := r.next(t0.Add(c.now)); got != c.want || ok != c.ok {
+			t.Errorf("at +%s: %s %v, want %s %v", c.now, got, ok, c.want, c.ok)
+		}
+	}
+	if len(r.due) != 0 {
+		t.Errorf("%d retries kept after all fell due", len(r.due))
 	}
 }

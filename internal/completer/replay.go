@@ -244,7 +244,11 @@ func (s *Service) inProgress(ctx context.Context, log *zap.Logger, k claimedKey)
 // recordAttempt records a failed attempt, to be retried after
 // backoff.Delay.
 func (s *Service) recordAttempt(ctx context.Context, log *zap.Logger, k claimedKey, v verdict) Outcome {
-	delay := backoff.Delay(v.attempts, s.cfg.BackoffBase, s.cfg.BackoffMax, s.jitter)
+	base := s.cfg.BackoffBase
+	if v.retryBase > 0 {
+		base = v.retryBase
+	}
+	delay := backoff.Delay(v.attempts, base, s.cfg.BackoffMax, s.jitter)
 	args := keyArgs(k)
 	args["attempts"], args["last_error"], args["retry_in"], args["give_up_after"] = v.attempts, v.lastError, delay, s.cfg.GiveUpAfter
 	tag, err := s.pool.Exec(ctx, attemptSQL, args)
@@ -254,6 +258,10 @@ func (s *Service) recordAttempt(ctx context.Context, log *zap.Logger, k claimedK
 	}
 	if tag.RowsAffected() == 0 {
 		return OutcomeLeaseLost
+	}
+	if delay < s.cfg.PollInterval {
+		// Due before the next poll: the loop wakes for it (nextPass).
+		s.retries.add(s.now().Add(delay))
 	}
 	lvl := zap.InfoLevel
 	if v.outcome == OutcomeUnauthorized {

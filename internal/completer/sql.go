@@ -26,13 +26,16 @@ const unfinished = `recovery_point <> 'finished' AND completer_gave_up_at IS NUL
 
 // candidateConditions is what makes a key due: unfinished, not given up,
 // past the grace period, idle, not locked by a live request, its next
-// attempt due, not leased. u is its idemd_unfinished_keys row, c its
+// attempt due, not leased. Idle means no run since --idle ago, or none
+// since the completer wrote its last failed replay (completer_replayed_at):
+// the API sets last_run_at on the completer's replays too, and a replay
+// that conflicted must be retried after its backoff, not --idle later. u is its idemd_unfinished_keys row, c its
 // idempotency_keys row; the row's own columns decide, the tracked
 // created_at only orders the walk and bounds it.
 const candidateConditions = `u.created_at < now() - @grace::interval
       AND ` + unfinished + `
       AND c.created_at < now() - @grace::interval
-      AND c.last_run_at < now() - @idle::interval
+      AND (c.last_run_at < now() - @idle::interval OR c.last_run_at <= c.completer_replayed_at)
       AND (c.locked_at IS NULL OR c.locked_at < now() - @lock_timeout::interval)
       AND (c.completer_next_attempt_at IS NULL OR c.completer_next_attempt_at <= now())
       AND (c.completer_leased_until IS NULL OR c.completer_leased_until < now())`
@@ -165,6 +168,7 @@ UPDATE idempotency_keys
 SET completer_attempts = @attempts,
     completer_last_error = @last_error,
     completer_next_attempt_at = LEAST(now() + @retry_in::interval, created_at + @give_up_after::interval),
+    completer_replayed_at = now(),
     completer_leased_until = NULL
 WHERE id = @key_id AND completer_leased_until = @leased_until AND recovery_point <> 'finished'`
 

@@ -202,7 +202,7 @@ const (
     WHERE u.created_at < now() - @grace::interval
       AND recovery_point <> 'finished' AND completer_gave_up_at IS NULL
       AND c.created_at < now() - @grace::interval
-      AND c.last_run_at < now() - @idle::interval
+      AND (c.last_run_at < now() - @idle::interval OR c.last_run_at <= c.completer_replayed_at)
       AND (c.locked_at IS NULL OR c.locked_at < now() - @lock_timeout::interval)
       AND (c.completer_next_attempt_at IS NULL OR c.completer_next_attempt_at <= now())
       AND (c.completer_leased_until IS NULL OR c.completer_leased_until < now())
