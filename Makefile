@@ -25,17 +25,17 @@ ensure-promtool:
 ensure-kustomize:
 	@scripts/ensure-kustomize.sh
 
-# internal/pgbouncertest runs the tests' own pgbouncer processes.
+# internal/testing/pgbouncertest runs the tests' own pgbouncer processes.
 ensure-pgbouncer:
 	@scripts/ensure-pgbouncer.sh
 
-# buildah builds the image offline; internal/imagetest runs it with podman
+# buildah builds the image offline; internal/testing/imagetest runs it with podman
 # on runc.
 ensure-buildah:
 	@scripts/ensure-buildah.sh
 
 # Debian's ruby, python3 and node for the other-language clients' tests
-# (clients/, internal/e2e/polyglot).
+# (clients/, internal/testing/e2e/polyglot).
 ensure-runtimes:
 	@scripts/ensure-runtimes.sh
 
@@ -51,7 +51,7 @@ IMAGE ?= localhost/idemd:dev
 image: ensure-buildah
 	@scripts/build-image.sh $(IMAGE)
 
-# Tests run against a real PostgreSQL (internal/dbtest). -p 2: the machine has
+# Tests run against a real PostgreSQL (internal/testing/dbtest). -p 2: the machine has
 # two cores and the heavy tests are database-bound. `make test` is the README's
 # test command: the package tests, then the end-to-end fault suite.
 test: unit e2e
@@ -60,17 +60,17 @@ unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-kustomize ensure-b
 	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
 
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,
-# severed connections (internal/e2e, build tag e2e).
+# severed connections (internal/testing/e2e, build tag e2e).
 e2e: ensure-postgres ensure-pgbouncer ensure-promtool ensure-runtimes
-	$(GO) test -tags e2e -count=1 -timeout 15m ./internal/e2e/...
+	$(GO) test -tags e2e -count=1 -timeout 15m ./internal/testing/e2e/...
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	$(GO) vet -tags e2e ./internal/e2e/...
+	$(GO) vet -tags e2e ./internal/testing/e2e/...
 
 bench: ensure-postgres ensure-pgbouncer
-	$(GO) run ./internal/benchreport/cmd -out bench-report.txt
+	$(GO) run ./internal/bench/report/cmd -out bench-report.txt
 
 demo: ensure-postgres build
 	@scripts/demo.sh

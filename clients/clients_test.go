@@ -17,10 +17,10 @@ import (
 	"github.com/idemd/idemd/clients/clienttest"
 	"github.com/idemd/idemd/idem"
 	"github.com/idemd/idemd/idem/replayauth"
-	"github.com/idemd/idemd/internal/articletest"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
-	"github.com/idemd/idemd/internal/replaytest"
+	"github.com/idemd/idemd/internal/testing/articletest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/replaytest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

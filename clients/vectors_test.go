@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/idemd/idemd/idem/replayauth"
-	"github.com/idemd/idemd/internal/replaytest"
-	"github.com/idemd/idemd/internal/replayvectors"
+	"github.com/idemd/idemd/internal/testing/replaytest"
+	"github.com/idemd/idemd/internal/testing/replayvectors"
 )
 
 // vectorsPath is the published vectors file, relative to this package.

@@ -15,7 +15,7 @@ import (
 // file system scripts/image-rootfs.sh lays out (every command, built
 // statically), uid 65532 and idemctl as the entrypoint, the offline build
 // (scripts/build-image.sh) builds exactly that stage, and the build context
-// keeps every package the commands import. internal/imagetest builds the
+// keeps every package the commands import. internal/testing/imagetest builds the
 // image offline and runs it.
 func TestDockerfile(t *testing.T) {
 	df := readFile(t, "Dockerfile")

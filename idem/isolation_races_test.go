@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/idem"
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 var allIsolations = []idem.Isolation{idem.ReadCommitted, idem.Serializable, idem.ArticleSerializable}

@@ -27,7 +27,7 @@ import (
 	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
 	"github.com/idemd/idemd/examples/rocketrides/simulator"
 	"github.com/idemd/idemd/idem"
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // rideRun is one measured run of POST /rides.

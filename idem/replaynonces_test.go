@@ -17,8 +17,8 @@ import (
 
 	"github.com/idemd/idemd/idem"
 	"github.com/idemd/idemd/idem/replayauth"
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/replaytest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/replaytest"
 )
 
 // apiInstance is one replica of an API: its own pool on the shared

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/idem"
-	"github.com/idemd/idemd/internal/articletest"
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/articletest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // articleStore opens a Store on a database that started from the article's

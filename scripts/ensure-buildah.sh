@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure `buildah`, `podman` and `runc` are on PATH: scripts/build-image.sh
 # builds the image offline with buildah (FROM scratch, nothing pulled), and
-# the image test (internal/imagetest) runs it with podman on runc (crun,
+# the image test (internal/testing/imagetest) runs it with podman on runc (crun,
 # podman's default, fails on this machine kind). Debian's packages; their
 # services are kept from running.
 #
@@ -34,7 +34,7 @@ if [ -n "$todo" ] || [ -z "$ok" ]; then
     echo "ensure-buildah: could not install ${todo:-buildah, podman or runc}; CI needs them for the image build and test" >&2
     exit 1
   fi
-  echo "ensure-buildah: could not install ${todo:-buildah, podman or runc}: make image fails and the image test (internal/imagetest) skips" >&2
+  echo "ensure-buildah: could not install ${todo:-buildah, podman or runc}: make image fails and the image test (internal/testing/imagetest) skips" >&2
   exit 0
 fi
 buildah --version >&2

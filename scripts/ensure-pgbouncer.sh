@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes sure the `pgbouncer` binary is on PATH: internal/pgbouncertest runs
+# Makes sure the `pgbouncer` binary is on PATH: internal/testing/pgbouncertest runs
 # its own pgbouncer processes (as the postgres user, on free ports) between
 # the tests and PostgreSQL. The package's system pgbouncer (port 6432) is
 # kept from running.

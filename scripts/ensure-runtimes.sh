@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure Debian's language runtimes for the other-language clients are
 # there: clients' Go tests (TestRuby, TestPython, TestNode) and the
-# cross-language end-to-end test (internal/e2e/polyglot) run them, and with
+# cross-language end-to-end test (internal/testing/e2e/polyglot) run them, and with
 # CI=true a missing one fails the tests.
 #
 #   ruby + ruby-pg              Rack middleware tests; minitest ships with ruby

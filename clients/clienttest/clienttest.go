@@ -1,6 +1,6 @@
 // Package clienttest is what the Go tests of the other-language clients
 // share (clients' own tests and the cross-language end-to-end test,
-// internal/e2e/polyglot): finding Debian's language runtimes, a database
+// internal/testing/e2e/polyglot): finding Debian's language runtimes, a database
 // with a login role of the API's group role, and running a language's
 // test command.
 package clienttest
@@ -20,7 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // Root returns the module's root directory (where go.mod is), found upwards

@@ -33,7 +33,7 @@
 --                   GRANT idemd_api TO <your API's login role>. What it needs
 --                   on idemd's tables; its own tables are yours.
 --
--- Tests (internal/dbtest) apply this very file to every test database and
+-- Tests (internal/testing/dbtest) apply this very file to every test database and
 -- run the suites as idemd_runtime, so a privilege a daemon needs and this
 -- file does not grant fails the tests.
 

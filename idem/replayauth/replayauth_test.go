@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/replayvectors"
+	"github.com/idemd/idemd/internal/testing/replayvectors"
 )
 
 type (

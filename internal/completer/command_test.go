@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/daemon"
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 func writeSecret(t *testing.T, content string) string {

@@ -29,7 +29,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/idemd/idemd/internal/lifecycle"
-	"github.com/idemd/idemd/internal/testsignal"
+	"github.com/idemd/idemd/internal/testing/testsignal"
 )
 
 // FlaggedBy is recorded in idempotency_key_reviews.flagged_by.
@@ -144,7 +144,7 @@ type Service struct {
 }
 
 // testSignals tell tests that the completer reached a point; tests only
-// wait on them (internal/testsignal). Free in production.
+// wait on them (internal/testing/testsignal). Free in production.
 type testSignals struct {
 	breakerOpened testsignal.Signal[struct{}] // the breaker opened (or re-opened)
 }

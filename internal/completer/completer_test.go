@@ -16,10 +16,10 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/idemd/idemd/internal/backoff"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/opshttp"
 	"github.com/idemd/idemd/internal/review"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 func TestRunOnceClassifiesOutcomes(t *testing.T) {

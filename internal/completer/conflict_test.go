@@ -20,8 +20,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/idemd/idemd/idem/replayauth"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/review"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // runUntil runs passes until done says so, at most passes of them.

@@ -15,8 +15,8 @@ import (
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/daemon"
 	"github.com/idemd/idemd/internal/dbstats"
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // The exporter's flags default to dbstats.DefaultSettings, through the

@@ -24,9 +24,9 @@ import (
 	"github.com/idemd/idemd/examples/rocketrides/api"
 	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
 	"github.com/idemd/idemd/idem/replayauth"
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/testbin"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testbin"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // rocketRides is the real reference API over HTTP with its fake Stripe as

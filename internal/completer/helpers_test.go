@@ -18,7 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/idem/replayauth"
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

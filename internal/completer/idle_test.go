@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // The API sets last_run_at on the completer's replays as on any request.

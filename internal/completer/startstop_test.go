@@ -4,9 +4,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/opshttp"
-	"github.com/idemd/idemd/internal/startstoptest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/startstoptest"
 )
 
 // TestStartStopStress: Start and Stop called from several goroutines at

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 func tracked(t *testing.T, svc *Service, where string) int {

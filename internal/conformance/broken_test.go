@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemd/idemd/idem/replayauth"
 	"github.com/idemd/idemd/internal/conformance"
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 const testSecret = "0123456789abcdef0123456789abcdef"

@@ -16,7 +16,7 @@ import (
 	"github.com/idemd/idemd/clients/clienttest"
 	"github.com/idemd/idemd/idem/replayauth"
 	"github.com/idemd/idemd/internal/conformance"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // flaskServer runs clients/python/example/flask_app.py's create_app on

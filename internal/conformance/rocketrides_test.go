@@ -11,7 +11,7 @@ import (
 	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
 	"github.com/idemd/idemd/idem/replayauth"
 	"github.com/idemd/idemd/internal/conformance"
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // TestRocketRidesPasses: the reference API passes every scenario, with

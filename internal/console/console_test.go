@@ -17,9 +17,9 @@ import (
 
 	"github.com/idemd/idemd/internal/console"
 	"github.com/idemd/idemd/internal/ctl"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/logging"
 	"github.com/idemd/idemd/internal/review"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -7,9 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemd/idemd/internal/articletest"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/testing/articletest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // `idemctl migrate` on a database with the article's JSONB response_body

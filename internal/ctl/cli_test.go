@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/review"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // TestBareIdemctlPrintsHelp: idemctl with no arguments is a question; it

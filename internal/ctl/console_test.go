@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/ctl"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // syncBuffer is a bytes.Buffer safe to read while the command writes.

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/internal/ctl"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/review"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemd/idemd/internal/ctl"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // idemctl status shows the database's schema version against idemctl's

@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/idemd/idemd/internal/daemon"
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testbin"
 )
 
 // dbtest.Main removes the binaries testbin built.

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/daemon"
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/scratchdb"
-	"github.com/idemd/idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/scratchdb"
+	"github.com/idemd/idemd/internal/testing/testbin"
 )
 
 // holdDefaultOpsPort makes sure something holds :9090 for the test, as a

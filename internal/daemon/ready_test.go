@@ -14,11 +14,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
-	"github.com/idemd/idemd/internal/scratchdb"
-	"github.com/idemd/idemd/internal/testbin"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/scratchdb"
+	"github.com/idemd/idemd/internal/testing/testbin"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // TestNotReadyUntilMigrated: daemons started on an empty database answer

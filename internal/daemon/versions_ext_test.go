@@ -17,10 +17,10 @@ import (
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/ctl"
 	"github.com/idemd/idemd/internal/daemon"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/enqueuer"
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // floorCmd is a long-running command that runs on schemas from oldest up,

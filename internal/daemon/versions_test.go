@@ -12,8 +12,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // The schema check of /readyz against real PostgreSQL: at the head it is

@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemd/idemd/internal/config"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/runhistory"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/startstoptest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/startstoptest"
 )
 
 // TestStartStopStress: Start and Stop called from several goroutines at

@@ -14,10 +14,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/e2e/system"
-	"github.com/idemd/idemd/internal/testbin"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/e2e/system"
+	"github.com/idemd/idemd/internal/testing/testbin"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // stageEach stages n rows, each in its own transaction (a notification

@@ -19,8 +19,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/idemd/idemd/internal/config"
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

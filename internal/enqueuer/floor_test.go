@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/lowwater"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // TestFloorTake: the floor is the lowest id asked for since the last take,

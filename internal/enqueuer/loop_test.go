@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemd/idemd/internal/backoff"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // After a pass the loop waits --poll-interval for a wake-up, or the poll's

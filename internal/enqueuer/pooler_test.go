@@ -10,9 +10,9 @@ import (
 
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/daemon"
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/pgbouncertest"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/pgbouncertest"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // pooledPool is a pool through a real PgBouncer in transaction mode, built

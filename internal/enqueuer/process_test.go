@@ -14,9 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/testbin"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testbin"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // The built binary is SIGKILLed at random points while it drains a large

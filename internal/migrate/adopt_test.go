@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/idem"
-	"github.com/idemd/idemd/internal/articletest"
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/testing/articletest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // articlePools returns a database with the article's schema, migrated by

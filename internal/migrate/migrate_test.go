@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/migrations"
 )
 

@@ -8,10 +8,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
-	"github.com/idemd/idemd/internal/pgbouncertest"
-	"github.com/idemd/idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/pgbouncertest"
+	"github.com/idemd/idemd/internal/testing/testbin"
 )
 
 // TestConcurrentMigrateThroughTransactionPooler: three `idemctl migrate`

@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // lastRun is the newest run of the history.

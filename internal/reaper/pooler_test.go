@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/pgbouncertest"
 	"github.com/idemd/idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/pgbouncertest"
 )
 
 // TestProcessThroughTransactionPooler runs reaper processes through a real

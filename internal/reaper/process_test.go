@@ -13,11 +13,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/runhistory"
-	"github.com/idemd/idemd/internal/testbin"
-	"github.com/idemd/idemd/internal/testwait"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testbin"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 type proc struct {

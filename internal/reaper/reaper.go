@@ -33,7 +33,7 @@ import (
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/review"
-	"github.com/idemd/idemd/internal/testsignal"
+	"github.com/idemd/idemd/internal/testing/testsignal"
 )
 
 // Result is what one run did. Counts are of committed work: a batch that
@@ -123,7 +123,7 @@ type Service struct {
 }
 
 // testSignals tell tests that a run reached a point; tests only wait on
-// them (internal/testsignal). Free in production.
+// them (internal/testing/testsignal). Free in production.
 type testSignals struct {
 	passed testsignal.Signal[*Result]       // a scheduled run ended
 	next   testsignal.Signal[time.Duration] // the schedule's wait before the next run

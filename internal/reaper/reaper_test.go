@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/review"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 func ptr[T any](v T) *T { return &v }

@@ -8,9 +8,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/opshttp"
-	"github.com/idemd/idemd/internal/startstoptest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/startstoptest"
 )
 
 // TestStartStopStress: Start and Stop called from several goroutines at

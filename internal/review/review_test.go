@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/review"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

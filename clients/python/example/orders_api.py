@@ -23,7 +23,7 @@ columns, so it exists exactly when the response does; idemd's enqueuer
 moves it to River.
 
 With --test-control, PUT /_test/faults sets faults for the end-to-end test
-(internal/e2e/polyglot): [{"at": "order_created", "action": "fail" |
+(internal/testing/e2e/polyglot): [{"at": "order_created", "action": "fail" |
 "hang", "seconds": 2}] fails or stalls each request as it reaches that
 recovery point.
 """

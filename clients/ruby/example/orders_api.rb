@@ -3,7 +3,7 @@
 
 # A minimal order API in Ruby on idemd's schema contract: the Ruby twin of
 # clients/python/example/orders_api.py, with the same routes, answers and
-# faults, so internal/e2e/polyglot runs one test against both.
+# faults, so internal/testing/e2e/polyglot runs one test against both.
 #
 # Ruby's standard library, WEBrick (Debian's ruby-webrick) and ruby-pg,
 # nothing else: the idempotency-key protocol of docs/api-authors.md written

@@ -50,7 +50,7 @@ type Config struct {
 	// ReceiptJobs is how a paid ride's receipt job is created: staged for
 	// idemd's enqueuer (the default), inserted into River directly with
 	// InsertTx (River must be set), or not at all. The last two exist for
-	// the load benchmark's anchors (internal/e2e/load).
+	// the load benchmark's anchors (internal/testing/e2e/load).
 	ReceiptJobs ReceiptJobs
 	River       *river.Client[pgx.Tx]
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/idemd/idemd/examples/rocketrides/api"
 	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
 	"github.com/idemd/idemd/idem/replayauth"
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 const (

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemd/idemd/examples/rocketrides/api"
 	"github.com/idemd/idemd/examples/rocketrides/receipts"
-	"github.com/idemd/idemd/internal/dbtest"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

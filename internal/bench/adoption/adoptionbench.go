@@ -28,7 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/internal/migrate"
-	"github.com/idemd/idemd/internal/scratchdb"
+	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
 // Options configure Run and Drain.

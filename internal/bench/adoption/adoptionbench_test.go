@@ -9,8 +9,8 @@ import (
 
 	"github.com/idemd/idemd/clients/clienttest"
 	adoptionbench "github.com/idemd/idemd/internal/bench/adoption"
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/testbin"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testbin"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 // defaults (--request-encoding form added). The end state is read from the
 // API's tables: every key finished with 201, none given up, one ride and
 // one charge per key, and the API logged at least one replay per key.
-// Timing is the benchmark's business (internal/benchreport's adoption
+// Timing is the benchmark's business (internal/bench/report's adoption
 // suite), not the test's.
 func TestDrainFinishesEveryKeyOnce(t *testing.T) {
 	opts := adoptionbench.Options{

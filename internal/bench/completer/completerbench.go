@@ -25,7 +25,7 @@ import (
 	"github.com/idemd/idemd/idem/replayauth"
 	"github.com/idemd/idemd/internal/completer"
 	"github.com/idemd/idemd/internal/migrate"
-	"github.com/idemd/idemd/internal/scratchdb"
+	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
 // Options size the benchmark. Zero values take the defaults (the issue's

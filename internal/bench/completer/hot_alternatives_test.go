@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemd/idemd/internal/dbtest"
 	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 func sqlVariant(name string, stmts ...string) HotVariant {

@@ -36,8 +36,8 @@ import (
 
 	"github.com/idemd/idemd/internal/enqueuer"
 	"github.com/idemd/idemd/internal/migrate"
-	"github.com/idemd/idemd/internal/pgbouncer"
-	"github.com/idemd/idemd/internal/scratchdb"
+	"github.com/idemd/idemd/internal/testing/pgbouncer"
+	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
 // Options size the run. Zero values take the defaults.
@@ -48,7 +48,7 @@ type Options struct {
 	SkipArticle     bool          // the article's algorithm is slow; skip it for quick runs
 	SkipPolling     bool          // skip the 5 s polling latency run
 	// Pooler adds the variants through a PgBouncer in transaction mode
-	// (internal/pgbouncer starts it; Run fails without the binary).
+	// (internal/testing/pgbouncer starts it; Run fails without the binary).
 	Pooler bool
 	// PoolerPoolSize is pgbouncer's default_pool_size (default 10: the
 	// enqueuer's 2 workers, its first batch and stats queries, plus

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/dbtest"
-	"github.com/idemd/idemd/internal/pgbouncer"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/pgbouncer"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -28,7 +28,7 @@ import (
 
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/reaper"
-	"github.com/idemd/idemd/internal/scratchdb"
+	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
 // Options size the benchmark. Zero values take the defaults.

@@ -1,0 +1,168 @@
+package dbtest
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+)
+
+// Cluster is a throwaway PostgreSQL cluster owned by one test. Unlike the
+// shared server of ServerURL, a test may stop and restart it (the end-to-end
+// fault suite restarts PostgreSQL mid-run) without disturbing tests that run
+// in parallel against the shared server.
+type Cluster struct {
+	bin, dir, data, opts string
+	port                 int
+
+	mu      sync.Mutex
+	running bool
+}
+
+// StartCluster initdb's and starts a cluster on a free port; it is stopped
+// and removed when the test ends. It fails the test when no local initdb is
+// available: the callers need a server they may restart, which neither
+// TEST_DATABASE_URL nor a container gives them.
+func StartCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	c, err := NewCluster()
+	if err != nil {
+		tb.Fatalf("dbtest: start cluster: %v", err)
+	}
+	tb.Cleanup(c.Remove)
+	return c
+}
+
+// ClusterOptions change how NewClusterWith starts a cluster.
+type ClusterOptions struct {
+	// Durable keeps PostgreSQL's defaults (fsync and synchronous_commit on)
+	// instead of fsync off: a benchmark that measures WAL and CPU per
+	// request (internal/testing/e2e/load) must pay what a real server pays.
+	Durable bool
+}
+
+// NewCluster is StartCluster for callers without a testing.TB; the caller
+// must call Remove.
+func NewCluster() (*Cluster, error) {
+	return NewClusterWith(ClusterOptions{})
+}
+
+// NewClusterWith is NewCluster with options.
+func NewClusterWith(o ClusterOptions) (*Cluster, error) {
+	bin, err := findPGBin()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "idemd-e2e-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("temp dir: %w", err)
+	}
+	c := &Cluster{bin: bin, dir: dir, data: filepath.Join(dir, "data")}
+	if os.Geteuid() == 0 {
+		// PostgreSQL refuses to run as root: the cluster belongs to postgres.
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("running as root and no postgres user: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("chown %s: %w", dir, err)
+		}
+	}
+	if out, err := c.command("initdb", "-D", c.data, "-U", "postgres", "-A", "trust", "--no-sync").CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("initdb: %w: %s", err, out)
+	}
+	if c.port, err = freePort(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("free port: %w", err)
+	}
+	c.opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c max_connections=300", c.port, dir)
+	if !o.Durable {
+		c.opts += " -c fsync=off"
+	}
+	if err := c.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := ping(c.URL()); err != nil {
+		c.Remove()
+		return nil, fmt.Errorf("ping new cluster: %w", err)
+	}
+	return c, nil
+}
+
+func (c *Cluster) command(name string, args ...string) *exec.Cmd {
+	path := filepath.Join(c.bin, name)
+	if os.Geteuid() == 0 {
+		return exec.Command("runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
+	}
+	return exec.Command(path, args...)
+}
+
+// URL is the admin URL (database "postgres") of the cluster.
+func (c *Cluster) URL() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+}
+
+// Port is the port the cluster listens on.
+func (c *Cluster) Port() int { return c.port }
+
+// Start starts a stopped cluster and waits until it accepts connections.
+func (c *Cluster) Start() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if out, err := c.command("pg_ctl", "-D", c.data, "-o", c.opts, "-l", filepath.Join(c.dir, "log"), "-w", "start").CombinedOutput(); err != nil {
+		return fmt.Errorf("pg_ctl start: %w: %s", err, out)
+	}
+	c.running = true
+	return nil
+}
+
+// Stop stops the cluster with -m fast: sessions are terminated, as in a
+// planned failover or a restart by an operator.
+func (c *Cluster) Stop() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.running {
+		return errors.New("dbtest: cluster is not running")
+	}
+	if out, err := c.command("pg_ctl", "-D", c.data, "-m", "fast", "-w", "stop").CombinedOutput(); err != nil {
+		return fmt.Errorf("pg_ctl stop: %w: %s", err, out)
+	}
+	c.running = false
+	return nil
+}
+
+// Restart is pg_ctl restart -m fast.
+func (c *Cluster) Restart() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if out, err := c.command("pg_ctl", "-D", c.data, "-o", c.opts, "-l", filepath.Join(c.dir, "log"), "-m", "fast", "-w", "restart").CombinedOutput(); err != nil {
+		return fmt.Errorf("pg_ctl restart: %w: %s", err, out)
+	}
+	c.running = true
+	return nil
+}
+
+// Remove stops the cluster (immediately) and deletes its files.
+func (c *Cluster) Remove() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running {
+		c.command("pg_ctl", "-D", c.data, "-m", "immediate", "-w", "stop").Run() //nolint:errcheck
+		c.running = false
+	}
+	os.RemoveAll(c.dir)
+}
+
+// LogPath is the server log, for a failing test to show.
+func (c *Cluster) LogPath() string { return filepath.Join(c.dir, "log") }
