@@ -220,13 +220,9 @@ func ddlPool(ctx context.Context, pool *pgxpool.Pool, opts Options, last *lastTi
 					return err
 				}
 			}
-			// Session settings: a direct connection, or a session-mode
-			// pooler's, which resets them when the session ends. An index
-			// build on a table the API serves from runs in this process
-			// alone: parallel maintenance workers would take every core
-			// the API's statements need, for a build that runs
-			// CONCURRENTLY because time is what it may take.
-			_, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false), set_config('max_parallel_maintenance_workers', '0', false)", setting)
+			// A session setting: a direct connection, or a session-mode
+			// pooler's, which resets it when the session ends.
+			_, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", setting)
 			return err
 		}
 	}
