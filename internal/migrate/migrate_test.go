@@ -188,3 +188,39 @@ func TestCheckNamesWhatIsMissing(t *testing.T) {
 		t.Fatalf("one idemd migration unrecorded: %v", err)
 	}
 }
+
+// River's GIN indexes on river_job keep no pending list after migrate
+// (00020): the enqueuer, the one process inserting River jobs, never
+// meets a merge of the list on its move path.
+func TestRiverGINIndexesHaveNoPendingList(t *testing.T) {
+	pool := emptyDatabase(t)
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, pool, migrate.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `
+SELECT c.relname, coalesce(array_to_string(c.reloptions, ','), '')
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
+WHERE i.indrelid = 'river_job'::regclass AND a.amname = 'gin'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var name, opts string
+		if err := rows.Scan(&name, &opts); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if !strings.Contains(opts, "fastupdate=off") {
+			t.Errorf("GIN index %s on river_job has options %q, want fastupdate=off", name, opts)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n < 2 {
+		t.Fatalf("%d GIN indexes on river_job, want River's args and metadata indexes", n)
+	}
+}
