@@ -17,7 +17,9 @@
 -- long, and it waits for theirs at most --ddl-lock-timeout before migrate
 -- retries. Entries already pending stay in the list until the next VACUUM
 -- of river_job merges them. IF EXISTS: an index River has not created, or
--- has renamed, is left alone.
+-- has renamed, is left alone. `idemctl migrate` sets the option again on
+-- every run wherever it is missing (internal/migrate), for an index a
+-- River upgrade rebuilds.
 --
 -- +goose Up
 ALTER INDEX IF EXISTS river_job_args_index SET (fastupdate = off);

@@ -192,6 +192,9 @@ func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *R
 	if err != nil {
 		return fmt.Errorf("migrate: idemd: %w", err)
 	}
+	if err := keepRiverGINWithoutPendingList(ctx, pool, logger); err != nil {
+		return err
+	}
 	// Every run, not only one that applied something: a database whose
 	// tables were handed to the migrator, or whose grants someone changed,
 	// is put right by the next migrate. Without arguments Exec sends the
@@ -606,4 +609,37 @@ func Known(v int64) bool {
 		return false
 	}
 	return slices.ContainsFunc(ms, func(m migration) bool { return m.version == v })
+}
+
+// riverGINPendingSQL lists River's GIN indexes on river_job that keep a
+// pending list (fastupdate on).
+const riverGINPendingSQL = `
+SELECT c.oid::regclass::text
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
+WHERE i.indrelid = to_regclass('river_job') AND a.amname = 'gin'
+  AND NOT coalesce(c.reloptions @> ARRAY['fastupdate=off'], false)`
+
+// keepRiverGINWithoutPendingList sets fastupdate = off on River's GIN
+// indexes of river_job where it is not (migration 00020 says why), on
+// every run: a River migration that rebuilds one of them brings its pending
+// list back, and the next migrate removes it again. An index already off
+// is not touched, so a run with nothing to do takes no lock on it.
+func keepRiverGINWithoutPendingList(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	rows, err := pool.Query(ctx, riverGINPendingSQL)
+	if err != nil {
+		return fmt.Errorf("migrate: River's GIN indexes: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("migrate: River's GIN indexes: %w", err)
+	}
+	for _, name := range names {
+		// name is the catalog's own regclass output, quoted as an
+		// identifier: DDL takes no parameters.
+		if _, err := pool.Exec(ctx, "ALTER INDEX "+name+" SET (fastupdate = off)"); err != nil {
+			return fmt.Errorf("migrate: River's GIN index %s without a pending list: %w", name, err)
+		}
+		logger.Info("migrate: River's GIN index keeps no pending list (fastupdate = off)", "index", name)
+	}
+	return nil
 }

@@ -224,3 +224,26 @@ WHERE i.indrelid = 'river_job'::regclass AND a.amname = 'gin'`)
 		t.Fatalf("%d GIN indexes on river_job, want River's args and metadata indexes", n)
 	}
 }
+
+// A GIN index whose pending list came back (a River migration that
+// rebuilt it) loses it again at the next migrate.
+func TestMigrateKeepsRiverGINWithoutPendingList(t *testing.T) {
+	pool := emptyDatabase(t)
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, pool, migrate.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ALTER INDEX river_job_args_index RESET (fastupdate)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate.Up(ctx, pool, migrate.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var opts string
+	if err := pool.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = 'river_job_args_index'::regclass`).Scan(&opts); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(opts, "fastupdate=off") {
+		t.Fatalf("river_job_args_index after the second migrate: options %q, want fastupdate=off", opts)
+	}
+}
