@@ -70,32 +70,12 @@ var errRiverRejected = errors.New("river rejected the batch")
 // statement (insertMany) with no savepoint (two round trips fewer per
 // batch, which is most of a small batch's time).
 func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow bool) (*batchResult, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: moveBeginSQL})
+	tx, staged, err := s.beginTake(ctx, from, rowByRow)
 	if err != nil {
-		return nil, fmt.Errorf("enqueuer batch: begin: %w", err)
+		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	rows, err := tx.Query(ctx, takeSQL, takeArgs(from, s.cfg.BatchSize))
-	if err != nil {
-		return nil, fmt.Errorf("enqueuer batch: take: %w", err)
-	}
-	// Grown as rows come: a steady-state batch is a row or two, and a
-	// slice of --batch-size rows (760 kB at the default) allocated and
-	// zeroed per transaction was most of the process's CPU, in the
-	// garbage collector.
-	staged := make([]stagedRow, 0, min(s.cfg.BatchSize, 64))
-	for rows.Next() {
-		var r stagedRow
-		if err := rows.Scan(&r.ID, &r.CreatedAt, &r.Kind, &r.Args, &r.Queue, &r.Priority, &r.MaxAttempts, &r.ScheduledAt, &r.Tags, &r.Metadata); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("enqueuer batch: scan: %w", err)
-		}
-		staged = append(staged, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("enqueuer batch: take: %w", err)
-	}
 	res := &batchResult{taken: len(staged), last: fullPass}
 	if len(staged) == 0 {
 		return res, nil
