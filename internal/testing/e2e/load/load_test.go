@@ -240,6 +240,14 @@ func TestStagingSmoke(t *testing.T) {
 			t.Errorf("%s: %d commits, p99 %s", p.Variant, p.Commits, p.CommitP99)
 		}
 	}
+	// The floor's mover copied what its clients committed, but for the
+	// last few milliseconds' rows.
+	if floor, _ := rep.Find(StagingFloor, 4); floor.Copied < floor.Commits {
+		t.Errorf("floor: %d commits measured, %d rows copied into River", floor.Commits, floor.Copied)
+	}
+	if rep.IdleTransactionsPerSecond <= 0 {
+		t.Errorf("idle enqueuers: %.2f transactions a second", rep.IdleTransactionsPerSecond)
+	}
 	idemd, _ := rep.Find(StagingIdemd, 4)
 	if idemd.ToRiverP99 <= 0 || len(idemd.toRiver) != idemd.Commits {
 		t.Errorf("idemd: %d commits, %d reached River, p99 %s", idemd.Commits, len(idemd.toRiver), idemd.ToRiverP99)

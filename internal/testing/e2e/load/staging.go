@@ -46,10 +46,17 @@ const (
 	// what the trigger costs the API; against StagingIdemd, what moving
 	// the rows costs a machine the database and the enqueuers share.
 	StagingPolled = "staging + idemd trigger, polled, nothing moving"
+	// StagingFloor is the least any mover into River costs the machine:
+	// the transaction without idemd's objects while a goroutine of the
+	// benchmark copies each committed row into River (InsertManyFast,
+	// up to 1,000 rows every 3 ms), deleting nothing. Against StagingPlain
+	// it is what getting the jobs into River at all costs on these cores;
+	// against StagingIdemd, what idemd's hop adds to that.
+	StagingFloor = "staging, no idemd objects, copied into River beside"
 )
 
 // StagingVariants lists them in report order.
-var StagingVariants = []string{StagingIdemd, StagingPlain, StagingRiver, StagingPolled}
+var StagingVariants = []string{StagingIdemd, StagingPlain, StagingRiver, StagingPolled, StagingFloor}
 
 // StagingOptions tunes the phase; zero values take the defaults.
 type StagingOptions struct {
@@ -99,6 +106,8 @@ type StagingPhase struct {
 	// ToRiverP50 and ToRiverP99: a commit's answer to its River job's
 	// created_at (the idemd variant; 0 otherwise).
 	ToRiverP50, ToRiverP99 time.Duration
+	// Copied: the rows StagingFloor's mover put into River.
+	Copied int
 	// PerRun is each run's commits/s, in round order.
 	PerRun []float64
 
@@ -117,10 +126,10 @@ func (p StagingPhase) CommitsPerSecond() float64 {
 type StagingReport struct {
 	Server string
 	Phases []StagingPhase // by clients, then StagingVariants' order
-	// IdleQueriesPerSecond: statements a second the two enqueuers ran
-	// against the database while nothing was staged (pg_stat_database's
-	// committed and rolled-back transactions of their database over a
-	// quiet window after the last run).
+	// IdleTransactionsPerSecond: transactions a second two enqueuers ran
+	// against a database where nothing was ever staged (pg_stat_database's
+	// committed and rolled-back transactions of that database over a
+	// quiet window), after the runs.
 	IdleTransactionsPerSecond float64
 }
 
@@ -149,7 +158,6 @@ func Staging(ctx context.Context, adminURL string, opts StagingOptions) (*Stagin
 		rep.Server = "a private cluster (PostgreSQL's defaults: fsync and synchronous_commit on)"
 	}
 	s := &staging{adminURL: env.adminURL, bins: env.bins, dir: env.dir, opts: opts}
-	last := opts.Clients[len(opts.Clients)-1]
 	for _, clients := range opts.Clients {
 		pooled := make([]StagingPhase, len(StagingVariants))
 		for round := range opts.Rounds {
@@ -157,9 +165,7 @@ func Staging(ctx context.Context, adminURL string, opts StagingOptions) (*Stagin
 				if len(opts.Variants) > 0 && !slices.Contains(opts.Variants, StagingVariants[i]) {
 					continue
 				}
-				// The idle cost is measured once, after the last idemd run.
-				idle := round == opts.Rounds-1 && clients == last && StagingVariants[i] == StagingIdemd
-				ph, err := s.run(ctx, StagingVariants[i], clients, idle, rep)
+				ph, err := s.run(ctx, StagingVariants[i], clients)
 				if err != nil {
 					return nil, err
 				}
@@ -167,6 +173,11 @@ func Staging(ctx context.Context, adminURL string, opts StagingOptions) (*Stagin
 			}
 		}
 		rep.Phases = append(rep.Phases, pooled...)
+	}
+	if len(opts.Variants) == 0 || slices.Contains(opts.Variants, StagingIdemd) {
+		if rep.IdleTransactionsPerSecond, err = s.idle(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return rep, nil
 }
@@ -194,49 +205,75 @@ type receiptArgs struct {
 
 func (receiptArgs) Kind() string { return "send_ride_receipt" }
 
-// run measures variant at clients once, in a fresh database; idle also
-// measures the enqueuers' idle cost after the run.
-func (s *staging) run(ctx context.Context, variant string, clients int, idle bool, rep *StagingReport) (ph StagingPhase, err error) {
-	ph.Variant, ph.Clients, ph.Runs = variant, clients, 1
+// database makes a fresh database with the benchmark's tables and a pool
+// of clients connections on it; done drops both.
+func (s *staging) database(ctx context.Context, clients int) (dbURL string, pool *pgxpool.Pool, done func(context.Context) error, err error) {
 	dbURL, drop, err := freshDatabase(ctx, s.adminURL, s.bins, "idemd_staging")
 	if err != nil {
-		return ph, fmt.Errorf("staging: %w", err)
+		return "", nil, nil, fmt.Errorf("staging: %w", err)
+	}
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err == nil {
+		cfg.MaxConns = int32(clients)
+		pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	}
+	if err == nil {
+		_, err = pool.Exec(ctx, stagingSchema)
+	}
+	done = func(ctx context.Context) error {
+		if pool != nil {
+			pool.Close()
+		}
+		return drop(ctx)
+	}
+	if err != nil {
+		return "", nil, nil, errors.Join(fmt.Errorf("staging: database: %w", err), done(context.WithoutCancel(ctx)))
+	}
+	return dbURL, pool, done, nil
+}
+
+// enqueuers starts two enqueuers on dbURL and waits for them to be ready;
+// the caller closes them.
+func (s *staging) enqueuers(ctx context.Context, dbURL string) ([]*system.Proc, error) {
+	var procs []*system.Proc
+	for i := range 2 {
+		addr, err := system.FreeAddr()
+		if err != nil {
+			return procs, fmt.Errorf("staging: %w", err)
+		}
+		args := append([]string{"--database-url", dbtest.RuntimeURL(dbURL), "--log-format", "console", "--log-level", "warn", "--http-addr", addr}, s.opts.EnqueuerArgs...)
+		p := &system.Proc{Name: fmt.Sprintf("enqueuer-%d", i+1), Bin: s.bins.Enqueuer, Args: args, OpsAddr: addr, LogPath: filepath.Join(s.dir, fmt.Sprintf("enqueuer-%d.log", i+1))}
+		if err := p.Start(); err != nil {
+			return procs, fmt.Errorf("staging: %w", err)
+		}
+		procs = append(procs, p)
+		if err := ready(ctx, p); err != nil {
+			return procs, err
+		}
+	}
+	return procs, nil
+}
+
+// run measures variant at clients once, in a fresh database.
+func (s *staging) run(ctx context.Context, variant string, clients int) (ph StagingPhase, err error) {
+	ph.Variant, ph.Clients, ph.Runs = variant, clients, 1
+	dbURL, pool, done, err := s.database(ctx, clients)
+	if err != nil {
+		return ph, err
 	}
 	defer func() {
-		if derr := drop(context.WithoutCancel(ctx)); derr != nil && err == nil {
+		if derr := done(context.WithoutCancel(ctx)); derr != nil && err == nil {
 			err = fmt.Errorf("staging: %w", derr)
 		}
 	}()
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
-		return ph, fmt.Errorf("staging: %w", err)
-	}
-	cfg.MaxConns = int32(clients)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return ph, fmt.Errorf("staging: pool: %w", err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, stagingSchema); err != nil {
-		return ph, fmt.Errorf("staging: schema: %w", err)
-	}
 	var procs []*system.Proc
 	if variant == StagingIdemd {
-		for i := range 2 {
-			addr, err := system.FreeAddr()
-			if err != nil {
-				return ph, fmt.Errorf("staging: %w", err)
-			}
-			args := append([]string{"--database-url", dbtest.RuntimeURL(dbURL), "--log-format", "console", "--log-level", "warn", "--http-addr", addr}, s.opts.EnqueuerArgs...)
-			p := &system.Proc{Name: fmt.Sprintf("enqueuer-%d", i+1), Bin: s.bins.Enqueuer, Args: args, OpsAddr: addr, LogPath: filepath.Join(s.dir, fmt.Sprintf("enqueuer-%d.log", i+1))}
-			if err := p.Start(); err != nil {
-				return ph, fmt.Errorf("staging: %w", err)
-			}
+		procs, err = s.enqueuers(ctx, dbURL)
+		for _, p := range procs {
 			defer p.Close()
-			if err := ready(ctx, p); err != nil {
-				return ph, err
-			}
-			procs = append(procs, p)
+		}
+		if err != nil {
+			return ph, err
 		}
 	}
 	if variant == StagingPolled {
@@ -252,10 +289,19 @@ func (s *staging) run(ctx context.Context, variant string, clients int, idle boo
 		}
 	}
 	var rc *river.Client[pgx.Tx]
-	if variant == StagingRiver {
+	if variant == StagingRiver || variant == StagingFloor {
 		if rc, err = river.NewClient(riverpgxv5.New(pool), &river.Config{}); err != nil {
 			return ph, fmt.Errorf("staging: river client: %w", err)
 		}
+	}
+	if variant == StagingFloor {
+		stop := s.copyIntoRiver(ctx, pool, rc)
+		defer func() {
+			var cerr error
+			if ph.Copied, cerr = stop(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}()
 	}
 	stage := func(ctx context.Context, tx pgx.Tx, rideID int64) (int64, error) {
 		var id int64
@@ -263,7 +309,7 @@ func (s *staging) run(ctx context.Context, variant string, clients int, idle boo
 		case StagingIdemd, StagingPolled:
 			err := tx.QueryRow(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('send_ride_receipt', jsonb_build_object('ride_id', $1::bigint)) RETURNING id`, rideID).Scan(&id)
 			return id, err
-		case StagingPlain:
+		case StagingPlain, StagingFloor:
 			err := tx.QueryRow(ctx, `INSERT INTO bench_staged_plain (job_name, job_args) VALUES ('send_ride_receipt', jsonb_build_object('ride_id', $1::bigint)) RETURNING id`, rideID).Scan(&id)
 			return id, err
 		default:
@@ -343,17 +389,6 @@ func (s *staging) run(ctx context.Context, variant string, clients int, idle boo
 			return ph, err
 		}
 		ph.ToRiverP50, ph.ToRiverP99 = percentile(ph.toRiver, 0.50), percentile(ph.toRiver, 0.99)
-		if idle {
-			// The clients' sessions end first: a backend reports its
-			// transactions to pg_stat_database when it goes idle or
-			// exits, so theirs would count in the quiet window.
-			pool.Reset()
-			tps, err := idleTransactions(ctx, pool)
-			if err != nil {
-				return ph, err
-			}
-			rep.IdleTransactionsPerSecond = tps
-		}
 	}
 	s.opts.Logf("staging: %s, %d clients: %.0f commits/s, commit p99 %s, to River p50 %s p99 %s",
 		variant, clients, ph.CommitsPerSecond(), ph.CommitP99, ph.ToRiverP50, ph.ToRiverP99)
@@ -378,6 +413,87 @@ func (s *staging) settle(ctx context.Context, pool *pgxpool.Pool, procs []*syste
 	}
 	return nil
 }
+
+// idle measures two enqueuers' cost on a database where nothing was ever
+// staged: their sweeps, gauges and self-checks alone, with no autovacuum of
+// a run's tables in the window.
+func (s *staging) idle(ctx context.Context) (tps float64, err error) {
+	dbURL, pool, done, err := s.database(ctx, 1)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if derr := done(context.WithoutCancel(ctx)); derr != nil && err == nil {
+			err = fmt.Errorf("staging: %w", derr)
+		}
+	}()
+	procs, err := s.enqueuers(ctx, dbURL)
+	for _, p := range procs {
+		defer p.Close()
+	}
+	if err != nil {
+		return 0, err
+	}
+	tps, err = idleTransactions(ctx, pool)
+	s.opts.Logf("staging: two idle enqueuers: %.2f transactions a second", tps)
+	return tps, err
+}
+
+// copyIntoRiver is StagingFloor's mover: every 3 ms it copies the rows
+// committed into bench_staged_plain since its last copy into River, up to
+// 1,000 at a time, until stop. A row whose id was handed out before the
+// last copied one but committed after it is skipped: this is a measure of
+// the machine's cost of River's inserts, not a mover.
+func (s *staging) copyIntoRiver(ctx context.Context, pool *pgxpool.Pool, rc *river.Client[pgx.Tx]) (stop func() (int, error)) {
+	ctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	copied := 0
+	go func() {
+		var last int64
+		t := time.NewTicker(3 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				errc <- nil
+				return
+			case <-t.C:
+			}
+			rows, err := pool.Query(ctx, `SELECT id, job_args FROM bench_staged_plain WHERE id > $1 ORDER BY id LIMIT 1000`, last)
+			var params []river.InsertManyParams
+			if err == nil {
+				var id int64
+				var args []byte
+				_, err = pgx.ForEachRow(rows, []any{&id, &args}, func() error {
+					last = id
+					params = append(params, river.InsertManyParams{Args: rawReceipt(slices.Clone(args))})
+					return nil
+				})
+			}
+			if err == nil && len(params) > 0 {
+				var n int
+				n, err = rc.InsertManyFast(ctx, params)
+				copied += n
+			}
+			if err != nil {
+				if ctx.Err() != nil {
+					errc <- nil
+				} else {
+					errc <- fmt.Errorf("staging: copy into River: %w", err)
+				}
+				return
+			}
+		}
+	}()
+	return func() (int, error) { cancel(); err := <-errc; return copied, err }
+}
+
+// rawReceipt is a staged receipt job's args, as the copy hands them to
+// River.
+type rawReceipt []byte
+
+func (rawReceipt) Kind() string                   { return "send_ride_receipt" }
+func (r rawReceipt) MarshalJSON() ([]byte, error) { return r, nil }
 
 // idleTransactions counts the transactions a second on pool's database over
 // a quiet window: the enqueuers' idle cost (and this query's own, which is
@@ -430,6 +546,7 @@ func mergeStaging(a, b StagingPhase) StagingPhase {
 	a.Runs += b.Runs
 	a.Commits += b.Commits
 	a.Elapsed += b.Elapsed
+	a.Copied += b.Copied
 	a.commits = mergeSorted(a.commits, b.commits)
 	a.toRiver = mergeSorted(a.toRiver, b.toRiver)
 	a.CommitP50, a.CommitP99 = percentile(a.commits, 0.50), percentile(a.commits, 0.99)
