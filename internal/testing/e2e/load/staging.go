@@ -1,11 +1,14 @@
 package load
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,8 +41,15 @@ import (
 // Staging variants.
 const (
 	StagingIdemd = "staging + idemd (2 enqueuers)"
-	StagingPlain = "staging, no idemd objects"
-	StagingRiver = "River InsertTx"
+	// StagingIdemdOwnCPU is StagingIdemd with the enqueuer processes at
+	// nice -10: in production they run on CPUs of their own (their pods'),
+	// not on the cores the database's backends saturate here, and this is
+	// the closest these shared cores come to it. The database's backend of
+	// the move still competes with the API's backends, as it would on a
+	// busy database server.
+	StagingIdemdOwnCPU = "staging + idemd (2 enqueuers at nice -10)"
+	StagingPlain       = "staging, no idemd objects"
+	StagingRiver       = "River InsertTx"
 	// StagingPolled is the idemd variant's commit path alone: the trigger
 	// finds the polling lock held (by the benchmark), as under a stream of
 	// commits, and no enqueuer moves the rows. Against StagingPlain it is
@@ -56,7 +66,14 @@ const (
 )
 
 // StagingVariants lists them in report order.
-var StagingVariants = []string{StagingIdemd, StagingPlain, StagingRiver, StagingPolled, StagingFloor}
+var StagingVariants = []string{StagingIdemd, StagingPlain, StagingRiver, StagingPolled, StagingFloor, StagingIdemdOwnCPU}
+
+// moves reports whether variant runs enqueuers, whose commits are followed
+// into River.
+func moves(variant string) bool { return variant == StagingIdemd || variant == StagingIdemdOwnCPU }
+
+// ownCPUNice is StagingIdemdOwnCPU's niceness.
+const ownCPUNice = -10
 
 // StagingOptions tunes the phase; zero values take the defaults.
 type StagingOptions struct {
@@ -232,9 +249,9 @@ func (s *staging) database(ctx context.Context, clients int) (dbURL string, pool
 	return dbURL, pool, done, nil
 }
 
-// enqueuers starts two enqueuers on dbURL and waits for them to be ready;
-// the caller closes them.
-func (s *staging) enqueuers(ctx context.Context, dbURL string) ([]*system.Proc, error) {
+// enqueuers starts two enqueuers on dbURL at niceness nice and waits for
+// them to be ready; the caller closes them.
+func (s *staging) enqueuers(ctx context.Context, dbURL string, nice int) ([]*system.Proc, error) {
 	var procs []*system.Proc
 	for i := range 2 {
 		addr, err := system.FreeAddr()
@@ -243,11 +260,20 @@ func (s *staging) enqueuers(ctx context.Context, dbURL string) ([]*system.Proc, 
 		}
 		args := append([]string{"--database-url", dbtest.RuntimeURL(dbURL), "--log-format", "console", "--log-level", "warn", "--http-addr", addr}, s.opts.EnqueuerArgs...)
 		p := &system.Proc{Name: fmt.Sprintf("enqueuer-%d", i+1), Bin: s.bins.Enqueuer, Args: args, OpsAddr: addr, LogPath: filepath.Join(s.dir, fmt.Sprintf("enqueuer-%d.log", i+1))}
+		if nice != 0 {
+			// nice(1) sets it before the exec, so every thread of the
+			// process has it; it only warns when it may not.
+			p.Bin, p.Args = "nice", append([]string{"-n", strconv.Itoa(nice), s.bins.Enqueuer}, args...)
+		}
 		if err := p.Start(); err != nil {
 			return procs, fmt.Errorf("staging: %w", err)
 		}
 		procs = append(procs, p)
 		if err := ready(ctx, p); err != nil {
+			return procs, err
+		}
+		// Ready: nice has set the niceness and executed the enqueuer.
+		if err := checkNice(p.Pid(), nice); err != nil {
 			return procs, err
 		}
 	}
@@ -267,8 +293,12 @@ func (s *staging) run(ctx context.Context, variant string, clients int) (ph Stag
 		}
 	}()
 	var procs []*system.Proc
-	if variant == StagingIdemd {
-		procs, err = s.enqueuers(ctx, dbURL)
+	if moves(variant) {
+		nice := 0
+		if variant == StagingIdemdOwnCPU {
+			nice = ownCPUNice
+		}
+		procs, err = s.enqueuers(ctx, dbURL, nice)
 		for _, p := range procs {
 			defer p.Close()
 		}
@@ -306,7 +336,7 @@ func (s *staging) run(ctx context.Context, variant string, clients int) (ph Stag
 	stage := func(ctx context.Context, tx pgx.Tx, rideID int64) (int64, error) {
 		var id int64
 		switch variant {
-		case StagingIdemd, StagingPolled:
+		case StagingIdemd, StagingIdemdOwnCPU, StagingPolled:
 			err := tx.QueryRow(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('send_ride_receipt', jsonb_build_object('ride_id', $1::bigint)) RETURNING id`, rideID).Scan(&id)
 			return id, err
 		case StagingPlain, StagingFloor:
@@ -359,7 +389,7 @@ func (s *staging) run(ctx context.Context, variant string, clients int) (ph Stag
 				at := time.Now()
 				if began.After(measureFrom) && at.Before(end) {
 					myLats = append(myLats, at.Sub(began))
-					if variant == StagingIdemd {
+					if moves(variant) {
 						mine = append(mine, commit{staged, at})
 					}
 				}
@@ -381,7 +411,7 @@ func (s *staging) run(ctx context.Context, variant string, clients int) (ph Stag
 	ph.CommitP50, ph.CommitP99 = percentile(lats, 0.50), percentile(lats, 0.99)
 	ph.PerRun = []float64{ph.CommitsPerSecond()}
 
-	if variant == StagingIdemd {
+	if moves(variant) {
 		if err := s.settle(ctx, pool, procs); err != nil {
 			return ph, err
 		}
@@ -414,6 +444,28 @@ func (s *staging) settle(ctx context.Context, pool *pgxpool.Pool, procs []*syste
 	return nil
 }
 
+// checkNice fails unless every thread of process pid runs at niceness want
+// (a variant measured at the wrong priority would say nothing).
+func checkNice(pid, want int) error {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return fmt.Errorf("staging: niceness: %w", err)
+	}
+	for _, t := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+		if err != nil {
+			return fmt.Errorf("staging: niceness: %w", err)
+		}
+		// The fields after the command's closing parenthesis: state is
+		// the first, niceness the 17th.
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 17 || f[16] != strconv.Itoa(want) {
+			return fmt.Errorf("staging: enqueuer thread %s runs at niceness %v, want %d (a negative niceness needs root or CAP_SYS_NICE)", t.Name(), f[min(16, len(f)-1)], want)
+		}
+	}
+	return nil
+}
+
 // idle measures two enqueuers' cost on a database where nothing was ever
 // staged: their sweeps, gauges and self-checks alone, with no autovacuum of
 // a run's tables in the window.
@@ -427,7 +479,7 @@ func (s *staging) idle(ctx context.Context) (tps float64, err error) {
 			err = fmt.Errorf("staging: %w", derr)
 		}
 	}()
-	procs, err := s.enqueuers(ctx, dbURL)
+	procs, err := s.enqueuers(ctx, dbURL, 0)
 	for _, p := range procs {
 		defer p.Close()
 	}
