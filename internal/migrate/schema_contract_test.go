@@ -141,29 +141,43 @@ func TestNoIndexOnAPIUpdatedColumns(t *testing.T) {
 // articleSchema is the article's schema with one user to own keys.
 const articleSchema = migrations.ArticleSchema + `INSERT INTO users (email) VALUES ('a@example.com');`
 
-// An installation at 00011 (the partial index in place) moves to the side
-// table while its API keeps inserting keys: every key unfinished at the end
-// is tracked, the given-up and finished ones from before are not, and the
-// old index is gone.
+// An installation at 00011 moves to the side table while its API keeps
+// inserting keys: every key unfinished at the end is tracked, the given-up
+// and finished ones from before are not, and the old index is gone. With
+// the completer's partial index (an upgrade) the backfill reads it; without
+// it (an API adopting idemd on its own table) the backfill walks the ids in
+// ranges, here many, with gaps and keys at both ends of each.
 func TestUpgradeToUnfinishedKeysTableUnderTraffic(t *testing.T) {
+	for _, partial := range []bool{true, false} {
+		t.Run(fmt.Sprintf("partial index %v", partial), func(t *testing.T) { upgradeToUnfinishedKeysTable(t, partial) })
+	}
+}
+
+func upgradeToUnfinishedKeysTable(t *testing.T, partial bool) {
 	pool := emptyDatabase(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, articleSchema); err != nil {
 		t.Fatal(err)
 	}
 	migrateUpTo(t, pool, 11)
-	// The completer's partial index as 00002 creates it, which 00012 must
-	// drop.
-	if _, err := pool.Exec(ctx, `CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished ON idempotency_keys (created_at)
+	if partial {
+		// The completer's partial index as 00002 creates it, which 00012
+		// must drop.
+		if _, err := pool.Exec(ctx, `CREATE INDEX IF NOT EXISTS idempotency_keys_unfinished ON idempotency_keys (created_at)
 WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL`); err != nil {
-		t.Fatal(err)
+			t.Fatal(err)
+		}
 	}
+	// 300 keys with ids from 1 to 300, at the edges of 50,000-id ranges
+	// (49,999 to 50,001, 100,000 ...), and up to 2,549,999.
 	if _, err := pool.Exec(ctx, `
-INSERT INTO idempotency_keys (idempotency_key, request_method, request_params, request_path, recovery_point, user_id, completer_gave_up_at)
-SELECT 'old-' || g, 'POST', '{}', '/rides',
+INSERT INTO idempotency_keys (id, idempotency_key, request_method, request_params, request_path, recovery_point, user_id, completer_gave_up_at)
+SELECT CASE WHEN g <= 150 THEN g ELSE (g - 150) / 3 * 50000 + (g % 3) - 1 + 50000 END,
+       'old-' || g, 'POST', '{}', '/rides',
        CASE WHEN g % 3 = 0 THEN 'finished' ELSE 'started' END, 1,
        CASE WHEN g % 5 = 0 THEN now() END
-FROM generate_series(1, 300) g`); err != nil {
+FROM generate_series(1, 300) g;
+SELECT setval(pg_get_serial_sequence('idempotency_keys', 'id'), (SELECT max(id) FROM idempotency_keys))`); err != nil {
 		t.Fatal(err)
 	}
 
