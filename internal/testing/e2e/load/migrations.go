@@ -33,10 +33,19 @@ import (
 // inserts its key, moves it through the Rocket Rides phases, each phase its
 // own transaction, the last one staging its receipt job. After a window of
 // the load alone, the current idemctl binary migrates the database while the
-// load goes on. Each migration's duration is when its version row appears
-// in River's or goose's version table (polled), the API's latencies are
+// load goes on. Each migration's duration is the one River's migrator and
+// goose log, the API's latencies are
 // measured from each request's scheduled start (so a queue behind a lock
 // counts), and a stall is the longest gap between two commits.
+//
+// Each migration's window is read from idemctl's log (its end, to the
+// millisecond, less its logged duration). For each, the report gives the
+// API requests that overlap it (their p99, max and count) and the longest
+// gap between two commits that overlaps it, and what a sampler of pg_locks
+// saw in it (locksample.go): the relation locks the migrator's sessions
+// held or awaited and the API's sessions' waits for a lock. From 00011 the
+// database also holds River jobs and staged jobs (MigrationsOptions.Jobs),
+// as an installation that has run for a while does.
 
 // MigrationsOptions tune the benchmark.
 type MigrationsOptions struct {
@@ -48,8 +57,16 @@ type MigrationsOptions struct {
 	// migrate adds the key columns and builds the created_at index
 	// CONCURRENTLY on the whole table.
 	Article bool
-	Rate    int           // API requests a second (50 when zero)
-	Before  time.Duration // the window measured before migrating (20s when zero)
+	// Jobs is the number of river_job rows and of staged_jobs rows seeded
+	// (1,000,000 each when zero; no river_job from the article's schema,
+	// which has no River). No enqueuer runs: the staged rows stay.
+	Jobs   int
+	Rate   int           // API requests a second (50 when zero)
+	Before time.Duration // the window measured before migrating (20s when zero)
+	// LockSampleInterval is how often pg_locks is sampled, from the
+	// window before the migration (whose API figures then bear the
+	// sampler's cost too) to the migration's end (5 ms when zero).
+	LockSampleInterval time.Duration
 	// SharedServer measures on adminURL's server instead of a private
 	// cluster.
 	SharedServer bool
@@ -63,8 +80,14 @@ func (o *MigrationsOptions) defaults() {
 	if o.From <= 0 {
 		o.From = 11
 	}
+	if o.Jobs <= 0 {
+		o.Jobs = 1_000_000
+	}
 	if o.Rate <= 0 {
 		o.Rate = 50
+	}
+	if o.LockSampleInterval <= 0 {
+		o.LockSampleInterval = 5 * time.Millisecond
 	}
 	if o.Before <= 0 {
 		o.Before = 20 * time.Second
@@ -77,7 +100,12 @@ func (o *MigrationsOptions) defaults() {
 // MigrationStep is one migration the run applied.
 type MigrationStep struct {
 	Name     string        // "River 006" or idemd's version
-	Duration time.Duration // from the previous step's row (or the start) to its own
+	Duration time.Duration // as logged
+	// Start and End are its window: End the middle of its log line's
+	// millisecond, Start Duration before it or the previous step's End.
+	Start, End time.Time
+	API        APIWindow // the requests and commit gaps overlapping the window
+	Locks      StepLocks
 }
 
 // APIWindow is the API's figures over one window of the run.
@@ -91,19 +119,35 @@ type APIWindow struct {
 
 // MigrationsReport is the benchmark's result.
 type MigrationsReport struct {
-	Server        string
-	Keys          int
-	Unfinished    int // keys unfinished and not given up: what 00012 backfills
-	TableSize     string
-	Seed          time.Duration
-	From          int64 // 0: the article's schema
-	Rate          int
-	Steps         []MigrationStep
+	Server     string
+	Keys       int
+	Unfinished int // keys unfinished and not given up: what 00012 backfills
+	TableSize  string
+	Seed       time.Duration
+	From       int64 // 0: the article's schema
+	Rate       int
+	StagedJobs int // staged_jobs rows seeded
+	RiverJobs  int // river_job rows seeded
+	Steps      []MigrationStep
+	// Outside is what the lock sampler saw during the migration but
+	// outside every logged step: the advisory lock, the checks and grants
+	// of every run, a retry's failed attempt.
+	Outside StepLocks
+	// BeforeLocks is what it saw in the window before the migration: the
+	// API's own lock waits.
+	BeforeLocks StepLocks
+	// LockSampleInterval is the sampler's; LockSampleGap the longest time
+	// between two of its samples during the migration, LockSampleCost the
+	// mean time of one sample's query.
+	LockSampleInterval, LockSampleGap, LockSampleCost time.Duration
+
 	Migrate       time.Duration // idemctl migrate, process start to exit
 	LockRetries   int           // its retries after a lock timeout (its log's warnings)
 	Before        APIWindow
 	During        APIWindow
 	MigrateOutput string
+
+	migStart, migEnd time.Time // idemctl migrate's start and exit
 }
 
 // Migrations runs the benchmark once on a private cluster (PostgreSQL's
@@ -141,7 +185,11 @@ func Migrations(ctx context.Context, adminURL string, opts MigrationsOptions) (*
 	}
 	defer pool.Close()
 	start := time.Now()
-	if err := seedKeys(ctx, pool, opts.Keys, opts.Article, opts.Logf); err != nil {
+	rep.StagedJobs = opts.Jobs
+	if !opts.Article {
+		rep.RiverJobs = opts.Jobs
+	}
+	if err := seedKeys(ctx, pool, opts.Keys, rep.StagedJobs, rep.RiverJobs, opts.Article, opts.Logf); err != nil {
 		return nil, err
 	}
 	rep.Seed = time.Since(start)
@@ -156,6 +204,7 @@ func Migrations(ctx context.Context, adminURL string, opts MigrationsOptions) (*
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
 	cfg.MaxConns = 32
+	cfg.ConnConfig.RuntimeParams["application_name"] = apiAppName
 	api, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: pool: %w", err)
@@ -173,6 +222,18 @@ func Migrations(ctx context.Context, adminURL string, opts MigrationsOptions) (*
 		return nil, ctx.Err()
 	case <-time.After(3 * time.Second):
 	}
+	samplerConn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: lock sampler: %w", err)
+	}
+	defer samplerConn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a scratch database
+	sampler := &lockSampler{interval: opts.LockSampleInterval}
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan error, 1)
+	go func() { sampled <- sampler.run(sampleCtx, samplerConn) }()
+	stopSampler := sync.OnceValue(func() error { stopSampling(); return <-sampled })
+	defer stopSampler() //nolint:errcheck // on an early return
+
 	beforeStart := time.Now()
 	select {
 	case <-ctx.Done():
@@ -180,22 +241,48 @@ func Migrations(ctx context.Context, adminURL string, opts MigrationsOptions) (*
 	case <-time.After(opts.Before):
 	}
 
+	migratorURL, err := withParam(dbtest.MigratorURL(dbURL), "application_name", migratorAppName)
+	if err != nil {
+		return nil, err
+	}
 	migStart := time.Now()
-	out, err := runMigrate(ctx, env.bins.Idemctl, dbtest.MigratorURL(dbURL), filepath.Join(env.dir, "migrate.log"))
+	out, err := runMigrate(ctx, env.bins.Idemctl, migratorURL, filepath.Join(env.dir, "migrate.log"))
 	migEnd := time.Now()
 	rep.MigrateOutput = out
 	rep.Migrate = migEnd.Sub(migStart)
+	rep.migStart, rep.migEnd = migStart, migEnd
 	if err != nil {
 		return nil, err
 	}
 	opts.Logf("migrations: idemctl migrate took %s", rep.Migrate.Round(time.Millisecond))
+	if err := stopSampler(); err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
 	stopLoad()
 	<-loadDone
 
+	names, err := sampler.resolveNames(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
 	rep.Steps = migrationSteps(out)
 	rep.LockRetries = strings.Count(out, "lock was not granted in time")
 	rep.Before = ld.window(beforeStart, migStart)
 	rep.During = ld.window(migStart, migEnd)
+	var windows [][2]time.Time
+	for i := range rep.Steps {
+		s := &rep.Steps[i]
+		s.API = ld.overlapping(s.Start, s.End)
+		s.Locks = sampler.stepLocks(s.Start, s.End, names)
+		windows = append(windows, [2]time.Time{s.Start, s.End})
+	}
+	rep.Outside = sampler.outsideLocks(migStart, migEnd, windows, names)
+	rep.BeforeLocks = sampler.stepLocks(beforeStart, migStart, names)
+	rep.LockSampleInterval = opts.LockSampleInterval
+	rep.LockSampleGap = sampler.longestGap(migStart, migEnd)
+	if n := len(sampler.samples); n > 0 {
+		rep.LockSampleCost = sampler.spent / time.Duration(n)
+	}
 	return rep, nil
 }
 
@@ -277,11 +364,44 @@ const (
 // columns, response_body JSONB.
 var seedArticleSQL = strings.NewReplacer(seedCompleterColumns, "", seedCompleterValues, "", "/*body*/", "::jsonb").Replace(seedSQL)
 
+// seedRiverJobSQL is river_job's seed: the receipts River ran, over the
+// same 30 days as the keys, the newest 5 % still available (no River client
+// runs here), args of about 100 bytes.
+const seedRiverJobSQL = `
+INSERT INTO river_job (state, attempt, max_attempts, attempted_at, attempted_by, created_at, finalized_at, scheduled_at,
+    priority, args, kind, metadata, queue, tags)
+SELECT CASE WHEN avail THEN 'available' ELSE 'completed' END::river_job_state,
+       CASE WHEN avail THEN 0 ELSE 1 END, 25,
+       CASE WHEN NOT avail THEN ts + interval '40 milliseconds' END,
+       CASE WHEN NOT avail THEN ARRAY['worker-' || (g % 4)] END,
+       ts, CASE WHEN NOT avail THEN ts + interval '90 milliseconds' END, ts, 1,
+       jsonb_build_object('key_id', g, 'ride_id', g, 'email', 'rider' || (g % 100000) || '@example.com',
+                          'note', repeat('r', (20 + g % 20)::int)),
+       'send_ride_receipt', '{}', 'default', '{}'
+FROM generate_series($1::bigint, $2::bigint) g,
+     LATERAL (SELECT now() - interval '30 days' * (1 - g::float8 / $3::float8) AS ts, g > $3 - $3 / 20 AS avail) x`
+
+// seedStagedSQL is staged_jobs' seed: receipts staged over the same 30
+// days and never enqueued, job_args of about 80 bytes. The article's
+// staged_jobs has no created_at.
+func seedStagedSQL(article bool) string {
+	created := ", created_at"
+	if article {
+		created = ""
+	}
+	return `
+INSERT INTO staged_jobs (job_name, job_args` + created + `)
+SELECT 'send_ride_receipt', jsonb_build_object('key_id', g, 'note', repeat('s', (40 + g % 20)::int))` + created + `
+FROM generate_series($1::bigint, $2::bigint) g,
+     LATERAL (SELECT now() - interval '30 days' * (1 - g::float8 / $3::float8) AS created_at) x`
+}
+
 // seedKeys inserts n keys in batches, with the secondary indexes dropped
 // and rebuilt after (as a restore would), the completer's index of older
-// releases among them, then vacuums and analyses the table so that
-// autovacuum does not run during the measurement.
-func seedKeys(ctx context.Context, pool *pgxpool.Pool, n int, article bool, logf func(string, ...any)) error {
+// releases among them, then staged and River jobs the same way, then
+// vacuums and analyses the tables so that autovacuum does not run during
+// the measurement.
+func seedKeys(ctx context.Context, pool *pgxpool.Pool, n, staged, riverJobs int, article bool, logf func(string, ...any)) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("migrations: seed: %w", err)
@@ -291,30 +411,95 @@ func seedKeys(ctx context.Context, pool *pgxpool.Pool, n int, article bool, logf
 DROP INDEX IF EXISTS idempotency_keys_user_id_idempotency_key; DROP INDEX IF EXISTS idempotency_keys_created_at`); err != nil {
 		return fmt.Errorf("migrations: seed: %w", err)
 	}
-	const batch = 500_000
-	for lo := 1; lo <= n; lo += batch {
-		hi := min(lo+batch-1, n)
-		if _, err := conn.Exec(ctx, map[bool]string{false: seedSQL, true: seedArticleSQL}[article], lo, hi, n); err != nil {
-			return fmt.Errorf("migrations: seed %d-%d: %w", lo, hi, err)
-		}
-		logf("migrations: seeded %d of %d keys", hi, n)
+	if err := seedBatches(ctx, conn.Conn(), "keys", map[bool]string{false: seedSQL, true: seedArticleSQL}[article], n, logf); err != nil {
+		return err
 	}
 	ddls := []string{
 		`CREATE UNIQUE INDEX idempotency_keys_user_id_idempotency_key ON idempotency_keys (user_id, idempotency_key)`,
 		`CREATE INDEX idempotency_keys_created_at ON idempotency_keys (created_at)`,
 		`CREATE INDEX idempotency_keys_unfinished ON idempotency_keys (created_at) WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL`,
-		`VACUUM (FREEZE, ANALYZE) idempotency_keys`,
-		`CHECKPOINT`,
 	}
 	if article {
 		// The article's only index besides the primary key.
-		ddls = slices.Delete(ddls, 1, 3)
+		ddls = ddls[:1]
 	}
 	for _, ddl := range ddls {
 		if _, err := conn.Exec(ctx, ddl); err != nil {
 			return fmt.Errorf("migrations: seed: %s: %w", ddl, err)
 		}
 		logf("migrations: seed: %s", ddl)
+	}
+	ddls = []string{`VACUUM (FREEZE, ANALYZE) idempotency_keys`}
+	jobs := []struct {
+		table, sql string
+		n          int
+	}{{"staged_jobs", seedStagedSQL(article), staged}, {"river_job", seedRiverJobSQL, riverJobs}}
+	for _, j := range jobs {
+		if j.n == 0 {
+			continue
+		}
+		if err := withoutIndexes(ctx, conn.Conn(), j.table, logf, func() error {
+			return seedBatches(ctx, conn.Conn(), j.table+" rows", j.sql, j.n, logf)
+		}); err != nil {
+			return err
+		}
+		ddls = append(ddls, `VACUUM (FREEZE, ANALYZE) `+j.table)
+	}
+	for _, ddl := range append(ddls, `CHECKPOINT`) {
+		if _, err := conn.Exec(ctx, ddl); err != nil {
+			return fmt.Errorf("migrations: seed: %s: %w", ddl, err)
+		}
+		logf("migrations: seed: %s", ddl)
+	}
+	return nil
+}
+
+// seedBatches runs a seed statement over 1..n in batches: its parameters
+// are a batch's first and last number and n.
+func seedBatches(ctx context.Context, conn *pgx.Conn, what, sql string, n int, logf func(string, ...any)) error {
+	const batch = 500_000
+	for lo := 1; lo <= n; lo += batch {
+		hi := min(lo+batch-1, n)
+		if _, err := conn.Exec(ctx, sql, lo, hi, n); err != nil {
+			return fmt.Errorf("migrations: seed %s %d-%d: %w", what, lo, hi, err)
+		}
+		logf("migrations: seeded %d of %d %s", hi, n, what)
+	}
+	return nil
+}
+
+// withoutIndexes runs seed with table's indexes that back no constraint
+// dropped, and builds them again after from their definitions, as a
+// restore would.
+func withoutIndexes(ctx context.Context, conn *pgx.Conn, table string, logf func(string, ...any), seed func() error) error {
+	rows, err := conn.Query(ctx, `
+SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE i.indrelid = $1::regclass AND NOT EXISTS (SELECT FROM pg_constraint WHERE conindid = i.indexrelid)
+ORDER BY c.relname`, table)
+	if err != nil {
+		return fmt.Errorf("migrations: seed %s: indexes: %w", table, err)
+	}
+	type index struct{ name, def string }
+	indexes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (index, error) {
+		var ix index
+		return ix, r.Scan(&ix.name, &ix.def)
+	})
+	if err != nil {
+		return fmt.Errorf("migrations: seed %s: indexes: %w", table, err)
+	}
+	for _, ix := range indexes {
+		if _, err := conn.Exec(ctx, `DROP INDEX `+pgx.Identifier{ix.name}.Sanitize()); err != nil {
+			return fmt.Errorf("migrations: seed %s: drop %s: %w", table, ix.name, err)
+		}
+	}
+	if err := seed(); err != nil {
+		return err
+	}
+	for _, ix := range indexes {
+		if _, err := conn.Exec(ctx, ix.def); err != nil {
+			return fmt.Errorf("migrations: seed %s: %s: %w", table, ix.def, err)
+		}
+		logf("migrations: seed: %s", ix.def)
 	}
 	return nil
 }
@@ -331,9 +516,9 @@ func runMigrate(ctx context.Context, bin, dbURL, logPath string) (string, error)
 	return string(out), nil
 }
 
-// migrationSteps reads each applied migration's duration from idemctl's
-// JSON log: River's "Applied migration" lines and goose's "migration
-// completed" ones.
+// migrationSteps reads each applied migration's duration and window from
+// idemctl's JSON log: River's "Applied migration" lines and goose's
+// "migration completed" ones, each written as its migration ends.
 func migrationSteps(out string) []MigrationStep {
 	var steps []MigrationStep
 	for _, line := range strings.Split(out, "\n") {
@@ -342,17 +527,41 @@ func migrationSteps(out string) []MigrationStep {
 			continue
 		}
 		msg, _ := m["msg"].(string)
+		var step MigrationStep
 		switch {
 		case strings.HasSuffix(msg, "Applied migration"):
 			v, _ := m["version"].(float64)
-			steps = append(steps, MigrationStep{Name: fmt.Sprintf("River %03d", int(v)), Duration: logDuration(m["duration"], time.Nanosecond)})
+			step = MigrationStep{Name: fmt.Sprintf("River %03d", int(v)), Duration: logDuration(m["duration"], time.Nanosecond)}
 		case msg == "migration completed":
 			src, _ := m["source"].(string)
-			steps = append(steps, MigrationStep{Name: "idemd " + strings.TrimSuffix(src, ".sql"), Duration: logDuration(m["duration_seconds"], time.Second)})
+			step = MigrationStep{Name: "idemd " + strings.TrimSuffix(src, ".sql"), Duration: logDuration(m["duration_seconds"], time.Second)}
+		default:
+			continue
 		}
+		// The log's time is to the millisecond, truncated: the step
+		// ended within the millisecond after it, taken as its middle. A
+		// step starts after the one before it ended: windows do not
+		// overlap, and a sample within half a millisecond of a boundary
+		// may be given to the neighbouring step.
+		ts, _ := m["ts"].(string)
+		if end, err := time.Parse(logTimeLayout, ts); err == nil {
+			step.End = end.Add(time.Millisecond / 2)
+			step.Start = step.End.Add(-step.Duration)
+			if n := len(steps); n > 0 && step.Start.Before(steps[n-1].End) {
+				step.Start = steps[n-1].End
+				if step.End.Before(step.Start) {
+					step.End = step.Start
+				}
+			}
+		}
+		steps = append(steps, step)
 	}
 	return steps
 }
+
+// logTimeLayout is idemctl's JSON log's time (internal/logging: zap's
+// ISO 8601 encoder).
+const logTimeLayout = "2006-01-02T15:04:05.000Z0700"
 
 // logDuration reads a logged duration: a string ("1.5s"), or a number of
 // unit.
@@ -447,6 +656,40 @@ response_body = $2 WHERE id = $1`, id, `{"ride":{"id":1,"origin_lat":37.1,"origi
 		l.mu.Unlock()
 	}
 	return nil
+}
+
+// overlapping is the figures of the requests that overlap [from, to] (from
+// their scheduled start to their end) and, as the longest stall, the longest
+// gap between two consecutive commits that overlaps it.
+func (l *apiLoad) overlapping(from, to time.Time) APIWindow {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := APIWindow{Length: to.Sub(from)}
+	var lat []time.Duration
+	for _, r := range l.requests {
+		if !r.scheduled.Before(to) || r.done.Before(from) {
+			continue
+		}
+		w.Requests++
+		if r.err != nil {
+			w.Errors++
+			continue
+		}
+		lat = append(lat, r.done.Sub(r.scheduled))
+	}
+	slices.Sort(lat)
+	w.P50, w.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
+	if len(lat) > 0 {
+		w.Max = lat[len(lat)-1]
+	}
+	commits := slices.Clone(l.commits)
+	slices.SortFunc(commits, func(a, b time.Time) int { return a.Compare(b) })
+	for i := 1; i < len(commits); i++ {
+		if commits[i-1].Before(to) && commits[i].After(from) {
+			w.LongestStall = max(w.LongestStall, commits[i].Sub(commits[i-1]))
+		}
+	}
+	return w
 }
 
 // window is the figures of the requests scheduled in [from, to) and the
