@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -262,50 +261,15 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 			return n.Load()
 		}
 	}
-	if e.proxy, err = tcpproxy.New(target); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.proxy.Close() })
-	u, err := url.Parse(e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	daemonURL, err := scratchdb.WithDatabase(dbtest.RuntimeURL(e.dbURL), strings.TrimPrefix(u.Path, "/"), e.proxy.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
 	if e.pool, err = pgxpool.New(ctx, e.dbURL); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.pool.Close)
 
-	secretPath, secret, err := system.WriteSecret(e.dir, "replay-secret")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The API talks to PostgreSQL directly: the proxy's cuts are aimed at
-	// the daemons. A little Stripe latency lets clients give up mid-charge.
-	if e.rr, err = system.StartRocketRides(ctx, e.bins, system.RocketRidesOptions{
-		DatabaseURL: e.dbURL, SecretFile: secretPath, StripeLatency: 30 * time.Millisecond, Dir: e.dir,
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.rr.Close)
-	if err := e.installStagedLog(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	if e.front, err = newReplayFront(e.rr.APIURL, secret, 3500*time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	e.frontSv = httptest.NewServer(e.front)
-	t.Cleanup(func() { e.frontSv.Close(); e.front.close() })
-
-	if e.daemons, err = system.NewDaemons(e.bins, system.DaemonOptions{
-		DatabaseURL: daemonURL, APIURL: e.frontSv.URL, SecretFile: secretPath,
-		Enqueuers: 2, Completers: 2, Reaper: true, Dir: e.dir,
-		ExtraArgs: extraArgs, ExtraEnqueuerArgs: enqueuerArgs,
-	}); err != nil {
+	opts := e.startSurroundings(ctx, target)
+	opts.Enqueuers, opts.Completers, opts.Reaper, opts.Dir = 2, 2, true, e.dir
+	opts.ExtraArgs, opts.ExtraEnqueuerArgs = extraArgs, enqueuerArgs
+	if e.daemons, err = system.NewDaemons(e.bins, opts); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.daemons.Close)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -27,7 +26,6 @@ import (
 	"github.com/idemd/idemd/internal/testing/e2e/alertcheck"
 	"github.com/idemd/idemd/internal/testing/e2e/overlap"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
-	"github.com/idemd/idemd/internal/testing/e2e/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
@@ -214,44 +212,16 @@ func setUpSideBySide(ctx context.Context, t *testing.T) *sideBySide {
 		t.Fatalf("the previous idemctl migrate left schema %d, want %d", v, s.prevSchema)
 	}
 
-	if s.proxy, err = tcpproxy.New(fmt.Sprintf("127.0.0.1:%d", s.cluster.Port())); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.proxy.Close() })
-	u, err := url.Parse(s.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.daemonURL, err = scratchdb.WithDatabase(dbtest.RuntimeURL(s.dbURL), strings.TrimPrefix(u.Path, "/"), s.proxy.Addr()); err != nil {
-		t.Fatal(err)
-	}
-
-	secretPath, secret, err := system.WriteSecret(s.dir, "replay-secret")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.rr, err = system.StartRocketRides(ctx, s.bins, system.RocketRidesOptions{
-		DatabaseURL: s.dbURL, SecretFile: secretPath, StripeLatency: 30 * time.Millisecond, Dir: s.dir,
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.rr.Close)
-	if err := s.installStagedLog(ctx); err != nil {
-		t.Fatal(err)
-	}
+	opts := s.startSurroundings(ctx, fmt.Sprintf("127.0.0.1:%d", s.cluster.Port()))
+	s.daemonURL = opts.DatabaseURL
 	if err := s.installDeletionLog(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s.front, err = newReplayFront(s.rr.APIURL, secret, 3500*time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	s.frontSv = httptest.NewServer(s.front)
-	t.Cleanup(func() { s.frontSv.Close(); s.front.close() })
 
 	// Both releases' daemons with the suite's flags; the reapers are
 	// built here, each naming its sessions (application_name) so that the
 	// deletion log tells the processes apart.
-	opts := system.DaemonOptions{DatabaseURL: s.daemonURL, APIURL: s.frontSv.URL, SecretFile: secretPath, Enqueuers: 2, Completers: 2}
+	opts.Enqueuers, opts.Completers = 2, 2
 	if s.daemons, err = s.daemonSet(s.old, "prev", opts); err != nil {
 		t.Fatal(err)
 	}

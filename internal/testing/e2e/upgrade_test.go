@@ -41,8 +41,8 @@ func TestPreviousReleaseOnCurrentSchema(t *testing.T) {
 	e := &env{t: t, dir: dir}
 
 	old := buildRelease(ctx, t, previousRelease, filepath.Join(dir, "previous"))
-	cur, err := system.Build(ctx, filepath.Join(dir, "bin"))
-	if err != nil {
+	var err error
+	if e.bins, err = system.Build(ctx, filepath.Join(dir, "bin")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -50,11 +50,12 @@ func TestPreviousReleaseOnCurrentSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.dbURL = dbURL
 	t.Cleanup(func() { _ = drop(context.Background()) })
 	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
 		t.Fatal(err)
 	}
-	if err := system.Migrate(ctx, cur, dbtest.MigratorURL(dbURL)); err != nil {
+	if err := system.Migrate(ctx, e.bins, dbtest.MigratorURL(dbURL)); err != nil {
 		t.Fatal(err)
 	}
 	// A rollback applies the previous manifests, whose migrate Job runs
@@ -73,19 +74,7 @@ func TestPreviousReleaseOnCurrentSchema(t *testing.T) {
 	}
 	t.Cleanup(e.pool.Close)
 
-	secretPath, _, err := system.WriteSecret(dir, "replay-secret")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e.rr, err = system.StartRocketRides(ctx, cur, system.RocketRidesOptions{
-		DatabaseURL: dbURL, SecretFile: secretPath, StripeLatency: 30 * time.Millisecond, Dir: dir,
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.rr.Close)
-	if err := e.installStagedLog(ctx); err != nil {
-		t.Fatal(err)
-	}
+	secretPath, _ := e.startAPI(ctx)
 
 	// The previous release's daemons, with the flags the suite gives the
 	// current ones.
