@@ -58,38 +58,10 @@ CREATE OR REPLACE TRIGGER idemd_track_unfinished_key
     FOR EACH ROW WHEN (NEW.recovery_point <> 'finished')
     EXECUTE FUNCTION idemd_track_unfinished_key();
 
--- Through the old partial index when it is there (an upgrade: it holds only
--- the unfinished keys, and one statement reads them at once); otherwise (an
--- API adopting idemd on its own table, which has no such index) in ranges
--- of 50,000 ids, each its own transaction, so that no snapshot is held for
--- the whole scan of a large table (it would keep vacuum from cleaning up
--- after the API's writes that long).
--- +goose StatementBegin
-DO $$
-DECLARE
-    next_id bigint;
-    last_id bigint;
-BEGIN
-    IF to_regclass('idempotency_keys_unfinished') IS NOT NULL THEN
-        INSERT INTO idemd_unfinished_keys (created_at, key_id)
-        SELECT created_at, id FROM idempotency_keys
-        WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL
-        ON CONFLICT DO NOTHING;
-        RETURN;
-    END IF;
-    SELECT min(id), max(id) INTO next_id, last_id FROM idempotency_keys;
-    WHILE next_id <= last_id LOOP
-        INSERT INTO idemd_unfinished_keys (created_at, key_id)
-        SELECT created_at, id FROM idempotency_keys
-        WHERE id >= next_id AND id < next_id + 50000
-          AND recovery_point <> 'finished' AND completer_gave_up_at IS NULL
-        ON CONFLICT DO NOTHING;
-        COMMIT;
-        next_id := next_id + 50000;
-    END LOOP;
-END
-$$;
--- +goose StatementEnd
+INSERT INTO idemd_unfinished_keys (created_at, key_id)
+SELECT created_at, id FROM idempotency_keys
+WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL
+ON CONFLICT DO NOTHING;
 
 DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_unfinished;
 

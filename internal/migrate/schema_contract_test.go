@@ -145,8 +145,8 @@ const articleSchema = migrations.ArticleSchema + `INSERT INTO users (email) VALU
 // inserting keys: every key unfinished at the end is tracked, the given-up
 // and finished ones from before are not, and the old index is gone. With
 // the completer's partial index (an upgrade) the backfill reads it; without
-// it (an API adopting idemd on its own table) the backfill walks the ids in
-// ranges, here many, with gaps and keys at both ends of each.
+// it (an API adopting idemd on its own table) it scans the table, whose
+// ids here are spread far apart.
 func TestUpgradeToUnfinishedKeysTableUnderTraffic(t *testing.T) {
 	for _, partial := range []bool{true, false} {
 		t.Run(fmt.Sprintf("partial index %v", partial), func(t *testing.T) { upgradeToUnfinishedKeysTable(t, partial) })
@@ -168,8 +168,7 @@ WHERE recovery_point <> 'finished' AND completer_gave_up_at IS NULL`); err != ni
 			t.Fatal(err)
 		}
 	}
-	// 300 keys with ids from 1 to 300, at the edges of 50,000-id ranges
-	// (49,999 to 50,001, 100,000 ...), and up to 2,549,999.
+	// 300 keys, with ids from 1 to 150 and from 50,000 up to 2,549,999.
 	if _, err := pool.Exec(ctx, `
 INSERT INTO idempotency_keys (id, idempotency_key, request_method, request_params, request_path, recovery_point, user_id, completer_gave_up_at)
 SELECT CASE WHEN g <= 150 THEN g ELSE (g - 150) / 3 * 50000 + (g % 3) - 1 + 50000 END,
