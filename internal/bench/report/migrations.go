@@ -48,6 +48,11 @@ func migrationsRows(res *load.MigrationsReport, rep *Report) {
 		rep.Rows = append(rep.Rows, Row{Suite: "migrations", Name: fmt.Sprintf("API request (4 transactions) %s (%s), %d requests over %s", w.name, on, w.w.Requests, w.w.Length.Round(100*time.Millisecond)),
 			Value: fmt.Sprintf("p50 %s, p99 %s, max %s; longest stall %s; %d errors", Dur(w.w.P50), Dur(w.w.P99), Dur(w.w.Max), Dur(w.w.LongestStall), w.w.Errors)})
 	}
+	if a := res.AnchorIndex; a.Requests > 0 {
+		rep.Rows = append(rep.Rows, Row{Suite: "migrations", Name: fmt.Sprintf("anchor: the same created_at index built CONCURRENTLY by hand after the migration (%s), %d requests over %s", on, a.Requests, a.Length.Round(100*time.Millisecond)),
+			Value: fmt.Sprintf("p50 %s, p99 %s, max %s; longest stall %s; %d errors", Dur(a.P50), Dur(a.P99), Dur(a.Max), Dur(a.LongestStall), a.Errors),
+			Ratio: Ratio(float64(a.P99)/float64(max(res.Before.P99, 1)), "p99 before")})
+	}
 	p99Ratio := float64(res.During.P99) / float64(max(res.Before.P99, 1))
 	rep.Rows = append(rep.Rows, Row{Suite: "migrations", Name: "API p99 and longest stall during vs before (" + on + ")",
 		Ratio: Join(Ratio(p99Ratio, "p99 before"),
