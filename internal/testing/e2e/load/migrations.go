@@ -702,26 +702,8 @@ response_body = $2 WHERE id = $1`, id, `{"ride":{"id":1,"origin_lat":37.1,"origi
 func (l *apiLoad) overlapping(from, to time.Time) APIWindow {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	w := APIWindow{Length: to.Sub(from)}
-	var lat []time.Duration
-	for _, r := range l.requests {
-		if !r.scheduled.Before(to) || r.done.Before(from) {
-			continue
-		}
-		w.Requests++
-		if r.err != nil {
-			w.Errors++
-			continue
-		}
-		lat = append(lat, r.done.Sub(r.scheduled))
-	}
-	slices.Sort(lat)
-	w.P50, w.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
-	if len(lat) > 0 {
-		w.Max = lat[len(lat)-1]
-	}
-	commits := slices.Clone(l.commits)
-	slices.SortFunc(commits, func(a, b time.Time) int { return a.Compare(b) })
+	w := l.latencies(from, to, func(r apiRequest) bool { return r.scheduled.Before(to) && !r.done.Before(from) })
+	commits := l.sortedCommits()
 	for i := 1; i < len(commits); i++ {
 		if commits[i-1].Before(to) && commits[i].After(from) {
 			w.LongestStall = max(w.LongestStall, commits[i].Sub(commits[i-1]))
@@ -730,15 +712,13 @@ func (l *apiLoad) overlapping(from, to time.Time) APIWindow {
 	return w
 }
 
-// window is the figures of the requests scheduled in [from, to) and the
-// commits in it.
-func (l *apiLoad) window(from, to time.Time) APIWindow {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// latencies is the window [from, to)'s figures but its stall: the requests
+// keep selects, their count, errors and latency percentiles. l.mu is held.
+func (l *apiLoad) latencies(from, to time.Time, keep func(apiRequest) bool) APIWindow {
 	w := APIWindow{Length: to.Sub(from)}
 	var lat []time.Duration
 	for _, r := range l.requests {
-		if r.scheduled.Before(from) || !r.scheduled.Before(to) {
+		if !keep(r) {
 			continue
 		}
 		w.Requests++
@@ -753,8 +733,23 @@ func (l *apiLoad) window(from, to time.Time) APIWindow {
 	if len(lat) > 0 {
 		w.Max = lat[len(lat)-1]
 	}
+	return w
+}
+
+// sortedCommits is the commits' times in order. l.mu is held.
+func (l *apiLoad) sortedCommits() []time.Time {
 	commits := slices.Clone(l.commits)
 	slices.SortFunc(commits, func(a, b time.Time) int { return a.Compare(b) })
+	return commits
+}
+
+// window is the figures of the requests scheduled in [from, to) and the
+// commits in it.
+func (l *apiLoad) window(from, to time.Time) APIWindow {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.latencies(from, to, func(r apiRequest) bool { return !r.scheduled.Before(from) && r.scheduled.Before(to) })
+	commits := l.sortedCommits()
 	prev := from
 	for _, c := range commits {
 		if c.Before(from) {
