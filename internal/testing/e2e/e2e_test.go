@@ -192,15 +192,7 @@ func runFaults(t *testing.T, pooled bool) {
 	e.checkProcesses()
 	e.checkAlerts(ctx)
 
-	codes, err := e.daemons.Stop(15 * time.Second)
-	if err != nil {
-		t.Errorf("stopping daemons: %v", err)
-	}
-	for name, code := range codes {
-		if code != 0 {
-			t.Errorf("%s exited %d on SIGTERM, want 0 (drain and exit)", name, code)
-		}
-	}
+	stopDaemons(t, e.daemons, "system's")
 	e.oracle(ctx, stats)
 	e.checkSessions(ctx)
 	e.scanLogs()

@@ -147,15 +147,7 @@ func TestSideBySideUpgradeAndRollback(t *testing.T) {
 
 	s.settle(ctx)
 	s.checkProcesses(s.cur.All()...)
-	codes, err := s.daemons.Stop(15 * time.Second)
-	if err != nil {
-		t.Errorf("stopping the previous daemons: %v", err)
-	}
-	for name, code := range codes {
-		if code != 0 {
-			t.Errorf("%s exited %d on SIGTERM, want 0", name, code)
-		}
-	}
+	stopDaemons(t, s.daemons, "previous release's")
 	s.oracle(ctx, stats)
 	expectNoRows(ctx, t, s.pool, "pile keys left behind", `SELECT idempotency_key FROM idempotency_keys WHERE idempotency_key LIKE 'e2e-pile-%'`)
 	s.checkReaperFence(ctx)
@@ -422,15 +414,7 @@ func (s *sideBySide) upgrade(ctx context.Context) {
 // mid-run.
 func (s *sideBySide) rollback(ctx context.Context) {
 	t := s.t
-	codes, err := s.cur.Stop(15 * time.Second)
-	if err != nil {
-		t.Errorf("stopping the current daemons: %v", err)
-	}
-	for name, code := range codes {
-		if code != 0 {
-			t.Errorf("%s exited %d on SIGTERM, want 0", name, code)
-		}
-	}
+	codes := stopDaemons(t, s.cur, "current release's")
 	s.logf("rollback: current daemons stopped %v", codes)
 
 	before := s.schemaCatalog(ctx)

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/idemd/idemd/internal/testing/dbtest"
@@ -71,4 +72,22 @@ func (e *env) startAPI(ctx context.Context) (secretPath string, secret []byte) {
 		t.Fatal(err)
 	}
 	return secretPath, secret
+}
+
+// stopDaemons stops d with SIGTERM (15 s at most) and fails t for any
+// daemon that did not exit 0: on SIGTERM each finishes its unit of work and
+// exits cleanly. which names the set in the messages. It returns the exit
+// codes.
+func stopDaemons(t *testing.T, d *system.DaemonSet, which string) map[string]int {
+	t.Helper()
+	codes, err := d.Stop(15 * time.Second)
+	if err != nil {
+		t.Errorf("stopping the %s daemons: %v", which, err)
+	}
+	for name, code := range codes {
+		if code != 0 {
+			t.Errorf("the %s %s exited %d on SIGTERM, want 0 (drain and exit)", which, name, code)
+		}
+	}
+	return codes
 }

@@ -130,15 +130,7 @@ func TestPreviousReleaseOnCurrentSchema(t *testing.T) {
 	}
 	e.settle(ctx)
 
-	codes, err := e.daemons.Stop(15 * time.Second)
-	if err != nil {
-		t.Errorf("stopping daemons: %v", err)
-	}
-	for name, code := range codes {
-		if code != 0 {
-			t.Errorf("previous %s exited %d on SIGTERM, want 0", name, code)
-		}
-	}
+	stopDaemons(t, e.daemons, "previous release's")
 
 	// The oracle: the staged log (filled by a trigger in the API's own
 	// transactions) against River's table.
