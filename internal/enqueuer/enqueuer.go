@@ -94,8 +94,11 @@ type Service struct {
 	listenCfg *pgx.ConnConfig // the listener's connection (config.go)
 	river     *river.Client[pgx.Tx]
 	valid     validator
-	logger    *zap.Logger
-	metrics   *metrics
+	// notices limits the insert notifications the server-side move sends
+	// River's workers (servermove.go).
+	notices insertNotices
+	logger  *zap.Logger
+	metrics *metrics
 
 	// wake is a pending wake-up of the loop (Loop.Wake); buffered 1.
 	wake chan struct{}

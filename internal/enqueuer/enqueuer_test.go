@@ -139,6 +139,7 @@ INSERT INTO staged_jobs (job_name, job_args, tags) VALUES ('good', '{"n": 8}', '
 INSERT INTO staged_jobs (job_name, job_args, metadata) VALUES ('good', '{"n": 9}', '[1]');
 INSERT INTO staged_jobs (job_name, job_args) VALUES ('good', '{"n": 10}');
 INSERT INTO staged_jobs (job_name, job_args) VALUES ('', '{"n": 11}');
+INSERT INTO staged_jobs (job_name, job_args, tags) VALUES ('good', '{"n": 12}', '{ride,NULL}');
 `)
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +152,7 @@ INSERT INTO staged_jobs (job_name, job_args) VALUES ('', '{"n": 11}');
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Moved != 2 || res.DeadLettered != 9 {
+	if res.Moved != 2 || res.DeadLettered != 10 {
 		t.Fatalf("drain result %+v", res)
 	}
 	var moved []int
@@ -173,6 +174,7 @@ INSERT INTO staged_jobs (job_name, job_args) VALUES ('', '{"n": 11}');
 		`{"n": 8}`:  ReasonInvalidTags,
 		`{"n": 9}`:  ReasonInvalidMeta,
 		`{"n": 11}`: ReasonInvalidKind,
+		`{"n": 12}`: ReasonInvalidTags,
 	}
 	rows, _ = pool.Query(ctx, `SELECT CASE WHEN job_name = 'unlisted' THEN 'unlisted' WHEN length(job_args::text) > 1000 THEN 'big' ELSE job_args::text END, reason FROM staged_jobs_dead`)
 	got := map[string]string{}

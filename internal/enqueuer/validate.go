@@ -55,8 +55,10 @@ type stagedRow struct {
 	Priority    *int32
 	MaxAttempts *int32
 	ScheduledAt *time.Time
-	Tags        []string
-	Metadata    []byte
+	// Tags' elements may be NULL (a text[] can hold NULL): such a row is
+	// dead-lettered, not a scan error that fails every batch it is in.
+	Tags     []*string
+	Metadata []byte
 }
 
 // invalid is why a row cannot become a River job.
@@ -113,8 +115,11 @@ func (v *validator) check(r *stagedRow) *invalid {
 		return &invalid{ReasonInvalidMaxAtt, "max_attempts must be between 1 and 32767, got " + strconv.Itoa(int(*r.MaxAttempts))}
 	}
 	for _, t := range r.Tags {
-		if len(t) > 255 || !tagRE.MatchString(t) {
-			return &invalid{ReasonInvalidTags, fmt.Sprintf("tag %q must match %s and be at most 255 bytes", t, tagRE)}
+		if t == nil {
+			return &invalid{ReasonInvalidTags, "tags must not contain NULL"}
+		}
+		if len(*t) > 255 || !tagRE.MatchString(*t) {
+			return &invalid{ReasonInvalidTags, fmt.Sprintf("tag %q must match %s and be at most 255 bytes", *t, tagRE)}
 		}
 	}
 	if len(r.Metadata) > 0 {

@@ -14,6 +14,13 @@ import (
 func TestValidatorCheck(t *testing.T) {
 	str := func(s string) *string { return &s }
 	i32 := func(v int32) *int32 { return &v }
+	tags := func(ts ...string) []*string {
+		var out []*string
+		for _, t := range ts {
+			out = append(out, str(t))
+		}
+		return out
+	}
 	v := newValidator([]string{"send_receipt", "k"}, 64)
 	for _, c := range []struct {
 		name string
@@ -22,7 +29,7 @@ func TestValidatorCheck(t *testing.T) {
 	}{
 		{"plain", stagedRow{Kind: "send_receipt", Args: []byte(`{"ride_id": 1}`)}, ""},
 		{"every option", stagedRow{Kind: "k", Args: []byte(` {"a":1}`), Queue: str("mail_2-x"), Priority: i32(4), MaxAttempts: i32(32767),
-			Tags: []string{"ride", "re-ceipt"}, Metadata: []byte(`{"trace":"abc"}`)}, ""},
+			Tags: tags("ride", "re-ceipt"), Metadata: []byte(`{"trace":"abc"}`)}, ""},
 		{"empty kind", stagedRow{Kind: "", Args: []byte(`{}`)}, ReasonInvalidKind},
 		{"128-byte kind", stagedRow{Kind: strings.Repeat("k", 128), Args: []byte(`{}`)}, ReasonInvalidKind},
 		{"kind not UTF-8", stagedRow{Kind: "k\xff", Args: []byte(`{}`)}, ReasonInvalidKind},
@@ -36,8 +43,9 @@ func TestValidatorCheck(t *testing.T) {
 		{"priority 0", stagedRow{Kind: "k", Args: []byte(`{}`), Priority: i32(0)}, ReasonInvalidPrio},
 		{"priority 5", stagedRow{Kind: "k", Args: []byte(`{}`), Priority: i32(5)}, ReasonInvalidPrio},
 		{"max attempts 0", stagedRow{Kind: "k", Args: []byte(`{}`), MaxAttempts: i32(0)}, ReasonInvalidMaxAtt},
-		{"tag with a space", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: []string{"no spaces allowed"}}, ReasonInvalidTags},
-		{"tag too short", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: []string{"ab"}}, ReasonInvalidTags},
+		{"tag with a space", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: tags("no spaces allowed")}, ReasonInvalidTags},
+		{"tag too short", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: tags("ab")}, ReasonInvalidTags},
+		{"tag NULL", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: []*string{str("ride"), nil}}, ReasonInvalidTags},
 		{"metadata not an object", stagedRow{Kind: "k", Args: []byte(`{}`), Metadata: []byte(`[1]`)}, ReasonInvalidMeta},
 		{"metadata null", stagedRow{Kind: "k", Args: []byte(`{}`), Metadata: []byte(`null`)}, ReasonInvalidMeta},
 	} {
