@@ -2,12 +2,12 @@
 // River, exactly once.
 //
 // Each batch is one transaction: take up to BatchSize committed rows in id
-// order from a starting id with FOR UPDATE SKIP LOCKED (deleting them and
-// returning them in the same statement), insert the valid ones into River
-// through an insert-only River client on the same transaction (COPY for a
-// large batch, one INSERT for a small one), move the invalid ones to
-// staged_jobs_dead with a reason, commit
-// (batch.go). A row is therefore either still staged or (a River job xor a
+// order from a starting id with FOR UPDATE SKIP LOCKED, delete them and
+// write their River jobs, in one statement sent in one round trip
+// (servermove.go); a batch holding a row that cannot be a valid job takes
+// the Go path instead, which inserts the valid rows through an insert-only
+// River client on the same transaction and moves the invalid ones to
+// staged_jobs_dead with a reason (batch.go). A row is therefore either still staged or (a River job xor a
 // dead row) — never both, never neither, whatever process dies or
 // connection drops. There is no high-water mark: a row whose transaction
 // commits late, with an id lower than rows already moved, is found by a

@@ -330,9 +330,9 @@ func snapshotRun(ctx context.Context, pool *pgxpool.Pool, opts SnapshotOptions, 
 		return nil, err
 	}
 
-	// commit-to-River latency per job, from River's created_at (set by the
-	// enqueuer's COPY just before its commit; both clocks are this
-	// process's).
+	// commit-to-River latency per job, from River's created_at (now() of
+	// the enqueuer's move transaction, which began just before its take;
+	// both clocks are this machine's).
 	movedAt := make(map[int64]time.Time, len(rows))
 	dbRows, err := pool.Query(ctx, `SELECT (metadata->>'idemd_staged_id')::bigint, created_at FROM river_job`)
 	if err != nil {
