@@ -202,12 +202,11 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 	return moved, dead, nil
 }
 
-// copyMinRows: a batch of at least this many rows goes into River with
-// COPY, a smaller one with one INSERT. COPY is two round trips (the
-// command, then its data) and an INSERT one; in the steady state a move
-// takes a handful of rows and the round trip is most of its cost (the
-// load benchmark, docs/benchmarks/load.md), while behind a backlog COPY's cheaper
-// rows win.
+// copyMinRows: on the Go path, a batch of at least this many rows goes
+// into River with COPY, a smaller one with one INSERT. COPY is two round
+// trips (the command, then its data) and an INSERT one: for a few rows the
+// round trip is most of the cost (docs/benchmarks/load.md), while a batch
+// from a backlog that holds a row to dead-letter has COPY's cheaper rows.
 const copyMinRows = 64
 
 // insertMany inserts params into River on tx, validated and encoded by
@@ -301,10 +300,6 @@ func nullJSON(b []byte) any {
 	}
 	return json.RawMessage(b)
 }
-
-// moveBegin is moveBeginSQL one statement at a time, as a pipeline sends
-// them.
-var moveBegin = strings.Split(moveBeginSQL, "; ")
 
 // beginTake begins a Go-path move transaction and takes up to
 // --batch-size rows from `from`, returning them read. On error nothing is

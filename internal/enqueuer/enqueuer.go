@@ -7,12 +7,13 @@
 // (servermove.go); a batch holding a row that cannot be a valid job takes
 // the Go path instead, which inserts the valid rows through an insert-only
 // River client on the same transaction and moves the invalid ones to
-// staged_jobs_dead with a reason (batch.go). A row is therefore either still staged or (a River job xor a
-// dead row) — never both, never neither, whatever process dies or
-// connection drops. There is no high-water mark: a row whose transaction
-// commits late, with an id lower than rows already moved, is found by a
-// later drain that starts at or below it (see floor.go for where drains
-// start and why that finds every row).
+// staged_jobs_dead with a reason (batch.go). A row is therefore either
+// still staged or (a River job xor a dead row) — never both, never
+// neither, whatever process dies or connection drops. There is no
+// high-water mark: a row whose transaction commits late, with an id lower
+// than rows already moved, is found by a later drain that starts at or
+// below it (see floor.go for where drains start and why that finds every
+// row).
 //
 // The shape is docs/architecture.md's: New(Config) fills in a
 // lifecycle.Skeleton with the enqueuer's pass (drain from wherever the
@@ -177,8 +178,10 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	// An insert-only River client: no queues, no workers. It validates and
-	// encodes jobs exactly as any River client would (insertMany).
+	// An insert-only River client for the Go path: no queues, no workers.
+	// It validates and encodes jobs exactly as any River client would
+	// (insertMany), and it is the reference the server-side move is tested
+	// against.
 	rc, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{Logger: nil})
 	if err != nil {
 		return nil, fmt.Errorf("enqueuer: river client: %w", err)

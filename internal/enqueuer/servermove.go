@@ -3,6 +3,7 @@ package enqueuer
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +29,10 @@ import (
 // row it would refuse moves nothing and goes to the Go path (moveBatch),
 // which dead-letters that row with its reason, as does a batch River's
 // table refuses (a CHECK constraint validation did not foresee).
+
+// moveBegin is moveBeginSQL one statement at a time, as a pipeline sends
+// them.
+var moveBegin = strings.Split(moveBeginSQL, "; ")
 
 // validSQL is validator.check in SQL, over a staged_jobs row: true when
 // the enqueuer would move the row, false (never NULL) when it would
