@@ -16,7 +16,8 @@ import (
 
 // batchResult is what one batch did.
 type batchResult struct {
-	moved        int // rows that became River jobs
+	moved        int // rows that became River jobs, or duplicates of a unique one
+	duplicates   int // of moved, rows whose unique job River already had (or the batch had)
 	deadLettered int // rows moved to staged_jobs_dead
 	taken        int // rows taken from staged_jobs (moved + deadLettered)
 	last         int64
@@ -29,13 +30,20 @@ type batchResult struct {
 // a notification gap.
 func (s *Service) runBatch(ctx context.Context, cur *cursor, spec drainSpec) (*batchResult, error) {
 	start := time.Now()
+	version, err := s.riverVersion(ctx)
+	if err != nil {
+		// River's schema is one the enqueuer does not write (or could not
+		// be read): nothing is taken, the rows wait staged.
+		s.metrics.batchErrors.Inc()
+		return nil, err
+	}
 	from := cur.claim(s.cfg.BatchSize)
-	res, err := s.serverBatch(ctx, from, spec.gapBelow)
+	res, err := s.serverBatch(ctx, from, spec.gapBelow, version)
 	if err == nil && res == nil {
 		// The batch holds a row the server-side move does not take: the Go
 		// path takes a batch again and dead-letters that row with its
 		// reason.
-		res, err = s.moveBatch(ctx, from, spec.gapBelow, false)
+		res, err = s.moveBatch(ctx, from, spec.gapBelow, false, version)
 	}
 	if errors.Is(err, errRiverRejected) {
 		// The batch was rolled back whole: its rows are back in staged_jobs.
@@ -44,14 +52,15 @@ func (s *Service) runBatch(ctx context.Context, cur *cursor, spec drainSpec) (*b
 		// another replica took these meanwhile; any bad row among them is
 		// found the same way.)
 		s.logger.Warn("river rejected a batch; redoing it row by row", zap.Error(err))
-		res, err = s.moveBatch(ctx, from, spec.gapBelow, true)
+		res, err = s.moveBatch(ctx, from, spec.gapBelow, true, version)
 	}
 	s.metrics.batchDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.batchErrors.Inc()
 		return nil, err
 	}
-	s.metrics.moved.Add(float64(res.moved))
+	s.metrics.moved.Add(float64(res.moved - res.duplicates))
+	s.metrics.uniqueDuplicates.Add(float64(res.duplicates))
 	if res.taken > 0 {
 		for p := s.takenUpTo.Load(); res.last > p && !s.takenUpTo.CompareAndSwap(p, res.last); p = s.takenUpTo.Load() {
 		}
@@ -73,15 +82,21 @@ var errRiverRejected = errors.New("river rejected the batch")
 // serverBatch moves one batch in one round trip (moveInServer). It
 // returns nil and no error when the batch holds a row that only the Go
 // path, moveBatch, can deal with: one to dead-letter.
-func (s *Service) serverBatch(ctx context.Context, from, gapBelow int64) (*batchResult, error) {
-	r, err := s.moveInServer(ctx, from, gapBelow)
+func (s *Service) serverBatch(ctx context.Context, from, gapBelow int64, riverVersion int) (*batchResult, error) {
+	r, err := s.moveInServer(ctx, from, gapBelow, riverVersion)
 	if err != nil {
 		return nil, err
+	}
+	if !r.riverCurrent {
+		// A River migration ran since the gate's last read: read it again
+		// before anything is written.
+		s.riverGate.invalidate()
+		return nil, fmt.Errorf("enqueuer batch: %w: River's schema is no longer at version %d", errRiverSchema, riverVersion)
 	}
 	if r.invalid > 0 {
 		return nil, nil
 	}
-	res := &batchResult{moved: r.moved, taken: r.locked, last: fullPass}
+	res := &batchResult{moved: r.moved, duplicates: r.duplicates, taken: r.locked, last: fullPass}
 	if r.locked > 0 {
 		res.last = r.last
 	}
@@ -94,8 +109,8 @@ func (s *Service) serverBatch(ctx context.Context, from, gapBelow int64) (*batch
 // or River refuses. rowByRow inserts each job under its own savepoint, so
 // a job River rejects is dead-lettered alone; otherwise the batch goes to
 // River in one statement (insertMany).
-func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow bool) (*batchResult, error) {
-	tx, staged, err := s.beginTake(ctx, from)
+func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow bool, riverVersion int) (*batchResult, error) {
+	tx, staged, err := s.beginTake(ctx, from, riverVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -120,11 +135,25 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 	params := make([]river.InsertManyParams, 0, len(staged))
 	good := make([]*stagedRow, 0, len(staged))
 	var dead []deadRow
+	// Of the rows with one unique key the first (lowest id) is inserted
+	// and the others are its duplicates, as in moveSQL: River's insert of
+	// both in one statement would fail the batch.
+	var uniques map[string]bool
 	for i := range staged {
 		r := &staged[i]
 		if bad := s.valid.check(r); bad != nil {
 			dead = append(dead, deadRow{row: r, why: bad})
 			continue
+		}
+		if r.UniqueKey != nil {
+			if uniques == nil {
+				uniques = make(map[string]bool)
+			}
+			if uniques[string(r.UniqueKey)] {
+				res.duplicates++
+				continue
+			}
+			uniques[string(r.UniqueKey)] = true
 		}
 		p, err := insertParams(r)
 		if err != nil {
@@ -135,10 +164,11 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 		good = append(good, r)
 	}
 
-	moved, more, err := s.insertRows(ctx, tx, params, good, rowByRow)
+	moved, dups, more, err := s.insertRows(ctx, tx, params, good, rowByRow)
 	if err != nil {
 		return nil, err
 	}
+	res.duplicates += dups
 	dead = append(dead, more...)
 	if err := insertDead(ctx, tx, dead); err != nil {
 		return nil, err
@@ -146,7 +176,7 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("enqueuer batch: commit: %w", err)
 	}
-	res.moved = moved
+	res.moved = moved + res.duplicates - dups
 	res.deadLettered = len(dead)
 	s.gap(GapSwept, gaps, zap.Int64("lowest_staged_id", lowestGap), zap.Int("rows", gaps))
 	for _, d := range dead {
@@ -160,46 +190,78 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 
 // insertRows inserts params into River on tx, all at once or, rowByRow,
 // each under its own savepoint so only the rows River rejects are
-// dead-lettered. A rejection of the whole batch returns errRiverRejected;
-// errors that are not about the data (connection lost, serialization) fail
-// the batch and it is retried whole.
-func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, rows []*stagedRow, rowByRow bool) (int, []deadRow, error) {
+// dead-lettered. It returns the rows inserted or found as unique
+// duplicates, how many of those were duplicates, and the rows River
+// rejected. A rejection of the whole batch returns errRiverRejected;
+// errors that are not about the data (connection lost, serialization)
+// fail the batch and it is retried whole. So does a row-by-row retry in
+// which River's table refused every row of a batch of several with one
+// SQLSTATE: that is the table's fault (a column added by hand, a
+// constraint), not the rows', and dead-lettering them all would empty
+// staged_jobs into staged_jobs_dead.
+func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, rows []*stagedRow, rowByRow bool) (moved, dups int, dead []deadRow, err error) {
 	if len(params) == 0 {
-		return 0, nil, nil
+		return 0, 0, nil, nil
 	}
 	if !rowByRow {
-		n, err := s.insertMany(ctx, tx, params)
+		n, d, err := s.insertMany(ctx, tx, params)
 		if err == nil {
-			return n, nil, nil
+			return n, d, nil, nil
 		}
 		if isDataError(err, tx.Conn()) {
-			return 0, nil, fmt.Errorf("enqueuer batch: %w: %w", errRiverRejected, err)
+			return 0, 0, nil, fmt.Errorf("enqueuer batch: %w: %w", errRiverRejected, err)
 		}
-		return 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
+		return 0, 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
 	}
-	moved := 0
-	var dead []deadRow
+	var codes []string
 	for i := range params {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
-			return 0, nil, fmt.Errorf("enqueuer batch: savepoint: %w", err)
+			return 0, 0, nil, fmt.Errorf("enqueuer batch: savepoint: %w", err)
 		}
-		if _, err := s.insertMany(ctx, sp, params[i:i+1]); err != nil {
+		_, d, err := s.insertMany(ctx, sp, params[i:i+1])
+		if err != nil {
 			if !isDataError(err, tx.Conn()) {
-				return 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
+				return 0, 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
 			}
 			if err := sp.Rollback(ctx); err != nil {
-				return 0, nil, fmt.Errorf("enqueuer batch: rollback savepoint: %w", err)
+				return 0, 0, nil, fmt.Errorf("enqueuer batch: rollback savepoint: %w", err)
+			}
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) {
+				codes = append(codes, pgErr.Code)
 			}
 			dead = append(dead, deadRow{row: rows[i], why: &invalid{ReasonRejectedByRiver, err.Error()}})
 			continue
 		}
 		if err := sp.Commit(ctx); err != nil {
-			return 0, nil, fmt.Errorf("enqueuer batch: release savepoint: %w", err)
+			return 0, 0, nil, fmt.Errorf("enqueuer batch: release savepoint: %w", err)
 		}
 		moved++
+		dups += d
 	}
-	return moved, dead, nil
+	if code, ok := tableFault(len(params), codes); ok {
+		s.riverGate.invalidate()
+		return 0, 0, nil, fmt.Errorf("enqueuer batch: River's table refused all %d rows of the batch with SQLSTATE %s: a fault of river_job, not of the rows; "+
+			"nothing is dead-lettered, the rows stay staged (first refusal: %s)", len(params), code, dead[0].why.detail)
+	}
+	return moved, dups, dead, nil
+}
+
+// tableFault reports whether River's table refusing rows with the given
+// SQLSTATEs, out of n rows tried one by one, is a fault of the table: every
+// row of several refused with the same code. A lone row's refusal is its
+// own (the schema gate reads the table's shape before any move).
+func tableFault(n int, codes []string) (string, bool) {
+	if n < 2 || len(codes) != n {
+		return "", false
+	}
+	for _, c := range codes[1:] {
+		if c != codes[0] {
+			return "", false
+		}
+	}
+	return codes[0], true
 }
 
 // copyMinRows: on the Go path, a batch of at least this many rows goes
@@ -210,13 +272,32 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 const copyMinRows = 64
 
 // insertMany inserts params into River on tx, validated and encoded by
-// River either way, and returns how many rows it inserted.
-func (s *Service) insertMany(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (int, error) {
-	if len(params) >= copyMinRows {
-		return s.river.InsertManyFastTx(ctx, tx, params)
+// River either way, and returns how many rows it inserted or found as
+// unique duplicates, and how many of those were duplicates.
+func (s *Service) insertMany(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (int, int, error) {
+	if len(params) >= copyMinRows && !anyUnique(params) {
+		n, err := s.river.InsertManyFastTx(ctx, tx, params)
+		return n, 0, err
 	}
 	res, err := s.river.InsertManyTx(ctx, tx, params)
-	return len(res), err
+	dups := 0
+	for _, r := range res {
+		if r.UniqueSkippedAsDuplicate {
+			dups++
+		}
+	}
+	return len(res), dups, err
+}
+
+// anyUnique: one of params carries a unique key. River's fast insert does
+// not say which rows were duplicates.
+func anyUnique(params []river.InsertManyParams) bool {
+	for _, p := range params {
+		if a, ok := p.Args.(rawArgs); ok && a.uniqueKey != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // isDataError tells a row's fault from the environment's. River validates
@@ -240,10 +321,13 @@ func isDataError(err error, conn *pgx.Conn) bool {
 	return !conn.IsClosed()
 }
 
-// rawArgs hands River the staged job_args unchanged.
+// rawArgs hands River the staged job_args unchanged, and the row's unique
+// key and states to stagedUniqueDriver.
 type rawArgs struct {
-	kind string
-	args json.RawMessage
+	kind         string
+	args         json.RawMessage
+	uniqueKey    []byte
+	uniqueStates byte
 }
 
 func (a rawArgs) Kind() string                 { return a.kind }
@@ -255,7 +339,7 @@ func insertParams(r *stagedRow) (river.InsertManyParams, error) {
 		return river.InsertManyParams{}, err
 	}
 	var tags []string // nil when the row has none: River's default, {}
-	for _, t := range r.Tags {
+	for _, t := range r.Tags.Elements {
 		tags = append(tags, *t) // never nil: validated
 	}
 	opts := &river.InsertOpts{Metadata: md, Tags: tags}
@@ -268,10 +352,12 @@ func insertParams(r *stagedRow) (river.InsertManyParams, error) {
 	if r.MaxAttempts != nil {
 		opts.MaxAttempts = int(*r.MaxAttempts)
 	}
-	if r.ScheduledAt != nil {
-		opts.ScheduledAt = *r.ScheduledAt
+	opts.ScheduledAt = r.scheduledAt()
+	a := rawArgs{kind: r.Kind, args: r.Args}
+	if r.UniqueKey != nil {
+		a.uniqueKey, a.uniqueStates = r.UniqueKey, r.UniqueStates.Bytes[0] // validated: one byte
 	}
-	return river.InsertManyParams{Args: rawArgs{kind: r.Kind, args: r.Args}, InsertOpts: opts}, nil
+	return river.InsertManyParams{Args: a, InsertOpts: opts}, nil
 }
 
 type deadRow struct {
@@ -304,9 +390,26 @@ func nullJSON(b []byte) any {
 // beginTake begins a Go-path move transaction and takes up to
 // --batch-size rows from `from`, returning them read. On error nothing is
 // held.
-func (s *Service) beginTake(ctx context.Context, from int64) (tx pgx.Tx, staged []stagedRow, err error) {
+func (s *Service) beginTake(ctx context.Context, from int64, riverVersion int) (tx pgx.Tx, staged []stagedRow, err error) {
 	if tx, err = s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: moveBeginSQL}); err != nil {
 		return nil, nil, fmt.Errorf("enqueuer batch: begin: %w", err)
+	}
+	// The gate's check in this transaction, as moveSQL makes it in its
+	// statement: river_job locked against River's migrations (which lock
+	// it ACCESS EXCLUSIVE) before the version is read, so the version read
+	// is the one the inserts meet.
+	var version int
+	if _, err = tx.Exec(ctx, riverLockSQL); err == nil {
+		err = tx.QueryRow(ctx, riverVersionSQL).Scan(&version)
+	}
+	if err != nil {
+		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the error is err
+		return nil, nil, fmt.Errorf("enqueuer batch: river schema version: %w", err)
+	}
+	if version != riverVersion {
+		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // nothing written
+		s.riverGate.invalidate()
+		return nil, nil, fmt.Errorf("enqueuer batch: %w: River's schema is at version %d, not %d", errRiverSchema, version, riverVersion)
 	}
 	rows, err := tx.Query(ctx, takeSQL, takeArgs(from, s.cfg.BatchSize))
 	if err != nil {
@@ -330,7 +433,8 @@ func (s *Service) scanTaken(rows pgx.Rows) ([]stagedRow, error) {
 	staged := make([]stagedRow, 0, min(s.cfg.BatchSize, 64))
 	for rows.Next() {
 		var r stagedRow
-		if err := rows.Scan(&r.ID, &r.CreatedAt, &r.Kind, &r.Args, &r.Queue, &r.Priority, &r.MaxAttempts, &r.ScheduledAt, &r.Tags, &r.Metadata); err != nil {
+		if err := rows.Scan(&r.ID, &r.CreatedAt, &r.Kind, &r.Args, &r.Queue, &r.Priority, &r.MaxAttempts, &r.ScheduledAt, &r.Tags, &r.Metadata,
+			&r.UniqueKey, &r.UniqueStates); err != nil {
 			return nil, fmt.Errorf("enqueuer batch: scan: %w", err)
 		}
 		staged = append(staged, r)

@@ -95,6 +95,8 @@ type Service struct {
 	listenCfg *pgx.ConnConfig // the listener's connection (config.go)
 	river     *river.Client[pgx.Tx]
 	valid     validator
+	// riverGate is the River schema gate's last verdict (riverschema.go).
+	riverGate riverGate
 	// notices limits the insert notifications the server-side move sends
 	// River's workers (servermove.go).
 	notices insertNotices
@@ -182,7 +184,7 @@ func New(cfg Config) (*Service, error) {
 	// It validates and encodes jobs exactly as any River client would
 	// (insertMany), and it is the reference the server-side move is tested
 	// against.
-	rc, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{Logger: nil})
+	rc, err := river.NewClient[pgx.Tx](stagedUniqueDriver{riverpgxv5.New(cfg.Pool)}, &river.Config{Logger: nil})
 	if err != nil {
 		return nil, fmt.Errorf("enqueuer: river client: %w", err)
 	}
@@ -197,6 +199,9 @@ func New(cfg Config) (*Service, error) {
 		wake:      make(chan struct{}, 1),
 		floor:     newFloor(),
 		instance:  lease.Holder("enqueuer"),
+	}
+	if cfg.Ready != nil {
+		cfg.Ready.Blocked = s.riverGate.blocked
 	}
 	s.lw.mark.Store(fullPass)
 	s.takenUpTo.Store(fullPass)

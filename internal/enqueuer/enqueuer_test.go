@@ -617,3 +617,7 @@ VALUES ('k', '{}', '{"snowflake": 9007199254740993, "trace": {"span_id": 1844674
 		t.Fatalf("River's metadata holds %s and %s", snowflake, span)
 	}
 }
+
+// riverNewest is the River schema version the tests' databases are at:
+// River's newest, as `idemctl migrate` leaves them.
+var riverNewest = RiverSchemaVersions[len(RiverSchemaVersions)-1]

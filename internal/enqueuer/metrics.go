@@ -24,6 +24,12 @@ const (
 var wakeCauses = []string{wakeNotify, wakePoll, wakeReconnect, wakeRetry, wakeStart, wakeDrainer, wakeHandoff}
 
 type metrics struct {
+	// River's schema as the gate last read it (riverschema.go), and the
+	// staged rows that were duplicates of a unique River job.
+	riverSchemaSupported prometheus.Gauge
+	riverSchemaVersion   prometheus.Gauge
+	uniqueDuplicates     prometheus.Counter
+
 	moved         prometheus.Counter
 	deadLettered  *prometheus.CounterVec
 	batchDuration prometheus.Histogram
@@ -61,6 +67,17 @@ type metrics struct {
 // and registers them with reg (nil: not registered, for tests).
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
+		riverSchemaSupported: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_enqueuer_river_schema_supported",
+			Help: "1 when River's schema (version and river_job's columns) is one the enqueuer writes, 0 when it moves nothing because it is not (the reason is in the log and /readyz); 1 before the first read.",
+		}),
+		riverSchemaVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_enqueuer_river_schema_version", Help: "River's schema version (river_migration, line main) as the enqueuer last read it; 0 before it could.",
+		}),
+		uniqueDuplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_unique_duplicates_total",
+			Help: "Staged rows taken without a new River job because River already had their unique job (or an earlier row of the same batch became it), as River's InsertTx skips a duplicate.",
+		}),
 		moved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemd_enqueuer_jobs_moved_total", Help: "Staged jobs inserted into River.",
 		}),
@@ -132,10 +149,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range wakeCauses {
 		m.wakeups.WithLabelValues(c)
 	}
+	m.riverSchemaSupported.Set(1)
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.moved, m.deadLettered, m.batchDuration, m.batchErrors, m.backlog, m.oldestAge, m.wakeups,
+	for _, c := range []prometheus.Collector{m.riverSchemaSupported, m.riverSchemaVersion, m.uniqueDuplicates, m.moved, m.deadLettered, m.batchDuration, m.batchErrors, m.backlog, m.oldestAge, m.wakeups,
 		m.listenerUp, m.pollOnly, m.listenerCheckFailures, m.notificationGaps, m.sweepDuration, m.standby, m.takeovers,
 		m.polling, m.pollingStarts, m.handoffTimeouts, m.pollingErrors} {
 		if err := reg.Register(c); err != nil {

@@ -92,7 +92,7 @@ func TestMoveIsOneRoundTrip(t *testing.T) {
 	}
 	for _, want := range []int{3, 0} {
 		trips.take()
-		res, err := s.serverBatch(ctx, fullPass, fullPass)
+		res, err := s.serverBatch(ctx, fullPass, fullPass, riverNewest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +125,7 @@ func TestRefusedServerMoveLeavesNothingOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newService(t, pool)
-	if _, err := s.moveInServer(ctx, fullPass, fullPass); !errors.Is(err, errRiverRejected) {
+	if _, err := s.moveInServer(ctx, fullPass, fullPass, riverNewest); !errors.Is(err, errRiverRejected) {
 		t.Fatalf("move of a refused row: %v, want errRiverRejected", err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM staged_jobs`); n != 2 {
@@ -169,14 +169,14 @@ FROM (VALUES
 	if _, err := pool.Exec(ctx, stage); err != nil {
 		t.Fatal(err)
 	}
-	goRes, err := s.moveBatch(ctx, fullPass, fullPass, false)
+	goRes, err := s.moveBatch(ctx, fullPass, fullPass, false, riverNewest)
 	if err != nil || goRes.moved != 6 {
 		t.Fatalf("Go path: %+v, %v", goRes, err)
 	}
 	if _, err := pool.Exec(ctx, stage); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.serverBatch(ctx, fullPass, fullPass)
+	res, err := s.serverBatch(ctx, fullPass, fullPass, riverNewest)
 	if err != nil || res == nil || res.moved != 6 {
 		t.Fatalf("server move: %+v, %v", res, err)
 	}
@@ -259,6 +259,31 @@ VALUES ('ok', '{}', NULL, NULL, NULL, NULL, NULL),
        ('ok', '{}', NULL, NULL, NULL, NULL, '1')`); err != nil {
 		t.Fatal(err)
 	}
+	// The times, tags' shapes and unique columns on their edges.
+	if _, err := pool.Exec(ctx, `
+INSERT INTO staged_jobs (job_name, job_args, scheduled_at, created_at, tags, unique_key, unique_states)
+VALUES ('ok', '{}', 'infinity', now(), NULL, NULL, NULL),
+       ('ok', '{}', '-infinity', now(), NULL, NULL, NULL),
+       ('ok', '{}', '0001-01-01 00:00:00+00', now(), NULL, NULL, NULL),
+       ('ok', '{}', '0001-01-01 00:00:00+00'::timestamptz - interval '1 microsecond', now(), NULL, NULL, NULL),
+       ('ok', '{}', '9999-12-31 23:59:59.999999+00', now(), NULL, NULL, NULL),
+       ('ok', '{}', '10000-01-01 00:00:00+00', now(), NULL, NULL, NULL),
+       ('ok', '{}', '4713-01-01 00:00:00+00 BC', now(), NULL, NULL, NULL),
+       ('ok', '{}', NULL, 'infinity', NULL, NULL, NULL),
+       ('ok', '{}', NULL, '-infinity', NULL, NULL, NULL),
+       ('ok', '{}', NULL, '12000-01-01 00:00:00+00', NULL, NULL, NULL),
+       ('ok', '{}', NULL, now(), '{{abc,def},{ghi,jkl}}', NULL, NULL),
+       ('ok', '{}', NULL, now(), '[2:3]={abc,def}', NULL, NULL),
+       ('ok', '{}', NULL, now(), NULL, sha256('k'), B'11110101'),
+       ('ok', '{}', NULL, now(), NULL, sha256('k'), B'11010001'),
+       ('ok', '{}', NULL, now(), NULL, sha256('k'), B'01010001'),
+       ('ok', '{}', NULL, now(), NULL, sha256('k'), B'00000000'),
+       ('ok', '{}', NULL, now(), NULL, sha256('k'), NULL),
+       ('ok', '{}', NULL, now(), NULL, NULL, B'11110101'),
+       ('ok', '{}', NULL, now(), NULL, '\x00', B'11110101'),
+       ('ok', '{}', NULL, now(), NULL, '', B'11110101')`); err != nil {
+		t.Fatal(err)
+	}
 	// Random queue names and tags: mostly what both patterns accept,
 	// with their separators and, now and then, what neither does.
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -285,8 +310,8 @@ VALUES ('ok', '{}', NULL, NULL, NULL, NULL, NULL),
 	}
 	for _, allowed := range [][]string{nil, {"ok", strings.Repeat("k", 127)}} {
 		s := newService(t, pool, func(c *Settings) { c.AllowedKinds = allowed; c.MaxArgsBytes = 27 })
-		args := s.moveArgs(fullPass, fullPass)
-		rows, err := pool.Query(ctx, `SELECT id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, `+validSQL+` FROM staged_jobs ORDER BY id`, args)
+		args := s.moveArgs(fullPass, fullPass, riverNewest)
+		rows, err := pool.Query(ctx, `SELECT id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, unique_key, unique_states, `+validSQL+` FROM staged_jobs ORDER BY id`, args)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -294,7 +319,7 @@ VALUES ('ok', '{}', NULL, NULL, NULL, NULL, NULL),
 		for rows.Next() {
 			var r stagedRow
 			var ok bool
-			if err := rows.Scan(&r.ID, &r.CreatedAt, &r.Kind, &r.Args, &r.Queue, &r.Priority, &r.MaxAttempts, &r.ScheduledAt, &r.Tags, &r.Metadata, &ok); err != nil {
+			if err := rows.Scan(&r.ID, &r.CreatedAt, &r.Kind, &r.Args, &r.Queue, &r.Priority, &r.MaxAttempts, &r.ScheduledAt, &r.Tags, &r.Metadata, &r.UniqueKey, &r.UniqueStates, &ok); err != nil {
 				t.Fatal(err)
 			}
 			bad := s.valid.check(&r)
@@ -338,7 +363,7 @@ func TestServerMoveNotifiesRiver(t *testing.T) {
 VALUES ('k', '{}', NULL, NULL), ('k', '{}', 'mail', NULL), ('k', '{}', 'mail', NULL), ('k', '{}', 'later', '2030-01-01 00:00:00+00')`); err != nil {
 		t.Fatal(err)
 	}
-	r, err := s.moveInServer(ctx, fullPass, fullPass)
+	r, err := s.moveInServer(ctx, fullPass, fullPass, riverNewest)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,7 @@ WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM staged_jobs WHERE id >= @from ORDER BY id LIMIT @batch_size FOR UPDATE SKIP LOCKED
 ))
 RETURNING id, created_at, job_name, job_args, queue, priority,
-          max_attempts, scheduled_at, tags, metadata`
+          max_attempts, scheduled_at, tags, metadata, unique_key, unique_states`
 
 func takeArgs(from int64, batchSize int) pgx.NamedArgs {
 	return pgx.NamedArgs{"from": from, "batch_size": batchSize}
@@ -86,14 +86,17 @@ const sweepSQL = `SELECT min(id) FROM staged_jobs WHERE id >= @from`
 
 // deadSQL dead-letters one taken row, keeping its id and columns.
 const deadSQL = `
-INSERT INTO staged_jobs_dead (id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, reason)
-VALUES (@id, @created_at, @job_name, @job_args, @queue, @priority, @max_attempts, @scheduled_at, @tags, @metadata, @reason)`
+INSERT INTO staged_jobs_dead (id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata,
+    unique_key, unique_states, reason)
+VALUES (@id, @created_at, @job_name, @job_args, @queue, @priority, @max_attempts, @scheduled_at, @tags, @metadata,
+    @unique_key, @unique_states, @reason)`
 
 func deadArgs(d deadRow) pgx.NamedArgs {
 	r := d.row
 	return pgx.NamedArgs{
 		"id": r.ID, "created_at": r.CreatedAt, "job_name": r.Kind, "job_args": json.RawMessage(r.Args),
 		"queue": r.Queue, "priority": r.Priority, "max_attempts": r.MaxAttempts, "scheduled_at": r.ScheduledAt,
-		"tags": r.Tags, "metadata": nullJSON(r.Metadata), "reason": d.why.code + ": " + d.why.detail,
+		"tags": r.Tags, "metadata": nullJSON(r.Metadata), "unique_key": r.UniqueKey, "unique_states": r.UniqueStates,
+		"reason": d.why.code + ": " + d.why.detail,
 	}
 }

@@ -9,6 +9,10 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/riverqueue/river/rivershared/uniquestates"
+	"github.com/riverqueue/river/rivertype"
 )
 
 // Reason codes for dead-lettered rows. They label a metric, so the set is
@@ -23,6 +27,9 @@ const (
 	ReasonInvalidArgs     = "invalid_args"
 	ReasonInvalidTags     = "invalid_tags"
 	ReasonInvalidMeta     = "invalid_metadata"
+	ReasonInvalidSchedule = "invalid_scheduled_at"
+	ReasonInvalidCreated  = "invalid_created_at"
+	ReasonInvalidUnique   = "invalid_unique"
 	ReasonRejectedByRiver = "rejected_by_river"
 )
 
@@ -32,33 +39,78 @@ const (
 // in step with the constants.
 var DeadLetterReasons = []string{
 	ReasonUnknownKind, ReasonInvalidKind, ReasonInvalidQueue, ReasonInvalidPrio, ReasonInvalidMaxAtt,
-	ReasonArgsTooLarge, ReasonInvalidArgs, ReasonInvalidTags, ReasonInvalidMeta, ReasonRejectedByRiver,
+	ReasonArgsTooLarge, ReasonInvalidArgs, ReasonInvalidTags, ReasonInvalidMeta, ReasonInvalidSchedule,
+	ReasonInvalidCreated, ReasonInvalidUnique, ReasonRejectedByRiver,
 }
 
 // These mirror River's own checks (client.go's queue name regex and
 // insert_opts.go's tag regex, and river_job's CHECK constraints) so that a bad
 // row is recognised before it can fail River's batch insert for its
-// neighbours. A rule River adds later that is not mirrored here is still
-// caught: the batch falls back to row-by-row inserts (see insertRows).
+// neighbours. Beyond River's own checks, a row must be one River's clients
+// can read back: finite times in years 1 to 9999 (pgx cannot scan an
+// infinite timestamptz into a time.Time, so one such job stops River's
+// scheduler and breaks JobGet and JobList; Go's JSON encoding of a time
+// stops at year 9999), a one-dimensional tags array. A row River's table
+// refuses for a reason not mirrored here is dead-lettered on the Go path's
+// row-by-row retry (insertRows); the move's statement checks none of it
+// against River at run time, so TestMoveAcceptsWhatRiverAccepts compares
+// both with River's own InsertManyTx on generated rows.
 var (
 	queueNameRE = regexp.MustCompile(`^(?:[a-z0-9])+(?:[_|\-]?[a-z0-9]+)*$`)
 	tagRE       = regexp.MustCompile(`\A[\w][\w\-]+[\w]\z`)
 )
 
-// stagedRow is one row taken from staged_jobs.
+// timeMin and timeMax bound the times a staged row may carry: River's
+// clients read them back (the lower bound is River's "not set", the upper
+// the last instant Go's JSON encoding of a time can write).
+var (
+	timeMin = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+	timeMax = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// uniqueRequired are the job states River requires in a unique job's
+// states (UniqueOpts.ByState must contain them), as River's bitmask.
+var uniqueRequired = uniquestates.UniqueStatesToBitmask([]rivertype.JobState{
+	rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
+})
+
+// uniqueKeyLen is the length of River's unique key, a SHA-256.
+const uniqueKeyLen = 32
+
+// stagedRow is one row taken from staged_jobs. Every column is scanned
+// into a type that holds whatever the column can: a row the enqueuer
+// cannot move is dead-lettered, never a scan error that fails every batch
+// it is in (an infinite time, a NULL tag, a tags array of two dimensions).
 type stagedRow struct {
 	ID          int64
-	CreatedAt   time.Time
+	CreatedAt   pgtype.Timestamptz
 	Kind        string
 	Args        []byte
 	Queue       *string
 	Priority    *int32
 	MaxAttempts *int32
-	ScheduledAt *time.Time
-	// Tags' elements may be NULL (a text[] can hold NULL): such a row is
-	// dead-lettered, not a scan error that fails every batch it is in.
-	Tags     []*string
-	Metadata []byte
+	ScheduledAt pgtype.Timestamptz
+	Tags        pgtype.Array[*string]
+	Metadata    []byte
+	// UniqueKey and UniqueStates are River's (migration 00021), written
+	// by idem.StageInsertTx from River's UniqueOpts or by an API's own
+	// River client code.
+	UniqueKey    []byte
+	UniqueStates pgtype.Bits
+}
+
+// finiteTime reports whether t is a time River's clients read back.
+func finiteTime(t pgtype.Timestamptz) bool {
+	return t.InfinityModifier == pgtype.Finite && !t.Time.Before(timeMin) && t.Time.Before(timeMax)
+}
+
+// scheduledAt is the row's scheduled_at as River's insert takes it: the
+// zero time (year 1's first instant, River's "not set") when NULL.
+func (r *stagedRow) scheduledAt() time.Time {
+	if !r.ScheduledAt.Valid {
+		return time.Time{}
+	}
+	return r.ScheduledAt.Time
 }
 
 // invalid is why a row cannot become a River job.
@@ -114,7 +166,10 @@ func (v *validator) check(r *stagedRow) *invalid {
 	if r.MaxAttempts != nil && (*r.MaxAttempts < 1 || *r.MaxAttempts > 32767) {
 		return &invalid{ReasonInvalidMaxAtt, "max_attempts must be between 1 and 32767, got " + strconv.Itoa(int(*r.MaxAttempts))}
 	}
-	for _, t := range r.Tags {
+	if len(r.Tags.Dims) > 1 {
+		return &invalid{ReasonInvalidTags, fmt.Sprintf("tags must be a one-dimensional array, got %d dimensions", len(r.Tags.Dims))}
+	}
+	for _, t := range r.Tags.Elements {
 		if t == nil {
 			return &invalid{ReasonInvalidTags, "tags must not contain NULL"}
 		}
@@ -128,7 +183,32 @@ func (v *validator) check(r *stagedRow) *invalid {
 			return &invalid{ReasonInvalidMeta, "metadata must be a JSON object"}
 		}
 	}
+	if r.ScheduledAt.Valid && !finiteTime(r.ScheduledAt) {
+		return &invalid{ReasonInvalidSchedule, "scheduled_at must be a finite time in the years 1 to 9999, got " + timeString(r.ScheduledAt)}
+	}
+	if !finiteTime(r.CreatedAt) {
+		return &invalid{ReasonInvalidCreated, "created_at must be a finite time in the years 1 to 9999, got " + timeString(r.CreatedAt)}
+	}
+	switch {
+	case (r.UniqueKey == nil) != !r.UniqueStates.Valid:
+		return &invalid{ReasonInvalidUnique, "unique_key and unique_states must be set together or both NULL"}
+	case r.UniqueKey != nil && len(r.UniqueKey) != uniqueKeyLen:
+		return &invalid{ReasonInvalidUnique, fmt.Sprintf("unique_key must be River's %d-byte SHA-256, got %d bytes", uniqueKeyLen, len(r.UniqueKey))}
+	case r.UniqueStates.Valid && (r.UniqueStates.Len != 8 || len(r.UniqueStates.Bytes) != 1 || r.UniqueStates.Bytes[0]&uniqueRequired != uniqueRequired):
+		return &invalid{ReasonInvalidUnique, "unique_states must hold River's required states available, pending, running and scheduled"}
+	}
 	return nil
+}
+
+// timeString shows a time a row carried, infinite ones included.
+func timeString(t pgtype.Timestamptz) string {
+	switch t.InfinityModifier {
+	case pgtype.Infinity:
+		return "infinity"
+	case pgtype.NegativeInfinity:
+		return "-infinity"
+	}
+	return t.Time.UTC().Format(time.RFC3339Nano)
 }
 
 // metadataFor returns the River job metadata: the staged row's own metadata
@@ -142,7 +222,7 @@ func metadataFor(r *stagedRow) ([]byte, error) {
 		b = append(b, `{"idemd_staged_id":`...)
 		b = strconv.AppendInt(b, r.ID, 10)
 		b = append(b, `,"idemd_staged_at":"`...)
-		b = r.CreatedAt.UTC().AppendFormat(b, time.RFC3339Nano)
+		b = r.CreatedAt.Time.UTC().AppendFormat(b, time.RFC3339Nano)
 		b = append(b, `"}`...)
 		return b, nil
 	}
@@ -154,6 +234,6 @@ func metadataFor(r *stagedRow) ([]byte, error) {
 		return nil, errors.New("metadata: not a JSON object")
 	}
 	m["idemd_staged_id"] = strconv.AppendInt(nil, r.ID, 10)
-	m["idemd_staged_at"] = strconv.AppendQuote(nil, r.CreatedAt.UTC().Format(time.RFC3339Nano))
+	m["idemd_staged_at"] = strconv.AppendQuote(nil, r.CreatedAt.Time.UTC().Format(time.RFC3339Nano))
 	return json.Marshal(m)
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The staged-row rules, without a database: each row is judged by what it
@@ -14,13 +16,13 @@ import (
 func TestValidatorCheck(t *testing.T) {
 	str := func(s string) *string { return &s }
 	i32 := func(v int32) *int32 { return &v }
-	tags := func(ts ...string) []*string {
-		var out []*string
-		for _, t := range ts {
-			out = append(out, str(t))
-		}
-		return out
+	tags := func(ts ...*string) pgtype.Array[*string] {
+		return pgtype.Array[*string]{Elements: ts, Dims: []pgtype.ArrayDimension{{Length: int32(len(ts)), LowerBound: 1}}, Valid: true}
 	}
+	at := func(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: true} }
+	inf := func(m pgtype.InfinityModifier) pgtype.Timestamptz { return pgtype.Timestamptz{InfinityModifier: m, Valid: true} }
+	states := func(b byte) pgtype.Bits { return pgtype.Bits{Bytes: []byte{b}, Len: 8, Valid: true} }
+	key := bytes.Repeat([]byte{7}, 32)
 	v := newValidator([]string{"send_receipt", "k"}, 64)
 	for _, c := range []struct {
 		name string
@@ -29,7 +31,7 @@ func TestValidatorCheck(t *testing.T) {
 	}{
 		{"plain", stagedRow{Kind: "send_receipt", Args: []byte(`{"ride_id": 1}`)}, ""},
 		{"every option", stagedRow{Kind: "k", Args: []byte(` {"a":1}`), Queue: str("mail_2-x"), Priority: i32(4), MaxAttempts: i32(32767),
-			Tags: tags("ride", "re-ceipt"), Metadata: []byte(`{"trace":"abc"}`)}, ""},
+			Tags: tags(str("ride"), str("re-ceipt")), Metadata: []byte(`{"trace":"abc"}`)}, ""},
 		{"empty kind", stagedRow{Kind: "", Args: []byte(`{}`)}, ReasonInvalidKind},
 		{"128-byte kind", stagedRow{Kind: strings.Repeat("k", 128), Args: []byte(`{}`)}, ReasonInvalidKind},
 		{"kind not UTF-8", stagedRow{Kind: "k\xff", Args: []byte(`{}`)}, ReasonInvalidKind},
@@ -43,11 +45,25 @@ func TestValidatorCheck(t *testing.T) {
 		{"priority 0", stagedRow{Kind: "k", Args: []byte(`{}`), Priority: i32(0)}, ReasonInvalidPrio},
 		{"priority 5", stagedRow{Kind: "k", Args: []byte(`{}`), Priority: i32(5)}, ReasonInvalidPrio},
 		{"max attempts 0", stagedRow{Kind: "k", Args: []byte(`{}`), MaxAttempts: i32(0)}, ReasonInvalidMaxAtt},
-		{"tag with a space", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: tags("no spaces allowed")}, ReasonInvalidTags},
-		{"tag too short", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: tags("ab")}, ReasonInvalidTags},
-		{"tag NULL", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: []*string{str("ride"), nil}}, ReasonInvalidTags},
+		{"tag with a space", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: tags(str("no spaces allowed"))}, ReasonInvalidTags},
+		{"tag too short", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: tags(str("ab"))}, ReasonInvalidTags},
+		{"tag NULL", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: tags(str("ride"), nil)}, ReasonInvalidTags},
 		{"metadata not an object", stagedRow{Kind: "k", Args: []byte(`{}`), Metadata: []byte(`[1]`)}, ReasonInvalidMeta},
 		{"metadata null", stagedRow{Kind: "k", Args: []byte(`{}`), Metadata: []byte(`null`)}, ReasonInvalidMeta},
+		{"tags of two dimensions", stagedRow{Kind: "k", Args: []byte(`{}`), Tags: pgtype.Array[*string]{
+			Elements: []*string{str("abc"), str("def")}, Dims: []pgtype.ArrayDimension{{Length: 1, LowerBound: 1}, {Length: 2, LowerBound: 1}}, Valid: true}}, ReasonInvalidTags},
+		{"scheduled infinity", stagedRow{Kind: "k", Args: []byte(`{}`), ScheduledAt: inf(pgtype.Infinity)}, ReasonInvalidSchedule},
+		{"scheduled -infinity", stagedRow{Kind: "k", Args: []byte(`{}`), ScheduledAt: inf(pgtype.NegativeInfinity)}, ReasonInvalidSchedule},
+		{"scheduled year 10000", stagedRow{Kind: "k", Args: []byte(`{}`), ScheduledAt: at(timeMax)}, ReasonInvalidSchedule},
+		{"scheduled before year 1", stagedRow{Kind: "k", Args: []byte(`{}`), ScheduledAt: at(timeMin.Add(-time.Microsecond))}, ReasonInvalidSchedule},
+		{"scheduled year 1", stagedRow{Kind: "k", Args: []byte(`{}`), ScheduledAt: at(timeMin)}, ""},
+		{"scheduled year 9999", stagedRow{Kind: "k", Args: []byte(`{}`), ScheduledAt: at(timeMax.Add(-time.Microsecond))}, ""},
+		{"created infinity", stagedRow{Kind: "k", Args: []byte(`{}`), CreatedAt: inf(pgtype.Infinity)}, ReasonInvalidCreated},
+		{"unique", stagedRow{Kind: "k", Args: []byte(`{}`), UniqueKey: key, UniqueStates: states(0b11110101)}, ""},
+		{"unique key without states", stagedRow{Kind: "k", Args: []byte(`{}`), UniqueKey: key}, ReasonInvalidUnique},
+		{"unique states without key", stagedRow{Kind: "k", Args: []byte(`{}`), UniqueStates: states(0b11110101)}, ReasonInvalidUnique},
+		{"unique key not a SHA-256", stagedRow{Kind: "k", Args: []byte(`{}`), UniqueKey: key[:31], UniqueStates: states(0b11110101)}, ReasonInvalidUnique},
+		{"unique states without running", stagedRow{Kind: "k", Args: []byte(`{}`), UniqueKey: key, UniqueStates: states(0b10110101)}, ReasonInvalidUnique},
 	} {
 		got := ""
 		if bad := v.check(&c.row); bad != nil {
@@ -73,7 +89,7 @@ func TestValidatorCheck(t *testing.T) {
 // float64, nested ones neither.
 func TestMetadataForKeepsNumbersExactly(t *testing.T) {
 	at := time.Date(2026, 12, 3, 14, 0, 0, 123456000, time.UTC)
-	r := &stagedRow{ID: 42, CreatedAt: at, Metadata: []byte(`{"big": 9007199254740993, "min": -9223372036854775808,
+	r := &stagedRow{ID: 42, CreatedAt: pgtype.Timestamptz{Time: at, Valid: true}, Metadata: []byte(`{"big": 9007199254740993, "min": -9223372036854775808,
  "nested": {"id": 12345678901234567891, "list": [18446744073709551615, 0.1]}, "float": 1.5e300, "s": "x<y", "idemd_staged_id": 7}`)}
 	md, err := metadataFor(r)
 	if err != nil {
@@ -106,7 +122,7 @@ func TestMetadataForKeepsNumbersExactly(t *testing.T) {
 		t.Errorf("keys %v", got)
 	}
 	// Without staged metadata: just the two keys.
-	md, err = metadataFor(&stagedRow{ID: 9223372036854775807, CreatedAt: at})
+	md, err = metadataFor(&stagedRow{ID: 9223372036854775807, CreatedAt: pgtype.Timestamptz{Time: at, Valid: true}})
 	if err != nil || string(md) != `{"idemd_staged_id":9223372036854775807,"idemd_staged_at":"2026-12-03T14:00:00.123456Z"}` {
 		t.Errorf("no staged metadata: %s, %v", md, err)
 	}

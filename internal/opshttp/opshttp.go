@@ -26,7 +26,11 @@ type Readiness struct {
 	// Note, when it returns something, is said under /readyz's "ok": a
 	// condition that does not stop the daemon but an operator should see
 	// (a database schema newer than the binary). Optional.
-	Note       func() string
+	Note func() string
+	// Blocked, when it returns an error, says the service cannot do its
+	// work at all, whatever its passes do (the enqueuer on a River schema
+	// it does not write). Optional; set before the daemon serves.
+	Blocked    func() error
 	lastPass   atomic.Int64 // unix nanos
 	started    atomic.Int64
 	maxPassAge atomic.Int64 // a time.Duration; SetMaxPassAge
@@ -56,6 +60,11 @@ func (r *Readiness) Check(ctx context.Context, now time.Time) error {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		if err := r.Schema(sctx); err != nil {
+			return err
+		}
+	}
+	if r.Blocked != nil {
+		if err := r.Blocked(); err != nil {
 			return err
 		}
 	}
