@@ -36,7 +36,9 @@ import (
 // an API may run River one schema behind.
 var RiverSchemaVersions = []int{7, 8}
 
-// riverSchemaRecheck is how often a supported schema is read again. A River
+// riverSchemaRecheck is how often a supported schema is read again (an
+// unsupported one is read at every batch, the failed passes' backoff
+// apart). A River
 // migration that changes the version between two reads is caught by the
 // move's own comparison; this finds a change that kept the version (a
 // column added by hand).
@@ -229,7 +231,9 @@ func (s *Service) riverVersion(ctx context.Context) (int, error) {
 	g := &s.riverGate
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.checked.IsZero() || time.Since(g.checked) >= riverSchemaRecheck {
+	// Read again when due, and at every batch while the schema is not
+	// supported, so moves resume with the first batch after River's is.
+	if !g.ok || g.checked.IsZero() || time.Since(g.checked) >= riverSchemaRecheck {
 		rs, err := readRiverSchema(ctx, s.pool)
 		if err != nil {
 			return 0, err

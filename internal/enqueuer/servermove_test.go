@@ -152,38 +152,57 @@ func TestRefusedServerMoveLeavesNothingOpen(t *testing.T) {
 // equal column for column but for the id and the staged id; an unset
 // scheduled_at is the insert's time in both.
 func TestServerMoveInsertsWhatRiverInserts(t *testing.T) {
-	ctx := context.Background()
 	pool := dbtest.NewPool(t)
-	s := newService(t, pool)
-	const stage = `
-INSERT INTO staged_jobs (created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata)
-SELECT created_at, job_name, jsonb_set(job_args, '{case}', to_jsonb(n)), queue, priority, max_attempts, scheduled_at, tags, metadata
-FROM (VALUES
-    (1, '2026-12-04 18:52:27+00'::timestamptz, 'send_ride_receipt', '{"ride_id": 9007199254740993}'::jsonb, NULL, NULL::int, NULL::int, NULL::timestamptz, NULL::text[], NULL::jsonb),
-    (2, '2026-12-04 18:52:27.1+00', 'k', '{"s": "é\u00e9 \"q\""}', 'mail', 3, 7, NULL, '{a_b,x-1y}', '{}'),
-    (3, '2026-12-04 18:52:27.000001+00', 'k', '{}', 'a|b-c_d', 4, 1, '2030-01-01 00:00:00+00', '{}', '{"snowflake": 9007199254740993, "nested": {"a": [1, 2.50]}}'),
-    (4, '2026-12-04 18:52:27.123456+00', 'k', '{"n": 1}', NULL, 1, 32767, '2020-01-01 00:00:00+00', NULL, '{"idemd_staged_id": "overwritten"}'),
-    (5, '1999-01-31 23:59:59.99+00', 'k', '{"n": 2}', 'default', NULL, NULL, NULL, '{abc}', NULL),
-    (6, '2026-06-30 12:00:00.5+02', 'k', '{"n": 3}', 'q1', 2, NULL, '2026-12-04 18:00:00+00', NULL, '{"k": null}')
-) v(n, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata)`
-	if _, err := pool.Exec(ctx, stage); err != nil {
+	assertGoAndServerMovesAgree(t, newService(t, pool), pool)
+}
+
+// assertGoAndServerMovesAgree stages the same rows twice and moves them
+// once by the Go path (River's InsertManyTx) and once by moveSQL, on the
+// River schema the database has, and compares the jobs column for column
+// but for the id, the staged id and the unique key (each pass stages its
+// own, or the second pass's would be duplicates of the first's).
+func assertGoAndServerMovesAgree(t *testing.T, s *Service, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	version, err := s.riverVersion(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	goRes, err := s.moveBatch(ctx, fullPass, fullPass, false, riverNewest)
-	if err != nil || goRes.moved != 6 {
+	const stage = `
+INSERT INTO staged_jobs (created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, unique_key, unique_states)
+SELECT created_at, job_name, jsonb_set(job_args, '{case}', to_jsonb(n)), queue, priority, max_attempts, scheduled_at, tags, metadata,
+    CASE WHEN unique_states IS NOT NULL THEN sha256(convert_to($1::text || ':' || n, 'UTF8')) END, unique_states
+FROM (VALUES
+    (1, '2026-12-04 18:52:27+00'::timestamptz, 'send_ride_receipt', '{"ride_id": 9007199254740993}'::jsonb, NULL, NULL::int, NULL::int, NULL::timestamptz, NULL::text[], NULL::jsonb, NULL::bit(8)),
+    (2, '2026-12-04 18:52:27.1+00', 'k', '{"s": "é\u00e9 \"q\""}', 'mail', 3, 7, NULL, '{a_b,x-1y}', '{}', NULL),
+    (3, '2026-12-04 18:52:27.000001+00', 'k', '{}', 'a|b-c_d', 4, 1, '2030-01-01 00:00:00+00', '{}', '{"snowflake": 9007199254740993, "nested": {"a": [1, 2.50]}}', NULL),
+    (4, '2026-12-04 18:52:27.123456+00', 'k', '{"n": 1}', NULL, 1, 32767, '2020-01-01 00:00:00+00', NULL, '{"idemd_staged_id": "overwritten"}', NULL),
+    (5, '1999-01-31 23:59:59.99+00', 'k', '{"n": 2}', 'default', NULL, NULL, NULL, '{abc}', NULL, NULL),
+    (6, '2026-06-30 12:00:00.5+02', 'k', '{"n": 3}', 'q1', 2, NULL, '2026-12-04 18:00:00+00', NULL, '{"k": null}', NULL),
+    (7, '2026-12-04 18:52:27+00', 'k', '{"n": 4}', NULL, NULL, NULL, NULL, NULL, NULL, B'11110101'),
+    (8, '2026-12-04 18:52:27+00', 'k', '{"n": 5}', NULL, NULL, NULL, '0001-01-01 00:00:00+00', NULL, NULL, NULL),
+    (9, '0001-01-01 00:00:00+00', 'k', '{"n": 6}', NULL, NULL, NULL, '9999-12-31 23:59:59.999999+00', NULL, NULL, B'11010001')
+) v(n, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, unique_states)`
+	const cases = 9
+	if _, err := pool.Exec(ctx, stage, "go"); err != nil {
+		t.Fatal(err)
+	}
+	goRes, err := s.moveBatch(ctx, fullPass, fullPass, false, version)
+	if err != nil || goRes.moved != cases {
 		t.Fatalf("Go path: %+v, %v", goRes, err)
 	}
-	if _, err := pool.Exec(ctx, stage); err != nil {
+	if _, err := pool.Exec(ctx, stage, "sql"); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.serverBatch(ctx, fullPass, fullPass, riverNewest)
-	if err != nil || res == nil || res.moved != 6 {
+	res, err := s.serverBatch(ctx, fullPass, fullPass, version)
+	if err != nil || res == nil || res.moved != cases {
 		t.Fatalf("server move: %+v, %v", res, err)
 	}
 	rows, err := pool.Query(ctx, `
 SELECT j.args->>'case', (j.metadata->>'idemd_staged_id')::bigint,
-       (to_jsonb(j) - 'id' - 'created_at' - 'scheduled_at' - 'metadata' || jsonb_build_object(
+       (to_jsonb(j) - 'id' - 'created_at' - 'scheduled_at' - 'metadata' - 'unique_key' || jsonb_build_object(
            'metadata', j.metadata - 'idemd_staged_id',
+           'unique_key', j.unique_key IS NOT NULL,
            'scheduled_at', CASE WHEN j.scheduled_at = j.created_at THEN 'at insert' ELSE j.scheduled_at::text END))::text
 FROM river_job j ORDER BY j.id`)
 	if err != nil {
@@ -198,21 +217,21 @@ FROM river_job j ORDER BY j.id`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(jobs) != 12 {
-		t.Fatalf("%d River jobs, want 12", len(jobs))
+	if len(jobs) != 2*cases {
+		t.Fatalf("%d River jobs, want %d", len(jobs), 2*cases)
 	}
-	for i := range 6 {
-		byGo, bySQL := jobs[i], jobs[i+6]
+	for i := range cases {
+		byGo, bySQL := jobs[i], jobs[i+cases]
 		if byGo.Case != bySQL.Case || byGo.StagedID == bySQL.StagedID {
-			t.Fatalf("jobs %d and %d: cases %s, %s, staged ids %d, %d", i, i+6, byGo.Case, bySQL.Case, byGo.StagedID, bySQL.StagedID)
+			t.Fatalf("jobs %d and %d: cases %s, %s, staged ids %d, %d", i, i+cases, byGo.Case, bySQL.Case, byGo.StagedID, bySQL.StagedID)
 		}
 		if byGo.Rest != bySQL.Rest {
 			t.Errorf("case %s:\nRiver's client: %s\nserver move:    %s", byGo.Case, byGo.Rest, bySQL.Rest)
 		}
 	}
 	// The oracle for the staged ids: every staged row's id, once.
-	if ids := stagedIDsInRiver(t, pool); len(slices.Compact(ids)) != 12 {
-		t.Fatalf("staged ids in River %v, want 12 distinct", ids)
+	if ids := stagedIDsInRiver(t, pool); len(slices.Compact(ids)) != 2*cases {
+		t.Fatalf("staged ids in River %v, want %d distinct", ids, 2*cases)
 	}
 }
 
