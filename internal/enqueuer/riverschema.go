@@ -171,8 +171,8 @@ func readRiverSchema(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }) (riverSchema, error) {
 	var (
-		s                  riverSchema
-		names, types       []string
+		s                   riverSchema
+		names, types        []string
 		notNull, hasDefault []bool
 	)
 	if err := q.QueryRow(ctx, riverSchemaSQL).Scan(&s.schemas, &s.found, &s.hasLine, &names, &types, &notNull, &hasDefault); err != nil {

@@ -134,9 +134,9 @@ type serverMoveResult struct {
 	// a unique job (duplicates, also counted apart).
 	moved, duplicates int
 	last              int64
-	gaps                   int
-	lowestGap              int64
-	notified               []string
+	gaps              int
+	lowestGap         int64
+	notified          []string
 }
 
 // moveInServer runs one move in one round trip. A batch with an invalid

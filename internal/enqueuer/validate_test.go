@@ -20,7 +20,9 @@ func TestValidatorCheck(t *testing.T) {
 		return pgtype.Array[*string]{Elements: ts, Dims: []pgtype.ArrayDimension{{Length: int32(len(ts)), LowerBound: 1}}, Valid: true}
 	}
 	at := func(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: true} }
-	inf := func(m pgtype.InfinityModifier) pgtype.Timestamptz { return pgtype.Timestamptz{InfinityModifier: m, Valid: true} }
+	inf := func(m pgtype.InfinityModifier) pgtype.Timestamptz {
+		return pgtype.Timestamptz{InfinityModifier: m, Valid: true}
+	}
 	states := func(b byte) pgtype.Bits { return pgtype.Bits{Bytes: []byte{b}, Len: 8, Valid: true} }
 	key := bytes.Repeat([]byte{7}, 32)
 	v := newValidator([]string{"send_receipt", "k"}, 64)
