@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -16,6 +17,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // genRow is one generated staged row, as SQL literals (NULL for none).
@@ -267,4 +269,88 @@ func assertRiverReadsEveryJob(ctx context.Context, t *testing.T, pool *pgxpool.P
 			t.Fatalf("job %d as JSON: %v", j.ID, err)
 		}
 	}
+}
+
+// One bad staged row costs only itself: rows staged with infinite and
+// out-of-range scheduled_at among valid ones (and a NULL tag, which once
+// failed the Go path's scan) are dead-lettered, every valid row beside and
+// after them is moved, and a River client keeps working: its scheduler
+// makes a job the API scheduled with River's own InsertTx available and
+// its worker works it with the moved jobs.
+func TestBadTimesDoNotStopRiver(t *testing.T) {
+	ctx := context.Background()
+	pool := dbtest.NewPool(t)
+	if _, err := pool.Exec(ctx, `
+INSERT INTO staged_jobs (job_name, job_args, scheduled_at, tags)
+SELECT 'idemd_test_work', jsonb_build_object('n', g),
+       CASE g % 6 WHEN 1 THEN '-infinity'::timestamptz WHEN 2 THEN 'infinity' WHEN 3 THEN '10000-01-01 00:00:00+00' END,
+       CASE WHEN g % 6 = 4 THEN ARRAY['ok_tag', NULL] END
+FROM generate_series(1, 24) g`); err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{seen: make(chan int, 64)}
+	workers := river.NewWorkers()
+	river.AddWorker(workers, w)
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
+		Workers:           workers,
+		FetchPollInterval: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheduled, err := rc.InsertTx(ctx, tx, workArgs{N: 1000}, &river.InsertOpts{ScheduledAt: time.Now().Add(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Batches of 2, so bad rows share batches with good ones.
+	s := newService(t, pool, func(c *Settings) { c.BatchSize = 2 })
+	res, err := s.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Moved != 8 || res.DeadLettered != 16 {
+		t.Fatalf("drain: %+v, want 8 moved and 16 dead-lettered", res)
+	}
+	for _, c := range []struct{ reason, like string }{
+		{ReasonInvalidSchedule, "%-infinity%"}, {ReasonInvalidSchedule, "%got infinity%"}, {ReasonInvalidSchedule, "%10000-01-01%"},
+		{ReasonInvalidTags, "%NULL%"},
+	} {
+		if n := count(t, pool, `SELECT count(*) FROM staged_jobs_dead WHERE reason LIKE $1 || ': %' AND reason LIKE $2`, c.reason, c.like); n != 4 {
+			t.Errorf("%d rows dead-lettered as %s (%s), want 4", n, c.reason, c.like)
+		}
+	}
+
+	if err := rc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Stop(ctx) //nolint:errcheck
+	got := map[int]bool{}
+	deadline := time.After(2 * time.Minute)
+	for len(got) < 9 {
+		select {
+		case v := <-w.seen:
+			got[v] = true
+		case <-deadline:
+			t.Fatalf("River worked %v; want the 8 moved jobs and the scheduled one (1000)", got)
+		}
+	}
+	if !got[1000] {
+		t.Fatalf("River worked %v without the job scheduled by InsertTx", got)
+	}
+	testwait.Until(t, 2*time.Minute, "River's jobs completed", func() bool {
+		return count(t, pool, `SELECT count(*) FROM river_job WHERE state = 'completed'`) == 9
+	})
+	if j, err := rc.JobGet(ctx, scheduled.Job.ID); err != nil || j.State != rivertype.JobStateCompleted {
+		t.Fatalf("the scheduled job: %+v, %v", j, err)
+	}
+	assertRiverReadsEveryJob(ctx, t, pool)
 }
