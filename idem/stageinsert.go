@@ -1,0 +1,161 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+)
+
+// Stager stages River jobs exactly as a River client's InsertTx would
+// insert them: River itself encodes the args and applies the kind's
+// InsertOpts(), the client's MaxAttempts, the call's InsertOpts, the
+// client's and the kind's insert middleware and insert hooks, and computes
+// a unique job's key and states from its UniqueOpts, all at the moment the
+// API stages the job, inside the API's transaction. Only River's final
+// write is replaced: instead of a river_job row, the job goes into
+// staged_jobs with what River would have written, and idemd's enqueuer
+// writes that row into river_job once the transaction has committed, with
+// River's own unique-job conflict handling. A job River would keep one of
+// is kept once.
+//
+// A Stager is safe for concurrent use. Make one per River configuration
+// (NewStager); StageInsertTx uses one with River's defaults.
+type Stager struct {
+	client *river.Client[pgx.Tx]
+}
+
+// NewStager returns a Stager that stages as a River client configured
+// with cfg inserts. Only what shapes an insert is taken from cfg: Hooks,
+// JobInsertMiddleware, Logger, MaxAttempts, Middleware, SkipUnknownJobCheck,
+// Test and Workers (with Workers set, a kind without a worker is refused,
+// as InsertTx refuses it). cfg may be nil.
+func NewStager(cfg *river.Config) (*Stager, error) {
+	c := &river.Config{}
+	if cfg != nil {
+		c = &river.Config{
+			Hooks:               cfg.Hooks,
+			JobInsertMiddleware: cfg.JobInsertMiddleware, //nolint:staticcheck // still applied by River's insert
+			Logger:              cfg.Logger,
+			MaxAttempts:         cfg.MaxAttempts,
+			Middleware:          cfg.Middleware,
+			SkipUnknownJobCheck: cfg.SkipUnknownJobCheck,
+			Test:                cfg.Test,
+			Workers:             cfg.Workers,
+		}
+	}
+	client, err := river.NewClient[pgx.Tx](stagingDriver{riverpgxv5.New(nil)}, c)
+	if err != nil {
+		return nil, fmt.Errorf("idem: stager: %w", err)
+	}
+	return &Stager{client: client}, nil
+}
+
+var (
+	defaultStagerOnce sync.Once
+	defaultStager     *Stager
+	defaultStagerErr  error
+)
+
+// StageInsertTx stages args as River's InsertTx with a default client
+// (River's defaults, no middleware, no hooks) would insert it, and
+// returns the staged id; see Stager.InsertTx.
+func StageInsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (int64, error) {
+	defaultStagerOnce.Do(func() { defaultStager, defaultStagerErr = NewStager(nil) })
+	if defaultStagerErr != nil {
+		return 0, defaultStagerErr
+	}
+	return defaultStager.InsertTx(ctx, tx, args, opts)
+}
+
+// InsertTx stages args inside tx, the transaction of an atomic phase, as
+// River's InsertTx would insert it, and returns the staged id. The job
+// exists exactly when tx commits. River's errors (an invalid queue, tag or
+// priority, invalid UniqueOpts, an unknown kind) are returned as InsertTx
+// returns them, and nothing is staged. Pending jobs (InsertOpts.Pending)
+// are refused: a staged job becomes available or scheduled.
+//
+// When ctx carries an OpenTelemetry span, the job's metadata gets its W3C
+// trace context, as StageJob adds it.
+func (s *Stager) InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (int64, error) {
+	slot := &stagedParams{}
+	_, err := s.client.InsertTx(context.WithValue(ctx, stagedParamsKey{}, slot), tx, args, opts)
+	if !errors.Is(err, errStaged) {
+		if err == nil {
+			err = errors.New("River inserted the job without staging it")
+		}
+		return 0, fmt.Errorf("idem: stage job %s: %w", args.Kind(), err)
+	}
+	p := slot.params
+	if p.State == rivertype.JobStatePending {
+		return 0, fmt.Errorf("idem: stage job %s: pending jobs (InsertOpts.Pending) cannot be staged", p.Kind)
+	}
+	md, err := withTraceContext(ctx, p.Metadata)
+	if err != nil {
+		return 0, fmt.Errorf("idem: stage job %s: trace context: %w", p.Kind, err)
+	}
+	var (
+		scheduledAt  any // NULL: at the move, as River's now()
+		uniqueStates pgtype.Bits
+	)
+	if p.ScheduledAt != nil && p.State == rivertype.JobStateScheduled {
+		scheduledAt = *p.ScheduledAt
+	}
+	if p.UniqueKey != nil {
+		uniqueStates = pgtype.Bits{Bytes: []byte{p.UniqueStates}, Len: 8, Valid: true}
+	}
+	var id int64
+	err = tx.QueryRow(ctx, `INSERT INTO staged_jobs
+			(job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, unique_key, unique_states)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		RETURNING id`,
+		p.Kind, string(p.EncodedArgs), p.Queue, p.Priority, p.MaxAttempts, scheduledAt, p.Tags, string(md),
+		p.UniqueKey, uniqueStates).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("idem: stage job %s: %w", p.Kind, err)
+	}
+	return id, nil
+}
+
+// errStaged ends River's insert where it would write river_job: the
+// parameters are in the context's slot.
+var errStaged = errors.New("idem: staged")
+
+type stagedParamsKey struct{}
+
+// stagedParams receives the parameters River's insert would write.
+type stagedParams struct {
+	params *riverdriver.JobInsertFastParams
+}
+
+// stagingDriver is River's pgx driver with River's final write taken
+// over: the job's parameters, as River computed them, go to the slot in
+// the context, and the insert ends with errStaged. River reads nothing
+// from the database on the way to that write.
+type stagingDriver struct {
+	*riverpgxv5.Driver
+}
+
+func (d stagingDriver) UnwrapExecutor(tx pgx.Tx) riverdriver.ExecutorTx {
+	return stagingExecutor{d.Driver.UnwrapExecutor(tx)}
+}
+
+type stagingExecutor struct {
+	riverdriver.ExecutorTx
+}
+
+func (stagingExecutor) JobInsertFastMany(ctx context.Context, params *riverdriver.JobInsertFastManyParams) ([]*riverdriver.JobInsertFastResult, error) {
+	slot, ok := ctx.Value(stagedParamsKey{}).(*stagedParams)
+	if !ok || len(params.Jobs) != 1 {
+		return nil, errors.New("idem: staging insert without its slot")
+	}
+	slot.params = params.Jobs[0]
+	return nil, errStaged
+}
