@@ -68,10 +68,10 @@ func (*tenantMiddleware) InsertMany(ctx context.Context, many []*rivertype.JobIn
 // same job left out (id, times, idemd's trace metadata).
 type job struct {
 	Kind, Queue, State, Args, Metadata string
-	Priority, MaxAttempts    int
-	Tags                     []string
-	UniqueKey                []byte
-	UniqueStates             string // "" when NULL
+	Priority, MaxAttempts              int
+	Tags                               []string
+	UniqueKey                          []byte
+	UniqueStates                       string // "" when NULL
 }
 
 func riverJobs(t *testing.T, pool *pgxpool.Pool) []job {
