@@ -21,9 +21,26 @@
 -- every run wherever it is missing (internal/migrate), for an index a
 -- River upgrade rebuilds.
 --
+--
+-- Only an index the migrating role owns (or may act as the owner of) is
+-- changed: where River was installed by the API's own role, River's
+-- tables are its owner's, and this migration leaves them as they are
+-- (docs/operations.md says what the owner may run instead).
 -- +goose Up
-ALTER INDEX IF EXISTS river_job_args_index SET (fastupdate = off);
-ALTER INDEX IF EXISTS river_job_metadata_index SET (fastupdate = off);
+-- +goose StatementBegin
+DO $fastupdate$
+DECLARE
+    ix regclass;
+BEGIN
+    FOREACH ix IN ARRAY ARRAY[to_regclass('river_job_args_index'), to_regclass('river_job_metadata_index')] LOOP
+        IF ix IS NOT NULL AND pg_catalog.pg_has_role(current_user,
+               (SELECT relowner FROM pg_catalog.pg_class WHERE oid = ix), 'USAGE') THEN
+            EXECUTE format('ALTER INDEX %s SET (fastupdate = off)', ix);
+        END IF;
+    END LOOP;
+END
+$fastupdate$;
+-- +goose StatementEnd
 
 -- +goose Down
 ALTER INDEX IF EXISTS river_job_args_index RESET (fastupdate);

@@ -27,17 +27,27 @@ BEGIN
     -- What the migrator owns from before the default privileges existed
     -- (a database migrated before roles.sql ran and handed over with ALTER
     -- TABLE ... OWNER TO idemd_migrator).
+    -- And idemd's and River's own tables, by name, wherever a role the
+    -- running one may act as owns them: a migrate run as another role
+    -- (the API's owner, which also owns River's tables it migrated) gets
+    -- no default privileges for idemd_runtime, and without this the
+    -- daemons would be refused idemd's tables. No other table of that
+    -- role (the API's own) is granted.
     FOR t IN SELECT format('%I.%I', n.nspname, c.relname)
                FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
-                AND c.relowner = 'idemd_migrator'::regrole
+                AND (c.relowner = 'idemd_migrator'::regrole
+                     OR c.relname IN ('idempotency_keys', 'idempotency_key_reviews', 'staged_jobs', 'staged_jobs_dead')
+                     OR c.relname LIKE 'idemd\_%' OR c.relname LIKE 'river\_%')
                 AND pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') LOOP
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %s TO idemd_runtime', t);
     END LOOP;
     FOR t IN SELECT format('%I.%I', n.nspname, c.relname)
                FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = 'public' AND c.relkind = 'S'
-                AND c.relowner = 'idemd_migrator'::regrole
+                AND (c.relowner = 'idemd_migrator'::regrole
+                     OR c.relname IN ('idempotency_keys_id_seq', 'idempotency_key_reviews_id_seq', 'staged_jobs_id_seq')
+                     OR c.relname LIKE 'idemd\_%' OR c.relname LIKE 'river\_%')
                 AND pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') LOOP
         EXECUTE format('GRANT USAGE, SELECT ON SEQUENCE %s TO idemd_runtime', t);
     END LOOP;

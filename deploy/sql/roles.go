@@ -17,6 +17,12 @@ var Roles string
 //go:embed grants.sql
 var Grants string
 
+// RiverGrants is river-grants.sql: what River's owner grants idemd's roles
+// where River's tables belong to the API's role, not to idemd_migrator.
+//
+//go:embed river-grants.sql
+var RiverGrants string
+
 // Role names created by Roles.
 const (
 	MigratorRole = "idemd_migrator"

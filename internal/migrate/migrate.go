@@ -39,6 +39,10 @@ const VersionTable = "idemd_schema_migrations"
 // Result says what a run applied.
 type Result struct {
 	RiverVersions []int   // River migration versions applied in this run
+	// RiverOwner names the role River's tables belong to when it is not
+	// the migrating role's, which then applies none of River's migrations
+	// (riverowner.go); "" when migrate runs River's.
+	RiverOwner string
 	IdemdVersions []int64 // idemd migration versions applied in this run
 	// LockRetries counts the runs that stopped on a table lock not granted
 	// within DDLLockTimeout and were retried.
@@ -148,16 +152,32 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 // record a version only once it is applied, so after a failure a new run
 // resumes where this one stopped.
 func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *Result) error {
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
+	river, err := readRiverTables(ctx, pool)
 	if err != nil {
-		return fmt.Errorf("migrate: river migrator: %w", err)
+		return err
 	}
-	riverRes, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	action, err := decideRiver(river)
 	if err != nil {
-		return fmt.Errorf("migrate: river: %w", err)
+		return err
 	}
-	for _, v := range riverRes.Versions {
-		res.RiverVersions = append(res.RiverVersions, v.Version)
+	switch action {
+	case riverLeave:
+		if res.RiverOwner == "" {
+			leaveRiver(logger, river)
+		}
+		res.RiverOwner = river.owner
+	case riverMigrate:
+		migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
+		if err != nil {
+			return fmt.Errorf("migrate: river migrator: %w", err)
+		}
+		riverRes, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+		if err != nil {
+			return fmt.Errorf("migrate: river: %w", err)
+		}
+		for _, v := range riverRes.Versions {
+			res.RiverVersions = append(res.RiverVersions, v.Version)
+		}
 	}
 
 	// An index a CREATE INDEX CONCURRENTLY left INVALID (its build was
@@ -617,13 +637,16 @@ const riverGINPendingSQL = `
 SELECT c.oid::regclass::text
 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
 WHERE i.indrelid = to_regclass('river_job') AND a.amname = 'gin'
-  AND NOT coalesce(c.reloptions @> ARRAY['fastupdate=off'], false)`
+  AND NOT coalesce(c.reloptions @> ARRAY['fastupdate=off'], false)
+  AND pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE')`
 
 // keepRiverGINWithoutPendingList sets fastupdate = off on River's GIN
 // indexes of river_job where it is not (migration 00020 says why), on
 // every run: a River migration that rebuilds one of them brings its pending
 // list back, and the next migrate removes it again. An index already off
-// is not touched, so a run with nothing to do takes no lock on it.
+// is not touched, so a run with nothing to do takes no lock on it; nor is
+// one the role does not own (River installed by the API's role, whose
+// owner may set it: docs/operations.md).
 func keepRiverGINWithoutPendingList(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
 	rows, err := pool.Query(ctx, riverGINPendingSQL)
 	if err != nil {
