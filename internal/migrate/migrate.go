@@ -38,11 +38,11 @@ const VersionTable = "idemd_schema_migrations"
 
 // Result says what a run applied.
 type Result struct {
-	RiverVersions []int   // River migration versions applied in this run
+	RiverVersions []int // River migration versions applied in this run
 	// RiverOwner names the role River's tables belong to when it is not
 	// the migrating role's, which then applies none of River's migrations
 	// (riverowner.go); "" when migrate runs River's.
-	RiverOwner string
+	RiverOwner    string
 	IdemdVersions []int64 // idemd migration versions applied in this run
 	// LockRetries counts the runs that stopped on a table lock not granted
 	// within DDLLockTimeout and were retried.
