@@ -147,8 +147,10 @@ WITH moved AS (
     DELETE FROM staged_jobs_dead WHERE id = $1
     RETURNING *
 ), staged AS (
-    INSERT INTO staged_jobs (id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata)
-    SELECT id, now(), job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata FROM moved
+    INSERT INTO staged_jobs (id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata,
+        unique_key, unique_states)
+    SELECT id, now(), job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata,
+        unique_key, unique_states FROM moved
     RETURNING id
 ), recorded AS (
     INSERT INTO idemd_operator_actions (actor, action, via, staged_job_id, note, detail)

@@ -33,11 +33,13 @@ func (c *Command) LongRunning() bool { return !c.Once }
 func (c *Command) OldestSchema() int64 { return OldestSchema }
 
 // OldestSchema is the lowest idemd migration the enqueuer runs on:
-// 00003_staged_jobs.sql creates staged_jobs and staged_jobs_dead, the only
-// idemd tables it reads or writes. 00015's NOTIFY payload (the lowest id a
-// statement inserted) is an optimisation it does without: a payload that is
-// not a number makes a drain start at the beginning.
-const OldestSchema = 3
+// 00021_staged_jobs_unique.sql, whose unique_key and unique_states columns
+// the move reads and whose idemd_move_check the move calls to prove it
+// wrote a River job for every row it took. Below it /readyz fails and
+// names `idemctl migrate`; migrations are additive, so the previous
+// release's enqueuer runs on it unchanged (and ignores the unique columns:
+// docs/enqueuer.md, "Unique jobs").
+const OldestSchema = 21
 
 // FlagDefaults implements config.Defaulter: the flags' defaults are the
 // service's.

@@ -32,8 +32,9 @@ import (
 //     id 200 sends its own "100", and the drain it wakes starts at or
 //     below 100 however far past 200 earlier drains went.
 //   - Start, a listener (re)connect, a retry after a failed drain, and a
-//     notification with no number in it (the trigger of a schema below 00015,
-//     which the enqueuer runs on: its OldestSchema is 3): a
+//     notification with no number in it (something else notifying on the
+//     channel; the trigger of a schema below 00015 sent none, though the
+//     enqueuer no longer runs there): a
 //     full pass, from the start of the index. A
 //     reconnect's full pass finds the rows whose notifications were lost
 //     while the listener was down (it begins after LISTEN is back, so

@@ -249,7 +249,8 @@ func TestUpGivesUpAfterLockWait(t *testing.T) {
 // Behind a transaction-mode pooler migrate sets no session lock_timeout:
 // the one the operator gives the migrator's role (here the database's, the
 // test's own) applies, and a statement it times out is retried all the
-// same until --lock-wait.
+// same until --lock-wait (long enough here for a first attempt on a loaded
+// machine to leave time for a retry).
 func TestUpTransactionPoolerUsesTheRolesLockTimeout(t *testing.T) {
 	lc := lockCases[0]
 	pool := emptyDatabase(t)
@@ -267,7 +268,7 @@ func TestUpTransactionPoolerUsesTheRolesLockTimeout(t *testing.T) {
 	holder := holdWriteLock(t, pool, lc)
 
 	log := &retryLog{}
-	_, err = migrate.Up(ctx, pool, migrate.Options{TransactionPooler: true, DDLLockTimeout: time.Hour, LockWait: 500 * time.Millisecond, Logger: slog.New(log)})
+	_, err = migrate.Up(ctx, pool, migrate.Options{TransactionPooler: true, DDLLockTimeout: time.Hour, LockWait: 5 * time.Second, Logger: slog.New(log)})
 	var pg *pgconn.PgError
 	if err == nil || !errors.As(err, &pg) || pg.Code != pgerrcode.LockNotAvailable || len(log.list()) == 0 {
 		t.Fatalf("want lock_not_available after retries (%d logged), got %v", len(log.list()), err)
