@@ -19,6 +19,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
@@ -620,4 +621,4 @@ VALUES ('k', '{}', '{"snowflake": 9007199254740993, "trace": {"span_id": 1844674
 
 // riverNewest is the River schema version the tests' databases are at:
 // River's newest, as `idemctl migrate` leaves them.
-var riverNewest = RiverSchemaVersions[len(RiverSchemaVersions)-1]
+var riverNewest = migrate.RiverSchemaVersions[len(migrate.RiverSchemaVersions)-1]

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/migrate"
 )
 
 // The River schema gate. The move writes river_job in SQL (servermove.go)
@@ -28,13 +30,9 @@ import (
 // IdemdEnqueuerRiverSchemaUnsupported fires, and the reason is logged once
 // per change.
 
-// RiverSchemaVersions are the versions of River's main migration line the
-// move was tested against (TestRiverSchemaVersions: migrated to each with
-// River's own rivermigrate, a job written by the move and one by River's
-// client compare column for column). The newest is the River module this
-// binary is built with; the one before it is River's previous schema, so
-// an API may run River one schema behind.
-var RiverSchemaVersions = []int{7, 8}
+// The versions of River's schema the move writes are
+// migrate.RiverSchemaVersions: migrate applies River's migrations and
+// holds every daemon's schema floor, River's included.
 
 // riverSchemaRecheck is how often a supported schema is read again (an
 // unsupported one is read at every batch, the failed passes' backoff
@@ -238,7 +236,7 @@ func (s *Service) riverVersion(ctx context.Context) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		g.ok, g.why = judgeRiverSchema(rs, RiverSchemaVersions)
+		g.ok, g.why = judgeRiverSchema(rs, migrate.RiverSchemaVersions)
 		g.version, g.checked = rs.version, time.Now()
 		s.metrics.riverSchemaVersion.Set(float64(rs.version))
 		if g.ok {

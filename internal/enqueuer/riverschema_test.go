@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/idemd/idemd/internal/opshttp"
+	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
@@ -62,7 +63,7 @@ func TestJudgeRiverSchema(t *testing.T) {
 
 // The newest River schema the River module ships is one the move writes:
 // a River upgrade that adds a migration fails here until the move is
-// tested against it and RiverSchemaVersions names it.
+// tested against it and migrate.RiverSchemaVersions names it.
 func TestRiverSchemaVersions(t *testing.T) {
 	m, err := rivermigrate.New(riverpgxv5.New(nil), nil)
 	if err != nil {
@@ -71,10 +72,10 @@ func TestRiverSchemaVersions(t *testing.T) {
 	all := m.AllVersions()
 	newest := all[len(all)-1].Version
 	if riverNewest != newest {
-		t.Fatalf("River's newest schema version is %d; RiverSchemaVersions %v ends at %d", newest, RiverSchemaVersions, riverNewest)
+		t.Fatalf("River's newest schema version is %d; migrate.RiverSchemaVersions %v ends at %d", newest, migrate.RiverSchemaVersions, riverNewest)
 	}
-	if len(RiverSchemaVersions) < 2 || RiverSchemaVersions[len(RiverSchemaVersions)-2] != newest-1 {
-		t.Fatalf("RiverSchemaVersions %v must hold River's previous schema version %d", RiverSchemaVersions, newest-1)
+	if len(migrate.RiverSchemaVersions) < 2 || migrate.RiverSchemaVersions[len(migrate.RiverSchemaVersions)-2] != newest-1 {
+		t.Fatalf("migrate.RiverSchemaVersions %v must hold River's previous schema version %d", migrate.RiverSchemaVersions, newest-1)
 	}
 }
 
@@ -188,7 +189,7 @@ func TestRiverPreviousSchemaAndUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	previous := RiverSchemaVersions[len(RiverSchemaVersions)-2]
+	previous := migrate.RiverSchemaVersions[len(migrate.RiverSchemaVersions)-2]
 	if _, err := rm.Migrate(ctx, rivermigrate.DirectionDown, &rivermigrate.MigrateOpts{TargetVersion: previous}); err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +216,7 @@ func TestRiverPreviousSchemaAndUpgrade(t *testing.T) {
 	assertRiverReadsEveryJob(ctx, t, pool)
 
 	// Older than any known version: refused, nothing moved.
-	if _, err := rm.Migrate(ctx, rivermigrate.DirectionDown, &rivermigrate.MigrateOpts{TargetVersion: RiverSchemaVersions[0] - 1}); err != nil {
+	if _, err := rm.Migrate(ctx, rivermigrate.DirectionDown, &rivermigrate.MigrateOpts{TargetVersion: migrate.RiverSchemaVersions[0] - 1}); err != nil {
 		t.Fatal(err)
 	}
 	stageN(t, pool, 2)

@@ -489,7 +489,7 @@ type Schema struct {
 	Newest   int64    // the highest version the binary ships
 	Missing  []string // migration files up to Oldest that are not applied
 	Unknown  []int64  // applied versions the binary does not ship: a newer release's
-	River    []int    // River migrations the linked River needs and lacks
+	River    []int    // River migrations up to the oldest of RiverSchemaVersions that are missing
 }
 
 // Err is a *PendingError when the database lacks a migration the binary
@@ -561,6 +561,20 @@ func Inspect(ctx context.Context, pool *pgxpool.Pool, oldest int64) (*Schema, er
 	}
 	slices.Sort(s.Unknown)
 
+	// River's floor is the oldest River schema the enqueuer writes
+	// (RiverSchemaVersions): an API may run River one schema behind idemd's,
+	// and a River newer than idemd knows is the enqueuer's gate's to judge
+	// (the completer and the reaper never touch River). Where the role may
+	// not read River's version (River installed by the API's role, before
+	// deploy/sql/river-grants.sql ran), that is left to the gate too.
+	var readable bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('river_migration') IS NULL
+    OR has_table_privilege(to_regclass('river_migration'), 'SELECT')`).Scan(&readable); err != nil {
+		return nil, fmt.Errorf("migrate: check River's schema: %w", err)
+	}
+	if !readable {
+		return s, nil
+	}
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: river migrator: %w", err)
@@ -573,10 +587,8 @@ func Inspect(ctx context.Context, pool *pgxpool.Pool, oldest int64) (*Schema, er
 	for _, m := range existing {
 		have[m.Version] = true
 	}
-	// River's client needs every migration of the River it links: River
-	// does not state an older floor.
 	for _, m := range migrator.AllVersions() {
-		if !have[m.Version] {
+		if m.Version <= RiverSchemaVersions[0] && !have[m.Version] {
 			s.River = append(s.River, m.Version)
 		}
 	}

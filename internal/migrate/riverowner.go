@@ -19,6 +19,16 @@ import (
 // writes, and River's owner grants idemd's runtime role what it needs on
 // River's tables (deploy/sql/river-grants.sql).
 
+// RiverSchemaVersions are the versions of River's main migration line
+// idemd was tested with: the newest of the River module it is built with,
+// and the one before it, so an API may run River one schema behind. The
+// enqueuer writes river_job only at these versions (its River schema
+// gate; TestRiverPreviousSchemaAndUpgrade moves jobs at each and compares
+// them with River's client's, column for column), and every daemon's
+// /readyz needs at least the oldest (Inspect). TestRiverSchemaVersions
+// fails when a River upgrade brings a migration not listed here.
+var RiverSchemaVersions = []int{7, 8}
+
 // riverTables is what migrate found of River before running.
 type riverTables struct {
 	// onPath: river_migration resolves on the search path.

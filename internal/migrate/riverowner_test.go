@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -196,5 +197,44 @@ func TestRiverInAnotherSchemaIsRefused(t *testing.T) {
 	var publicRiver bool
 	if err := pool(t, r.admin).QueryRow(ctx, `SELECT to_regclass('public.river_job') IS NOT NULL`).Scan(&publicRiver); err != nil || publicRiver {
 		t.Fatalf("a second River in public: %v, %v", publicRiver, err)
+	}
+}
+
+// Every daemon's /readyz (Inspect) needs River at the oldest schema the
+// enqueuer writes, not River's newest: an API may run River one schema
+// behind. Below it, the daemons are not ready and name the migration.
+// Where the runtime role may not read River's version at all (River the
+// API's, river-grants.sql not run yet), the completer and reaper stay
+// ready: only the enqueuer touches River, and its gate reports it.
+func TestInspectNeedsRiversOldestKnownSchema(t *testing.T) {
+	ctx := context.Background()
+	runtime := dbtest.NewPool(t)
+	rm, err := rivermigrate.New(riverpgxv5.New(dbtest.MigratorPool(t, runtime)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldest := migrate.RiverSchemaVersions[0]
+	if _, err := rm.Migrate(ctx, rivermigrate.DirectionDown, &rivermigrate.MigrateOpts{TargetVersion: oldest}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := migrate.Inspect(ctx, runtime, migrate.Newest())
+	if err != nil || s.Err() != nil {
+		t.Fatalf("River at schema %d: %v, %v; want ready", oldest, err, s.Err())
+	}
+	if _, err := rm.Migrate(ctx, rivermigrate.DirectionDown, &rivermigrate.MigrateOpts{TargetVersion: oldest - 1}); err != nil {
+		t.Fatal(err)
+	}
+	s, err = migrate.Inspect(ctx, runtime, migrate.Newest())
+	if err != nil || s.Err() == nil || !strings.Contains(s.Err().Error(), fmt.Sprintf("River migration %d", oldest)) {
+		t.Fatalf("River at schema %d: %v, %v; want not ready naming River migration %d", oldest-1, err, s.Err(), oldest)
+	}
+
+	r := newRiverFirst(t, "")
+	if _, err := migrate.Up(ctx, pool(t, dbtest.MigratorURL(r.dbURL)), migrate.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err = migrate.Inspect(ctx, pool(t, dbtest.RuntimeURL(r.dbURL)), migrate.Newest())
+	if err != nil || s.Err() != nil {
+		t.Fatalf("River the API's, river_migration not readable by idemd_runtime: %v, %v; want ready", err, s.Err())
 	}
 }
