@@ -11,8 +11,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	"github.com/idemd/idemd/internal/opshttp"
 	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/opshttp"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
