@@ -21,6 +21,8 @@ import (
 
 	"github.com/idemd/idemd/examples/rocketrides/api"
 	"github.com/idemd/idemd/examples/rocketrides/simulator"
+	"github.com/idemd/idemd/internal/completer"
+	"github.com/idemd/idemd/internal/enqueuer"
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/e2e/alertcheck"
@@ -65,8 +67,10 @@ type sideBySide struct {
 //  1. The previous release alone: its roles.sql and idemctl migrate, its
 //     enqueuers, completers and scheduled reaper; SIGKILLs of an enqueuer
 //     and a completer, connections cut.
-//  2. The upgrade: a current enqueuer starts before the migration (ready on
-//     the older schema), the current idemctl migrate runs under traffic,
+//  2. The upgrade: a current enqueuer starts before the migration (not
+//     ready below its floor, 00021, and naming `idemctl migrate`, while the
+//     previous enqueuers move every job), the current idemctl migrate runs
+//     under traffic and it becomes ready,
 //     then a current completer and scheduled reaper start beside the
 //     previous replicas. Rounds of a pile of old keys, each met by reaper
 //     runs of both releases at once; SIGKILLs of the current enqueuer and
@@ -307,7 +311,7 @@ func (s *sideBySide) previousAlone(ctx context.Context) {
 
 // upgrade is phase 2, CHANGELOG.md's upgrade order with a rolling deploy's
 // overlap: the current enqueuer starts early (before the migration, which
-// CHANGELOG.md says it survives), then the current migrate runs under
+// CHANGELOG.md says it waits for, not ready), then the current migrate runs under
 // traffic (it applies the grants itself: roles.sql is not rerun), then
 // the current completer and reaper start beside the previous replicas.
 func (s *sideBySide) upgrade(ctx context.Context) {
@@ -319,16 +323,31 @@ func (s *sideBySide) upgrade(ctx context.Context) {
 	} else {
 		s.logf("current idemctl status on schema %d:\n%s", s.prevSchema, out)
 	}
+	// The current enqueuer needs migration 00021 (River's unique columns
+	// and the move's own check; CHANGELOG.md): started before the
+	// migration, it is not ready, names `idemctl migrate` and moves
+	// nothing, while the previous replicas go on moving every job; it
+	// becomes ready once the migration has run, without a restart.
 	enq := s.cur.Enqueuers[0]
 	if err := enq.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s.waitReady(ctx, enq)
-	s.waitSchemaSeen(ctx, enq, s.prevSchema)
+	var notReady string
+	s.poll(ctx, enq.Name+" not ready on the previous schema", func(ctx context.Context) (bool, error) {
+		if !enq.Running() {
+			return false, fmt.Errorf("%s exited", enq.Name)
+		}
+		ok, why := enq.Ready(ctx)
+		if ok {
+			return false, fmt.Errorf("%s ready on schema %d, below its floor %d", enq.Name, s.prevSchema, enqueuer.OldestSchema)
+		}
+		notReady = why
+		return strings.Contains(why, "idemctl migrate"), nil
+	})
 	if !s.exportsBuildInfo(ctx, enq) {
 		t.Fatalf("%s does not export idemd_build_info: not the current binary", enq.Name)
 	}
-	s.logf("%s ready on schema %d, before the migration", enq.Name, s.prevSchema)
+	s.logf("%s not ready on schema %d, before the migration: %s", enq.Name, s.prevSchema, notReady)
 
 	if err := system.Migrate(ctx, s.bins, dbtest.MigratorURL(s.dbURL)); err != nil {
 		t.Fatalf("the current idemctl migrate under traffic: %v", err)
@@ -337,6 +356,7 @@ func (s *sideBySide) upgrade(ctx context.Context) {
 		t.Fatalf("the current idemctl migrate left schema %d, want %d", v, migrate.Newest())
 	}
 	s.logf("current idemctl migrate: schema %d", migrate.Newest())
+	s.waitReady(ctx, enq)
 	s.waitSchemaSeen(ctx, enq, migrate.Newest())
 	s.waitReady(ctx, s.daemons.All()...) // the previous replicas on the newer schema
 
@@ -354,11 +374,15 @@ func (s *sideBySide) upgrade(ctx context.Context) {
 	for _, p := range s.cur.All() {
 		floor := s.gauge(ctx, p, "idemd_schema_version", "binary_oldest")
 		want := floor >= 1 && floor <= float64(s.prevSchema)
-		if slices.Contains(s.cur.Completers, p) {
-			want = floor == 19
+		switch {
+		case slices.Contains(s.cur.Completers, p):
+			want = floor == completer.OldestSchema
+		case slices.Contains(s.cur.Enqueuers, p):
+			want = floor == enqueuer.OldestSchema
 		}
 		if !want {
-			t.Errorf("%s: schema floor %v, want 1..%d (the completer: 19, as the CHANGELOG says)", p.Name, floor, s.prevSchema)
+			t.Errorf("%s: schema floor %v, want 1..%d (the completer: %d, the enqueuer: %d, as the CHANGELOG says)",
+				p.Name, floor, s.prevSchema, completer.OldestSchema, enqueuer.OldestSchema)
 		}
 	}
 	s.logf("current enqueuer, completer and reaper beside the previous ones")
