@@ -146,10 +146,13 @@ var ErrHelp = errors.New("help printed")
 func Parse(name, description string, cli any, args []string, stdout io.Writer, extra ...kong.Option) (*kong.Context, error) {
 	st := &parseState{}
 	helpPrinted := false
-	opts := []kong.Option{
+	opts, err := modelOptions(cli)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts,
 		kong.Name(name),
 		kong.Description(description),
-		kong.DefaultEnvars(EnvPrefix),
 		kong.Writers(stdout, stdout),
 		kong.Exit(func(int) { helpPrinted = true }),
 		kong.UsageOnError(),
@@ -157,16 +160,9 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 		// The command line has been read; what decodes from here on comes
 		// from the environment (or a default).
 		kong.WithBeforeReset(func() error { st.fromEnv = true; return nil }),
-	}
+	)
 	for typ, decode := range decoders {
 		opts = append(opts, kong.TypeMapper(typ, collecting{decode: decode, st: st}))
-	}
-	if d, ok := cli.(Defaulter); ok {
-		vars, err := Vars(d.FlagDefaults())
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, vars)
 	}
 	opts = append(opts, extra...)
 	parser, err := kong.New(cli, opts...)
@@ -204,6 +200,35 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 	return kctx, nil
 }
 
+// modelOptions are the options that shape cli's model (which flags exist,
+// which environment variables each reads, their defaults): Parse's and
+// Model's, so a test of the model tests what Parse parses.
+func modelOptions(cli any) ([]kong.Option, error) {
+	opts := []kong.Option{kong.DefaultEnvars(EnvPrefix)}
+	if d, ok := cli.(Defaulter); ok {
+		vars, err := Vars(d.FlagDefaults())
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, vars)
+	}
+	return opts, nil
+}
+
+// Model is cli's command model as Parse builds it, for tests that check a
+// rule over every command (say, which flags read the environment).
+func Model(name string, cli any, extra ...kong.Option) (*kong.Application, error) {
+	opts, err := modelOptions(cli)
+	if err != nil {
+		return nil, err
+	}
+	k, err := kong.New(cli, append(append(opts, kong.Name(name)), extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("config: build model: %w", err)
+	}
+	return k.Model, nil
+}
+
 // parseState is what the decoders of one Parse share.
 type parseState struct {
 	fromEnv  bool                 // past the command line: env and defaults
@@ -237,16 +262,24 @@ func (st *parseState) report(kctx *kong.Context) ([]string, []string) {
 			continue
 		}
 		texts = append(texts, p.text)
-		failed = append(failed, p.value.Name)
+		failed = append(failed, argName(p.value))
 	}
 	return texts, failed
 }
 
-// namesAny reports whether the problem text mentions --name for any of
-// names, as a whole flag name.
+// argName is a value as the user typed it and --help shows it: --name for
+// a flag, <name> for a positional argument (which has no "--" spelling).
+func argName(v *kong.Value) string {
+	if v.Flag == nil {
+		return "<" + v.Name + ">"
+	}
+	return "--" + v.Name
+}
+
+// namesAny reports whether the problem text mentions any of names (each
+// --flag or <arg>), as a whole name.
 func namesAny(text string, names []string) bool {
-	for _, n := range names {
-		flag := "--" + n
+	for _, flag := range names {
 		for i := strings.Index(text, flag); i >= 0; {
 			end := i + len(flag)
 			if end == len(text) || !isFlagChar(text[end]) {
@@ -364,7 +397,7 @@ func (c collecting) Decode(ctx *kong.DecodeContext, target reflect.Value) error 
 // record words a decode failure by its source: the flag, or the
 // environment variable kong read it from, or the default.
 func (st *parseState) record(v *kong.Value, s string, err error) {
-	flag := "--" + v.Name
+	flag := argName(v)
 	if !st.fromEnv {
 		st.problems = append(st.problems, problem{v, fmt.Sprintf("%s: %v", flag, err)})
 		return

@@ -126,7 +126,7 @@ type ConsoleBackend struct {
 }
 
 func (b *ConsoleBackend) globals(out io.Writer) *Globals {
-	return &Globals{Pool: b.Pool, Logger: zap.NewNop(), Stdout: out}
+	return &Globals{Pool: b.Pool, Logger: zap.NewNop(), Stdout: out, Stderr: io.Discard}
 }
 
 // Overview implements console.Backend.
@@ -160,7 +160,7 @@ func (b *ConsoleBackend) ResolveReview(ctx context.Context, id int64, by, note s
 	if strings.TrimSpace(by) == "" {
 		return errors.New("review resolve: an operator identity is required")
 	}
-	cmd := &ReviewResolveCmd{ID: id, Note: note, By: by}
+	cmd := &ReviewResolveCmd{ID: id, Operator: Operator{By: by, Note: note}}
 	if err := cmd.Validate(); err != nil {
 		return err
 	}

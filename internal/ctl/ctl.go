@@ -5,10 +5,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -50,6 +52,10 @@ type Globals struct {
 	Pooler string // --pooler: what Pool goes through
 	Logger *zap.Logger
 	Stdout io.Writer
+	Stderr io.Writer
+	// Kctx is the parsed command line, for where a value came from
+	// (source); nil when a command runs without one (the console's).
+	Kctx *kong.Context
 	// HasDatabase is false when no --database-url was given (only
 	// conformance runs so): Pool then reaches nothing useful.
 	HasDatabase bool
@@ -118,6 +124,30 @@ func warnDeprecated(args []string, stderr io.Writer) {
 	}
 }
 
+// source says where the value of flag name (without --) was taken from:
+// the command line, its environment variable, or nowhere (its default).
+func (g *Globals) source(name string) string {
+	if g.Kctx == nil {
+		return "the caller"
+	}
+	for _, p := range g.Kctx.Path {
+		if p.Flag != nil && p.Flag.Name == name {
+			return "--" + name
+		}
+	}
+	for _, f := range g.Kctx.Flags() {
+		if f.Name != name {
+			continue
+		}
+		for _, env := range f.Tag.Envs {
+			if v, ok := os.LookupEnv(env); ok && v != "" {
+				return env
+			}
+		}
+	}
+	return "its default"
+}
+
 // Main runs idemctl and returns its exit code. With no arguments it prints
 // the help (exit 0): a bare command is a question, not a mistake.
 func Main(args []string, stdout, stderr io.Writer) int {
@@ -133,7 +163,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	defer base.Close()
 
-	g := &Globals{Pool: base.Pool, Pooler: cli.Database.Pooler, Logger: base.Logger, Stdout: stdout, HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}
+	g := &Globals{Pool: base.Pool, Pooler: cli.Database.Pooler, Logger: base.Logger, Stdout: stdout, Stderr: stderr, Kctx: kctx,
+		HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}
 	kctx.BindTo(base.Ctx, (*context.Context)(nil))
 	err := daemon.SchemaHint(kctx.Run(g))
 	if err != nil {

@@ -137,7 +137,7 @@ func (c *DeadRequeueCmd) Validate() error {
 	p := c.Operator.problems()
 	for _, id := range c.IDs {
 		if id < 1 {
-			p = append(p, "ids must be positive")
+			p = append(p, "<id> must be positive")
 			break
 		}
 	}
@@ -148,6 +148,7 @@ func (c *DeadRequeueCmd) Validate() error {
 // (never was, or already requeued) is reported and the command exits 1
 // after trying the others.
 func (c *DeadRequeueCmd) Run(ctx context.Context, g *Globals) error {
+	c.Operator.announce(g)
 	var failed []string
 	for _, id := range c.IDs {
 		res, err := console.RequeueDead(ctx, g.Pool, id, c.actor(), c.Note)

@@ -15,7 +15,10 @@ func (c *CLI) Help() string {
                                            does the API keep the protocol?
 
 Every flag is also an environment variable IDEMD_<FLAG> (shown as $IDEMD_...
-in each command's --help); the database URL is DATABASE_URL.`
+in each command's --help), except what a write command changes: its ids and
+keys come from the command line only. Who acts (IDEMD_OPERATOR) and why
+(IDEMD_NOTE) may come from the environment, and the command says which did.
+The database URL is DATABASE_URL.`
 }
 
 // Help implements kong.HelpProvider.

@@ -18,11 +18,13 @@ type KeysCmd struct {
 	Retry KeysRetryCmd `cmd:"" help:"Hand a given-up or failing key back to the completer (recorded with --by and --note)."`
 }
 
-// KeyFlags name one key.
+// KeyFlags name one key. The key is a command's target, so it is read from
+// the command line only (env:"-"): a variable left in a shell or a pod must
+// never choose which key keys retry changes.
 type KeyFlags struct {
-	ID     int64  `name:"id" help:"The key's id (idempotency_keys.id, the KEY_ID of review list)."`
-	UserID int64  `name:"user-id" help:"The key's user (with --key)."`
-	Key    string `name:"key" help:"The idempotency key the client sent (with --user-id)."`
+	ID     int64  `name:"id" env:"-" help:"The key's id (idempotency_keys.id, the KEY_ID of review list)."`
+	UserID int64  `name:"user-id" env:"-" help:"The key's user (with --key)."`
+	Key    string `name:"key" env:"-" help:"The idempotency key the client sent (with --user-id)."`
 	// GiveUpAfter is the completer's --give-up-after; IDEMD_GIVE_UP_AFTER
 	// is the completer's own variable, so one setting serves both.
 	GiveUpAfter time.Duration `name:"give-up-after" default:"23h" help:"The completer's --give-up-after: a key older than this is given up at its next claim, so it is not retried."`
@@ -181,6 +183,7 @@ func (c *KeysRetryCmd) Validate() error {
 
 // Run retries the key.
 func (c *KeysRetryCmd) Run(ctx context.Context, g *Globals) error {
+	c.Operator.announce(g)
 	res, err := console.RetryKey(ctx, g.Pool, console.RetryRequest{
 		Ref: c.ref(), Actor: c.actor(), Note: c.Note, GiveUpAfter: c.GiveUpAfter,
 	})

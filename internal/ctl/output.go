@@ -24,10 +24,19 @@ func (o Output) JSON() bool { return o.Output == "json" || o.Format == "json" }
 // Operator are the flags of every state-changing command: who does it and
 // why, both recorded. The identity is never taken from the OS user: an
 // action recorded as "root" or "ubuntu" from a shared bastion tells no one
-// who acted.
+// who acted. These two, and only these, of a write command may come from
+// the environment (its target never does: TestWriteTargetsNeverFromEnv),
+// and the command says where it took each from (announce).
 type Operator struct {
 	By   string `name:"by" env:"IDEMD_OPERATOR" help:"Who does this, recorded with the action (env IDEMD_OPERATOR). Required; the OS user is never assumed."`
-	Note string `name:"note" help:"Why this is safe now, recorded with the action. Required."`
+	Note string `name:"note" env:"IDEMD_NOTE" help:"Why this is safe now, recorded with the action (env IDEMD_NOTE). Required."`
+}
+
+// announce prints on stderr where the operator and the note were taken
+// from, so that a value left in the environment is seen before it is
+// recorded.
+func (o Operator) announce(g *Globals) {
+	fmt.Fprintf(g.Stderr, "idemctl: acting as %q (from %s), note from %s\n", strings.TrimSpace(o.By), g.source("by"), g.source("note"))
 }
 
 // problems lists what is missing from the operator flags.

@@ -106,27 +106,20 @@ func writeReviewTable(w io.Writer, reviews []Review, withResolution bool) error 
 
 // ReviewResolveCmd resolves one review.
 type ReviewResolveCmd struct {
-	ID   int64  `arg:"" name:"id" help:"The review's id (the ID column of review list)."`
-	Note string `name:"note" help:"What was done about the key. Required."`
+	ID int64 `arg:"" name:"id" help:"The review's id (the ID column of review list)."`
 	// By is required, as for keys retry and dead requeue (Operator): the
 	// OS user is never assumed, since "root" or "ubuntu" on a shared
 	// bastion tells no one who resolved the review.
-	By string `name:"by" env:"IDEMD_OPERATOR" help:"Who resolved it, recorded with the resolution (env IDEMD_OPERATOR). Required; the OS user is never assumed."`
+	Operator `embed:""`
 }
 
 // Validate reports every problem with the resolve arguments (exit 2).
 func (c *ReviewResolveCmd) Validate() error {
 	var p []string
 	if c.ID < 1 {
-		p = append(p, "the review id must be positive")
+		p = append(p, "<id> must be a positive review id")
 	}
-	if strings.TrimSpace(c.Note) == "" {
-		p = append(p, "--note is required: say what was done about the key")
-	}
-	if strings.TrimSpace(c.By) == "" {
-		p = append(p, "--by (or IDEMD_OPERATOR) is required: who resolved the review is recorded, and the OS user is never assumed")
-	}
-	return problems(p)
+	return problems(append(p, c.Operator.problems()...))
 }
 
 // Run resolves the review, refusing one already resolved so a note is never
@@ -136,6 +129,7 @@ func (c *ReviewResolveCmd) Run(ctx context.Context, g *Globals) error {
 	if by == "" { // Validate refuses this; a caller that skipped it too
 		return errors.New("review resolve: --by (or IDEMD_OPERATOR) is required")
 	}
+	c.Operator.announce(g)
 	var resolvedAt time.Time
 	err := g.Pool.QueryRow(ctx, `
 UPDATE idempotency_key_reviews
