@@ -1,18 +1,13 @@
 package ctl
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/console"
@@ -101,7 +96,7 @@ func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {
 // handler builds the console; riverui's background services stop with ctx.
 func (c *ConsoleCmd) handler(ctx context.Context, g *Globals) (http.Handler, error) {
 	cfg := console.Config{
-		Pool: g.Pool, Backend: &ConsoleBackend{Pool: g.Pool, Retention: c.Retention, LockWindow: c.LockWindow},
+		Pool: g.Pool, Eligibility: reaper.Eligibility{Retention: c.Retention, LockWindow: c.LockWindow},
 		Operator: strings.TrimSpace(c.Operator), OperatorHeader: c.OperatorHeader, ReadOnly: c.ReadOnly,
 		RiverActions: c.RiverActions, GiveUpAfter: c.GiveUpAfter, Logger: g.Logger,
 	}
@@ -113,56 +108,4 @@ func (c *ConsoleCmd) handler(ctx context.Context, g *Globals) (http.Handler, err
 		cfg.River = river
 	}
 	return console.New(cfg)
-}
-
-// ConsoleBackend is console.Backend on idemctl's own commands: the status
-// page is `idemctl status -o json`, the review queue `idemctl review
-// list -o json`, a resolution `idemctl review resolve`, decoded from the
-// JSON they print so the console shows exactly what the commands do.
-type ConsoleBackend struct {
-	Pool       *pgxpool.Pool
-	Retention  time.Duration // status's --retention
-	LockWindow time.Duration // status's --lock-window
-}
-
-func (b *ConsoleBackend) globals(out io.Writer) *Globals {
-	return &Globals{Pool: b.Pool, Logger: zap.NewNop(), Stdout: out, Stderr: io.Discard}
-}
-
-// Overview implements console.Backend.
-func (b *ConsoleBackend) Overview(ctx context.Context) (*console.Overview, error) {
-	var out bytes.Buffer
-	if err := (&StatusCmd{Retention: b.Retention, LockWindow: b.LockWindow, Output: Output{Output: "json"}}).Run(ctx, b.globals(&out)); err != nil {
-		return nil, err
-	}
-	var ov console.Overview
-	if err := json.Unmarshal(out.Bytes(), &ov); err != nil {
-		return nil, fmt.Errorf("status: decode: %w", err)
-	}
-	return &ov, nil
-}
-
-// Reviews implements console.Backend.
-func (b *ConsoleBackend) Reviews(ctx context.Context, state string, limit int) ([]console.Review, error) {
-	var out bytes.Buffer
-	if err := (&ReviewListCmd{State: state, Limit: limit, Output: Output{Output: "json"}}).Run(ctx, b.globals(&out)); err != nil {
-		return nil, err
-	}
-	var list []console.Review
-	if err := json.Unmarshal(out.Bytes(), &list); err != nil {
-		return nil, fmt.Errorf("review list: decode: %w", err)
-	}
-	return list, nil
-}
-
-// ResolveReview implements console.Backend.
-func (b *ConsoleBackend) ResolveReview(ctx context.Context, id int64, by, note string) error {
-	if strings.TrimSpace(by) == "" {
-		return errors.New("review resolve: an operator identity is required")
-	}
-	cmd := &ReviewResolveCmd{ID: id, Operator: Operator{By: by, Note: note}}
-	if err := cmd.Validate(); err != nil {
-		return err
-	}
-	return cmd.Run(ctx, b.globals(io.Discard))
 }

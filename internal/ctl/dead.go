@@ -9,7 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/operator"
 )
 
 // DeadCmd groups the dead-letter subcommands.
@@ -37,7 +37,7 @@ func (c *DeadListCmd) Validate() error {
 
 // Run lists the dead letters.
 func (c *DeadListCmd) Run(ctx context.Context, g *Globals) error {
-	dead, err := console.ListDead(ctx, g.Pool, console.DeadFilter{Kind: c.Kind, Reason: c.Reason, Limit: c.Limit})
+	dead, err := operator.ListDead(ctx, g.Pool, operator.DeadFilter{Kind: c.Kind, Reason: c.Reason, Limit: c.Limit})
 	if err != nil {
 		return err
 	}
@@ -51,7 +51,7 @@ func (c *DeadListCmd) Run(ctx context.Context, g *Globals) error {
 	tw := tabwriter.NewWriter(g.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tDEAD_AT\tAGE\tREASON")
 	for _, d := range dead {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", d.ID, d.Kind, orDash(d.Queue), ts(&d.DeadAt), age(d.AgeSeconds), oneLine(d.Reason))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", d.ID, d.Kind, orDash(d.Queue), ts(&d.DeadAt), operator.AgeSeconds(d.AgeSeconds), oneLine(d.Reason))
 	}
 	return tw.Flush()
 }
@@ -64,7 +64,7 @@ type DeadShowCmd struct {
 
 // Run prints the report.
 func (c *DeadShowCmd) Run(ctx context.Context, g *Globals) error {
-	rep, err := console.ShowDead(ctx, g.Pool, c.ID)
+	rep, err := operator.ShowDead(ctx, g.Pool, c.ID)
 	if err != nil {
 		return fmt.Errorf("dead show: %w", err)
 	}
@@ -74,7 +74,7 @@ func (c *DeadShowCmd) Run(ctx context.Context, g *Globals) error {
 	return writeDeadReport(g.Stdout, rep)
 }
 
-func writeDeadReport(w io.Writer, rep *console.DeadReport) error {
+func writeDeadReport(w io.Writer, rep *operator.DeadReport) error {
 	fmt.Fprintf(w, "staged job %d\n\n", rep.ID)
 	where := "gone (not dead, not staged, no River job names it)"
 	switch {
@@ -98,7 +98,7 @@ func writeDeadReport(w io.Writer, rep *console.DeadReport) error {
 			[2]string{"tags", strings.Join(d.Tags, ",")},
 			[2]string{"metadata", string(d.Metadata)},
 			[2]string{"staged at", ts(&d.CreatedAt)},
-			[2]string{"dead at", ts(&d.DeadAt) + " (" + age(d.AgeSeconds) + " ago)"},
+			[2]string{"dead at", ts(&d.DeadAt) + " (" + operator.AgeSeconds(d.AgeSeconds) + " ago)"},
 		)
 	}
 	writeLines(w, pairs)
@@ -151,7 +151,7 @@ func (c *DeadRequeueCmd) Run(ctx context.Context, g *Globals) error {
 	c.Operator.announce(g)
 	var failed []string
 	for _, id := range c.IDs {
-		res, err := console.RequeueDead(ctx, g.Pool, id, c.actor(), c.Note)
+		res, err := operator.RequeueDead(ctx, g.Pool, id, c.actor(), c.Note)
 		if err != nil {
 			failed = append(failed, err.Error())
 			continue

@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/operator"
 )
 
 // KeysCmd groups the key subcommands.
@@ -30,8 +30,8 @@ type KeyFlags struct {
 	GiveUpAfter time.Duration `name:"give-up-after" default:"23h" help:"The completer's --give-up-after: a key older than this is given up at its next claim, so it is not retried."`
 }
 
-func (f KeyFlags) ref() console.KeyRef {
-	return console.KeyRef{ID: f.ID, UserID: f.UserID, Key: f.Key}
+func (f KeyFlags) ref() operator.KeyRef {
+	return operator.KeyRef{ID: f.ID, UserID: f.UserID, Key: f.Key}
 }
 
 func (f KeyFlags) problems() []string {
@@ -53,7 +53,7 @@ func (c *KeysShowCmd) Validate() error { return problems(c.KeyFlags.problems()) 
 
 // Run prints the report.
 func (c *KeysShowCmd) Run(ctx context.Context, g *Globals) error {
-	rep, err := console.ShowKey(ctx, g.Pool, c.ref(), c.GiveUpAfter)
+	rep, err := operator.ShowKey(ctx, g.Pool, c.ref(), c.GiveUpAfter)
 	if err != nil {
 		return fmt.Errorf("keys show: %w", err)
 	}
@@ -63,7 +63,7 @@ func (c *KeysShowCmd) Run(ctx context.Context, g *Globals) error {
 	return writeKeyReport(g.Stdout, rep)
 }
 
-func writeKeyReport(w io.Writer, rep *console.KeyReport) error {
+func writeKeyReport(w io.Writer, rep *operator.KeyReport) error {
 	now := rep.At
 	fmt.Fprintf(w, "%s at %s\n\n", rep.Ref, now.UTC().Format(time.RFC3339))
 	if k := rep.Key; k != nil {
@@ -156,7 +156,7 @@ func writeKeyReport(w io.Writer, rep *console.KeyReport) error {
 	return err
 }
 
-func writeActions(w io.Writer, actions []console.Action) {
+func writeActions(w io.Writer, actions []operator.Action) {
 	fmt.Fprintln(w, "\nOPERATOR ACTIONS")
 	if len(actions) == 0 {
 		fmt.Fprintln(w, "  none")
@@ -184,7 +184,7 @@ func (c *KeysRetryCmd) Validate() error {
 // Run retries the key.
 func (c *KeysRetryCmd) Run(ctx context.Context, g *Globals) error {
 	c.Operator.announce(g)
-	res, err := console.RetryKey(ctx, g.Pool, console.RetryRequest{
+	res, err := operator.RetryKey(ctx, g.Pool, operator.RetryRequest{
 		Ref: c.ref(), Actor: c.actor(), Note: c.Note, GiveUpAfter: c.GiveUpAfter,
 	})
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/operator"
 	"github.com/idemd/idemd/internal/review"
 )
 
@@ -79,12 +79,12 @@ VALUES ('{}', 'send_receipt', 25, $1, 1, 'default', 'available', now())`, `{"ide
 		t.Errorf("another key's job is listed:\n%s", out)
 	}
 
-	var rep console.KeyReport
+	var rep operator.KeyReport
 	code, out, _ = run(t, append(db, "keys", "show", "--id", sid, "-o", "json")...)
 	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil {
 		t.Fatalf("show json: exit %d, %v\n%s", code, err, out)
 	}
-	if rep.Key == nil || rep.Key.ID != id || rep.State != console.StateGaveUp || rep.Key.CompleterAttempts != 20 ||
+	if rep.Key == nil || rep.Key.ID != id || rep.State != operator.StateGaveUp || rep.Key.CompleterAttempts != 20 ||
 		len(rep.Reviews) != 1 || rep.Reviews[0].ID != rev || !rep.Retryable || rep.Tracked ||
 		len(rep.Jobs.Staged) != 1 || len(rep.Jobs.Dead) != 1 || len(rep.Jobs.River) != 1 {
 		t.Fatalf("json report: %+v", rep)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/operator"
 )
 
 // Output is the -o/--output flag of every read command: text for people,
@@ -51,9 +51,9 @@ func (o Operator) problems() []string {
 	return p
 }
 
-// actor is the console.Actor of an idemctl command.
-func (o Operator) actor() console.Actor {
-	return console.Actor{By: strings.TrimSpace(o.By), Via: console.ViaIdemctl}
+// actor is the operator.Actor of an idemctl command.
+func (o Operator) actor() operator.Actor {
+	return operator.Actor{By: strings.TrimSpace(o.By), Via: operator.ViaIdemctl}
 }
 
 // ts renders a time the way every idemctl table does, "-" for none.
@@ -69,7 +69,7 @@ func since(now time.Time, t *time.Time) string {
 	if t == nil {
 		return "-"
 	}
-	return age(now.Sub(*t).Seconds())
+	return operator.Age(now.Sub(*t))
 }
 
 // orDash is s, or "-" when empty or nil.

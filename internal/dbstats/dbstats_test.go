@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -487,5 +488,29 @@ FROM generate_series(1, 20000)`); err != nil {
 	walk(plan[0].Plan)
 	if !usesIndex {
 		t.Errorf("the stats query does not bound river_job_prioritized_fetching_index by state:\n%s", raw)
+	}
+}
+
+// TestCountJobs: the live jobs by state, every queue together, from the
+// exporter's own query; finalized jobs are not counted and a state
+// without jobs is absent.
+func TestCountJobs(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	now := time.Now()
+	insertJobs(t, pool,
+		job{"default", "available", now},
+		job{"mail", "available", now},
+		job{"default", "running", now},
+		job{"mail", "pending", now},
+		job{"default", "completed", now},
+		job{"default", "discarded", now},
+	)
+	got, err := CountJobs(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"available": 2, "running": 1, "pending": 1}
+	if !maps.Equal(got, want) {
+		t.Fatalf("CountJobs = %v, want %v", got, want)
 	}
 }
