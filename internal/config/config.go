@@ -35,7 +35,7 @@ var Poolers = []string{PoolerNone, PoolerSession, PoolerTransaction}
 
 // Database is the connection setting every command shares.
 type Database struct {
-	DatabaseURL string `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL connection URL (env DATABASE_URL). Required."`
+	DatabaseURL string `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL connection URL (env DATABASE_URL). ${database_url_need=Required.}"`
 	Pooler      string `name:"pooler" default:"none" help:"What --database-url goes through: none (direct), session (a session-mode pooler) or transaction (PgBouncer's transaction mode, or any proxy that moves a client between server connections). transaction turns off pgx's named prepared statements, which such a pooler cannot keep (docs/operations.md)."`
 }
 
@@ -102,6 +102,14 @@ func Given(kctx *kong.Context, name string) bool {
 		}
 	}
 	return false
+}
+
+// DatabaseSometimes is implemented by a CLI some of whose commands run
+// without a database: --help then says which need --database-url instead
+// of calling it required for all (a flag's help ends with "Required." only
+// when every command it appears under requires it).
+type DatabaseSometimes interface {
+	DatabaseNeed() string
 }
 
 // Checker is implemented by a command's CLI struct to report its problems.
@@ -183,7 +191,7 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 	// A command's own Validate runs inside kong's parse; its complaint
 	// about a flag that did not decode is dropped like Check's.
 	if err != nil && !namesAny(err.Error(), failed) {
-		problems = append(problems, err.Error())
+		problems = append(problems, unknownCommand(kctx, err))
 	}
 	// After a kong error (an unknown flag, say) nothing was applied: Check
 	// would judge zero values.
@@ -200,11 +208,49 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 	return kctx, nil
 }
 
+// unknownCommand words kong's "unexpected argument bogus" where a command
+// was expected as what it is, with the commands there are: an operator who
+// mistyped one learns the right name without another round trip.
+func unknownCommand(kctx *kong.Context, err error) string {
+	word, ok := strings.CutPrefix(err.Error(), "unexpected argument ")
+	if !ok || kctx == nil || kctx.Model == nil {
+		return err.Error()
+	}
+	// kong's suggestion for a near miss: `shwo, did you mean "show"?`.
+	word, suggestion, _ := strings.Cut(word, ", did you mean ")
+	if suggestion != "" {
+		suggestion = " (did you mean " + strings.TrimSuffix(suggestion, "?") + "?)"
+	}
+	node := kctx.Model.Node
+	for _, p := range kctx.Path {
+		if p.Command != nil {
+			node = p.Command
+		}
+	}
+	if len(node.Positional) > 0 {
+		return err.Error() // a command with arguments got one too many
+	}
+	var names []string
+	for _, c := range node.Children {
+		if !c.Hidden {
+			names = append(names, c.Name)
+		}
+	}
+	if len(names) == 0 {
+		return err.Error()
+	}
+	return fmt.Sprintf("unknown command %q for %q%s; the commands are: %s (%s --help describes each)",
+		word, node.FullPath(), suggestion, strings.Join(names, ", "), node.FullPath())
+}
+
 // modelOptions are the options that shape cli's model (which flags exist,
 // which environment variables each reads, their defaults): Parse's and
 // Model's, so a test of the model tests what Parse parses.
 func modelOptions(cli any) ([]kong.Option, error) {
 	opts := []kong.Option{kong.DefaultEnvars(EnvPrefix)}
+	if d, ok := cli.(DatabaseSometimes); ok {
+		opts = append(opts, kong.Vars{"database_url_need": d.DatabaseNeed()})
+	}
 	if d, ok := cli.(Defaulter); ok {
 		vars, err := Vars(d.FlagDefaults())
 		if err != nil {

@@ -3,6 +3,7 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -34,16 +35,29 @@ type CLI struct {
 	Console ConsoleCmd `cmd:"" help:"Serve the web console: status, review queue, key lookup, dead letters, River's UI (docs/console.md)."`
 
 	Conformance ConformanceCmd `cmd:"" help:"Check a running API against the idempotency-key protocol, scenario by scenario (docs/conformance.md)."`
+
+	HelpCommand HelpCmd       `cmd:"" name:"help" help:"Show the help of idemctl or of a command (idemctl help keys retry)."`
+	Version     VersionCmd    `cmd:"" help:"Print the version, commit and Go version."`
+	Completion  CompletionCmd `cmd:"" help:"Print the completion script of a shell: bash, zsh or fish."`
+	Complete    CompleteCmd   `cmd:"" name:"__complete" hidden:"" help:"What the completion scripts call."`
 }
 
-// Check reports configuration problems. conformance needs no database:
-// without one it checks what a client sees.
+// Check reports configuration problems. conformance needs no database
+// (without one it checks what a client sees), completion none at all.
 func (c *CLI) Check() []string {
 	p := c.Database.Check()
-	if c.Conformance.selected && strings.TrimSpace(c.DatabaseURL) == "" {
+	offline := c.Conformance.selected || c.HelpCommand.selected || c.Version.selected ||
+		c.Completion.selected || c.Complete.selected
+	if offline && strings.TrimSpace(c.DatabaseURL) == "" {
 		p = slices.DeleteFunc(p, func(s string) bool { return strings.HasPrefix(s, "--database-url") })
 	}
 	return p
+}
+
+// DatabaseNeed implements config.DatabaseSometimes: --help says which
+// commands need --database-url.
+func (c *CLI) DatabaseNeed() string {
+	return "Required by every command but conformance (optional there), help, version and completion."
 }
 
 // Globals is bound into every subcommand's Run.
@@ -124,6 +138,20 @@ func warnDeprecated(args []string, stderr io.Writer) {
 	}
 }
 
+// once drops a line of an error's text that repeats the line before it:
+// pgx reports each connection attempt (with sslmode=prefer, TLS then
+// plain text) and two failures alike are one failure to the operator.
+func once(text string) string {
+	lines := strings.Split(text, "\n")
+	out := lines[:1]
+	for _, l := range lines[1:] {
+		if l != out[len(out)-1] {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 // source says where the value of flag name (without --) was taken from:
 // the command line, its environment variable, or nowhere (its default).
 func (g *Globals) source(name string) string {
@@ -167,8 +195,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}
 	kctx.BindTo(base.Ctx, (*context.Context)(nil))
 	err := daemon.SchemaHint(kctx.Run(g))
+	var printed exitStatus
+	if errors.As(err, &printed) {
+		return int(printed)
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "idemctl: %v\n", err)
+		fmt.Fprintf(stderr, "idemctl: %s\n", once(err.Error()))
 	}
 	return daemon.ExitCode(err)
 }

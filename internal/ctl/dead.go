@@ -66,7 +66,7 @@ type DeadShowCmd struct {
 func (c *DeadShowCmd) Run(ctx context.Context, g *Globals) error {
 	rep, err := operator.ShowDead(ctx, g.Pool, c.ID)
 	if err != nil {
-		return fmt.Errorf("dead show: %w", err)
+		return named("dead show", err)
 	}
 	if c.JSON() {
 		return writeJSON(g.Stdout, rep)
@@ -145,22 +145,24 @@ func (c *DeadRequeueCmd) Validate() error {
 }
 
 // Run requeues each id in its own statement; an id that is not dead
-// (never was, or already requeued) is reported and the command exits 1
+// (never was, or already requeued) is reported and the command exits 3
 // after trying the others.
 func (c *DeadRequeueCmd) Run(ctx context.Context, g *Globals) error {
 	c.Operator.announce(g)
-	var failed []string
+	var failed []error
 	for _, id := range c.IDs {
 		res, err := operator.RequeueDead(ctx, g.Pool, id, c.actor(), c.Note)
 		if err != nil {
-			failed = append(failed, err.Error())
+			failed = append(failed, err)
 			continue
 		}
 		fmt.Fprintf(g.Stdout, "staged job %d requeued into staged_jobs by %s at %s (action %d)\n",
 			res.ID, res.By, ts(&res.At), res.ActionID)
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("dead requeue: %s", strings.Join(failed, "; "))
+		// Joined, not flattened: exit 3 when every failure was a refusal
+		// (daemon.ExitCode), 1 when one may pass on a second run.
+		return fmt.Errorf("dead requeue: %w", errors.Join(failed...))
 	}
 	return nil
 }

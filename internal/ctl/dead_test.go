@@ -72,7 +72,7 @@ AND actor = 'bob' AND via = 'idemctl' AND note = 'receipts worker deployed' AND 
 	}
 	// A second requeue finds nothing and changes nothing.
 	code, _, errs = run(t, append(db, "dead", "requeue", "101", "102", "--by", "bob", "--note", "again")...)
-	if code != 1 || !strings.Contains(errs, "no dead-lettered staged job 101") {
+	if code != 3 || !strings.Contains(errs, "no dead-lettered staged job 101") {
 		t.Fatalf("second requeue: exit %d, %s", code, errs)
 	}
 	if n := count(t, pool, "SELECT count(*) FROM staged_jobs WHERE id IN (101, 102)"); n != 2 {
@@ -88,7 +88,7 @@ AND actor = 'bob' AND via = 'idemctl' AND note = 'receipts worker deployed' AND 
 	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil || rep.Dead != nil || !rep.Staged || len(rep.Actions) != 1 || rep.Actions[0].Actor != "bob" {
 		t.Fatalf("show requeued: exit %d %v %s", code, err, out)
 	}
-	if code, _, errs := run(t, append(db, "dead", "show", "424242")...); code != 1 || !strings.Contains(errs, "not found") {
+	if code, _, errs := run(t, append(db, "dead", "show", "424242")...); code != 3 || !strings.Contains(errs, "not found") {
 		t.Fatalf("show unknown: exit %d %s", code, errs)
 	}
 }

@@ -107,3 +107,16 @@ func (c *ConsoleCmd) Help() string {
   idemctl console --listen 0.0.0.0:8080 --operator-header X-Forwarded-Email
                                            behind an authenticating proxy`
 }
+
+// Help implements kong.HelpProvider.
+func (c *HelpCmd) Help() string {
+	return `Examples:
+  idemctl help                             the commands
+  idemctl help keys retry                  the same as idemctl keys retry --help`
+}
+
+// Help implements kong.HelpProvider.
+func (c *VersionCmd) Help() string {
+	return `Examples:
+  idemctl version                          idemctl 0.2.0 (commit abc1234, go1.26.8)`
+}

@@ -55,7 +55,7 @@ func (c *KeysShowCmd) Validate() error { return problems(c.KeyFlags.problems()) 
 func (c *KeysShowCmd) Run(ctx context.Context, g *Globals) error {
 	rep, err := operator.ShowKey(ctx, g.Pool, c.ref(), c.GiveUpAfter)
 	if err != nil {
-		return fmt.Errorf("keys show: %w", err)
+		return named("keys show", err)
 	}
 	if c.JSON() {
 		return writeJSON(g.Stdout, rep)
@@ -188,7 +188,7 @@ func (c *KeysRetryCmd) Run(ctx context.Context, g *Globals) error {
 		Ref: c.ref(), Actor: c.actor(), Note: c.Note, GiveUpAfter: c.GiveUpAfter,
 	})
 	if err != nil {
-		return fmt.Errorf("keys retry: %w", err)
+		return named("keys retry", err)
 	}
 	resolved := ""
 	if len(res.ResolvedReviews) > 0 {

@@ -90,3 +90,13 @@ func writeLines(w io.Writer, pairs [][2]string) {
 		fmt.Fprintf(w, "%-*s  %s\n", width, p[0], p[1])
 	}
 }
+
+// named is err named by the command that failed, once: the operator core
+// names most of its errors by the same operation already, and "keys show:
+// keys show: ..." tells the operator nothing twice.
+func named(op string, err error) error {
+	if err == nil || strings.HasPrefix(err.Error(), op+": ") {
+		return err
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}

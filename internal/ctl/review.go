@@ -111,7 +111,7 @@ func (c *ReviewResolveCmd) Run(ctx context.Context, g *Globals) error {
 	c.Operator.announce(g)
 	res, err := operator.ResolveReview(ctx, g.Pool, c.ID, c.actor(), c.Note)
 	if err != nil {
-		return fmt.Errorf("review resolve: %w", err)
+		return named("review resolve", err)
 	}
 	_, err = fmt.Fprintf(g.Stdout, "review %d resolved by %s at %s\n", res.ID, res.By, ts(&res.At))
 	return err

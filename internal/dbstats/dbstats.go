@@ -123,7 +123,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{
-		cfg: cfg, logger: cfg.Logger.With(zap.String("component", "db-stats")),
+		cfg: cfg, logger: cfg.Logger.Named("db-stats"),
 		holder: lease.Holder(LeaseName), metrics: m,
 		known: map[string]bool{},
 	}

@@ -1,6 +1,7 @@
 package dbstats
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/runhistory"
@@ -512,5 +515,27 @@ func TestCountJobs(t *testing.T) {
 	want := map[string]int64{"available": 2, "running": 1, "pending": 1}
 	if !maps.Equal(got, want) {
 		t.Fatalf("CountJobs = %v, want %v", got, want)
+	}
+}
+
+// TestLogsNameComponentOnce: the exporter runs inside the completer, whose
+// logger already carries "component":"completer"; its lines say they are
+// the exporter's by the logger's name, not by a second "component" key
+// (a JSON object with the key twice, which log pipelines read as either).
+func TestLogsNameComponentOnce(t *testing.T) {
+	var buf bytes.Buffer
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&buf), zap.InfoLevel)
+	logger := zap.New(core).With(zap.String("component", "completer"))
+	svc, err := New(Config{Settings: testSettings(), Pool: dbtest.NewPool(t), Registry: prometheus.NewRegistry(), Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.logger.Info("a line")
+	line := buf.String()
+	if n := strings.Count(line, `"component"`); n != 1 {
+		t.Errorf("%d \"component\" keys in %s", n, line)
+	}
+	if !strings.Contains(line, `"logger":"db-stats"`) {
+		t.Errorf("the line does not name the exporter: %s", line)
 	}
 }

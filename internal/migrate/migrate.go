@@ -511,16 +511,16 @@ func Inspect(ctx context.Context, pool *pgxpool.Pool, oldest int64) (*Schema, er
 	applied := map[int64]bool{}
 	var exists bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("migrate: check schema: %w", err)
+		return nil, fmt.Errorf("check schema: %w", err)
 	}
 	if exists {
 		rows, err := pool.Query(ctx, appliedIdemdSQL)
 		if err != nil {
-			return nil, fmt.Errorf("migrate: check schema: %w", err)
+			return nil, fmt.Errorf("check schema: %w", err)
 		}
 		vs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
-			return nil, fmt.Errorf("migrate: check schema: %w", err)
+			return nil, fmt.Errorf("check schema: %w", err)
 		}
 		for _, v := range vs {
 			applied[v] = true

@@ -17,7 +17,6 @@ package operator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -38,12 +37,23 @@ const (
 )
 
 // ErrNotFound: the key, dead letter or review does not exist (any more).
-var ErrNotFound = errors.New("not found")
+// idemctl exits 3 (daemon.ExitRefused): retrying will not find it.
+var ErrNotFound error = refusal("not found")
 
 // ErrRefused: the action does not apply to the row as it is now (a
 // finished key, a key the completer is replaying right now). The error's
-// text says why.
-var ErrRefused = errors.New("refused")
+// text says why; idemctl exits 3 (daemon.ExitRefused).
+var ErrRefused error = refusal("refused")
+
+// refusal is the type of ErrNotFound and ErrRefused: a daemon.Refusal, so
+// an error wrapping either maps to exit 3 without this package importing
+// the runtime.
+type refusal string
+
+func (r refusal) Error() string { return string(r) }
+
+// Refusal marks the error as daemon.Refusal.
+func (refusal) Refusal() {}
 
 // DB is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
 type DB interface {
