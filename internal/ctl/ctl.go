@@ -87,7 +87,10 @@ type MigrateCmd struct {
 	// --lock-wait) nor IDEMD_LOCK_TIMEOUT (the completer's).
 	DDLLockTimeout time.Duration `name:"ddl-lock-timeout" default:"2s" help:"Every migration statement's lock_timeout: the longest the API's statements on a table queue behind a migration's lock request. A statement not granted its lock in time is retried, with backoff, until --lock-wait."`
 	LockTimeout    time.Duration `name:"lock-timeout" hidden:"" env:"-" help:"Deprecated spelling of --lock-wait."`
-	Adopt          AdoptFlags    `embed:"" prefix:"adopt-"` // adopt.go
+	// PrintSQL is read from the command line only: a variable left set
+	// must not turn the migration Job into one that applies nothing.
+	PrintSQL bool       `name:"print-sql" env:"-" help:"Apply nothing: print the pending River and idemd migrations, each with the statement that records it as applied, and the grants, as SQL to apply with your own tool (Flyway, Atlas, goose, psql). Nothing is printed when nothing is pending."`
+	Adopt    AdoptFlags `embed:"" prefix:"adopt-"` // adopt.go
 }
 
 // wait is --lock-wait, or the deprecated --lock-timeout when that was given.
@@ -100,6 +103,18 @@ func (m *MigrateCmd) wait() time.Duration {
 
 // Run applies the migrations and then the grants on their tables.
 func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
+	if m.PrintSQL {
+		sql, err := migrate.PendingSQL(ctx, g.Pool)
+		if err != nil {
+			return err
+		}
+		if sql == "" {
+			fmt.Fprintln(g.Stderr, "migrate: nothing pending; no SQL to print")
+			return nil
+		}
+		_, err = fmt.Fprint(g.Stdout, sql)
+		return err
+	}
 	if m.DDLLockTimeout <= 0 {
 		return &config.Error{Problems: []string{fmt.Sprintf("--ddl-lock-timeout must be positive, got %s", m.DDLLockTimeout)}}
 	}

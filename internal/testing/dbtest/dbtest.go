@@ -107,6 +107,38 @@ func NewDatabase(tb testing.TB) string {
 	return RuntimeURL(WithDatabase(admin, name))
 }
 
+// NewEmptyDatabase creates a database without idemd's or River's schema
+// but prepared as deploy/sql/roles.sql prepares one before its first
+// `idemctl migrate` (the roles exist, the migrator may create in it),
+// drops it when the test ends, and returns its URL as the superuser
+// (MigratorURL and RuntimeURL give it as the other roles).
+func NewEmptyDatabase(tb testing.TB) string {
+	tb.Helper()
+	admin := ServerURL(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The template's build creates the roles, once per server.
+	if _, err := ensureTemplate(ctx, admin); err != nil {
+		tb.Fatalf("dbtest: template: %v", err)
+	}
+	name := "idemd_empty_" + randomHex(6)
+	if err := execAdmin(ctx, admin, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		tb.Fatalf("dbtest: create database: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := execAdmin(ctx, admin, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", pgx.Identifier{name}.Sanitize())); err != nil {
+			tb.Logf("dbtest: drop database %s: %v", name, err)
+		}
+	})
+	u := WithDatabase(admin, name)
+	if err := ApplyRoles(ctx, u); err != nil {
+		tb.Fatal(err)
+	}
+	return u
+}
+
 // NewPool creates a fresh migrated database and a pool on it as RuntimeRole,
 // both closed when the test ends.
 func NewPool(tb testing.TB) *pgxpool.Pool {
