@@ -206,6 +206,11 @@ func candidateSQL() (selection, locking string, err error) {
 		return "", "", errors.New("completerbench: cannot locate the source tree")
 	}
 	dir := filepath.Join(filepath.Dir(self), "..", "..", "completer", "testdata")
+	if !filepath.IsAbs(self) {
+		// Built with -trimpath: the source path is the module's, and
+		// `make bench` runs from the repository's root.
+		dir = filepath.Join("internal", "completer", "testdata")
+	}
 	read := func(name string) (string, error) {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
