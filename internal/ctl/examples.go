@@ -36,7 +36,12 @@ Examples:
 
 // Help implements kong.HelpProvider.
 func (c *StatusCmd) Help() string {
-	return `Examples:
+	return `--retention and --lock-window are the reaper's own flags, with its
+defaults: give them the values the reaper runs with (the console's pod has
+them in IDEMD_RETENTION), and "keys past retention" is what its next run
+deletes.
+
+Examples:
   idemctl status
   idemctl status -o json | jq .staged_jobs
   idemctl status --retention 168h          as a reaper with --retention 168h sees it`

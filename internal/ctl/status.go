@@ -17,27 +17,21 @@ const OldestSchema = operator.OldestSchema
 
 // StatusCmd shows what the daemons have left to do.
 type StatusCmd struct {
-	// The reaper's rules for which keys a run deletes; their defaults are
-	// the reaper's (FlagDefaults).
-	Retention  time.Duration `name:"retention" default:"${retention}" help:"The reaper's --retention: count the keys a run would delete now."`
-	LockWindow time.Duration `name:"lock-window" default:"${lock_window}" help:"The reaper's --lock-window: a key locked more recently is in flight and not counted."`
-	Output     `embed:""`
+	// The reaper's rules for which keys a run deletes: its own flags
+	// (reaper.Eligibility, their names, defaults and checks), so that what
+	// status counts is what a reaper given the same values deletes.
+	reaper.Eligibility `embed:""`
+	Output             `embed:""`
 }
 
 // FlagDefaults implements config.Defaulter: status's --retention and
 // --lock-window default to the reaper's own.
 func (c *CLI) FlagDefaults() any { return reaper.DefaultSettings().Eligibility }
 
-// eligibility is the reaper's rules as given to status.
-func (c *StatusCmd) eligibility() reaper.Eligibility {
-	return reaper.Eligibility{Retention: c.Retention, LockWindow: c.LockWindow}
-}
-
 // Validate reports problems with the status flags (exit 2), by the
 // reaper's own rules.
 func (c *StatusCmd) Validate() error {
-	e := c.eligibility()
-	return config.Problems(e.Check())
+	return config.Problems(c.Eligibility.Check())
 }
 
 // Status is idemctl status's output, the console's status page's too.
@@ -48,7 +42,7 @@ type GroupCount = operator.GroupCount
 
 // Run gathers and prints the status.
 func (c *StatusCmd) Run(ctx context.Context, g *Globals) error {
-	st, err := operator.Status(ctx, g.Pool, c.eligibility())
+	st, err := operator.Status(ctx, g.Pool, c.Eligibility)
 	if err != nil {
 		return err
 	}
