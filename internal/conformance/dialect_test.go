@@ -2,13 +2,10 @@ package conformance_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/internal/conformance"
@@ -98,36 +95,12 @@ func TestDatabaseWithoutIdemdSchema(t *testing.T) {
 // idemd's, dropped when the test ends.
 func articleOnlyDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	ctx := context.Background()
-	admin := dbtest.ServerURL(t)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "idemd_article_only_" + hex.EncodeToString(b)
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn, err := pgx.Connect(context.Background(), admin)
-		if err != nil {
-			t.Log(err)
-			return
-		}
-		defer conn.Close(context.Background())
-		if _, err := conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Log(err)
-		}
-	})
-	pool, err := pgxpool.New(ctx, dbtest.WithDatabase(admin, name))
+	pool, err := pgxpool.New(context.Background(), dbtest.NewEmptyDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if _, err := pool.Exec(ctx, migrations.ArticleSchema+`CREATE TABLE staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL)`); err != nil {
+	if _, err := pool.Exec(context.Background(), migrations.ArticleSchema+`CREATE TABLE staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	return pool

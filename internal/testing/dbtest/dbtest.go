@@ -97,13 +97,7 @@ func NewDatabase(tb testing.TB) string {
 	if err := execAdmin(ctx, admin, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", pgx.Identifier{name}.Sanitize(), pgx.Identifier{tmpl}.Sanitize())); err != nil {
 		tb.Fatalf("dbtest: create database: %v", err)
 	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := execAdmin(ctx, admin, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", pgx.Identifier{name}.Sanitize())); err != nil {
-			tb.Logf("dbtest: drop database %s: %v", name, err)
-		}
-	})
+	dropWhenDone(tb, admin, name)
 	return RuntimeURL(WithDatabase(admin, name))
 }
 
@@ -125,6 +119,16 @@ func NewEmptyDatabase(tb testing.TB) string {
 	if err := execAdmin(ctx, admin, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		tb.Fatalf("dbtest: create database: %v", err)
 	}
+	dropWhenDone(tb, admin, name)
+	u := WithDatabase(admin, name)
+	if err := ApplyRoles(ctx, u); err != nil {
+		tb.Fatal(err)
+	}
+	return u
+}
+
+// dropWhenDone drops database name when the test ends.
+func dropWhenDone(tb testing.TB, admin, name string) {
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -132,11 +136,6 @@ func NewEmptyDatabase(tb testing.TB) string {
 			tb.Logf("dbtest: drop database %s: %v", name, err)
 		}
 	})
-	u := WithDatabase(admin, name)
-	if err := ApplyRoles(ctx, u); err != nil {
-		tb.Fatal(err)
-	}
-	return u
 }
 
 // NewPool creates a fresh migrated database and a pool on it as RuntimeRole,
