@@ -104,6 +104,9 @@ func (m *MigrateCmd) wait() time.Duration {
 // Run applies the migrations and then the grants on their tables.
 func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
 	if m.PrintSQL {
+		if m.Adopt.ArticleSchema {
+			return &config.Error{Problems: []string{"--print-sql and --adopt-article-schema exclude each other: the adoption is an online backfill, not SQL to print"}}
+		}
 		sql, err := migrate.PendingSQL(ctx, g.Pool)
 		if err != nil {
 			return err

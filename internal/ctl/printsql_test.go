@@ -32,6 +32,9 @@ func TestMigratePrintSQL(t *testing.T) {
 		t.Fatal("pg_dump is needed to compare the two schemas")
 	}
 	printed := dbtest.MigratorURL(dbtest.NewEmptyDatabase(t))
+	if code, out, errs := run(t, "--database-url", printed, "migrate", "--print-sql", "--adopt-article-schema"); code != 2 || out != "" {
+		t.Errorf("--print-sql with --adopt-article-schema: exit %d, want 2\n%s%s", code, out, errs)
+	}
 	migrated := dbtest.MigratorURL(dbtest.NewEmptyDatabase(t))
 
 	code, sql, errs := run(t, "--database-url", printed, "migrate", "--print-sql")
