@@ -68,7 +68,7 @@ type Globals struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	// Kctx is the parsed command line, for where a value came from
-	// (source); nil when a command runs without one (the console's).
+	// (source).
 	Kctx *kong.Context
 	// HasDatabase is false when no --database-url was given (only
 	// conformance runs so): Pool then reaches nothing useful.
@@ -170,11 +170,14 @@ func once(text string) string {
 	return strings.Join(out, "\n")
 }
 
+// fromDefault is source's answer for a flag given nowhere.
+const fromDefault = "its default"
+
 // source says where the value of flag name (without --) was taken from:
-// the command line, its environment variable, or nowhere (its default).
+// the command line, its environment variable, or nowhere (fromDefault).
 func (g *Globals) source(name string) string {
 	if g.Kctx == nil {
-		return "the caller"
+		return fromDefault
 	}
 	for _, p := range g.Kctx.Path {
 		if p.Flag != nil && p.Flag.Name == name {
@@ -191,7 +194,7 @@ func (g *Globals) source(name string) string {
 			}
 		}
 	}
-	return "its default"
+	return fromDefault
 }
 
 // Main runs idemctl and returns its exit code. With no arguments it prints

@@ -84,7 +84,7 @@ func writeStatus(g *Globals, st *Status) error {
 	}
 
 	fmt.Fprintf(tw, "\nREAPER (retention %s, lock window %s)\t\n", st.Retention, st.LockWindow)
-	if g.source("retention") == "its default" {
+	if g.source("retention") == fromDefault {
 		// Counted at the reaper's default, which a reaper configured
 		// otherwise does not run with: say so where the count is read.
 		fmt.Fprintln(tw, "  (--retention is the reaper's default here; give the reaper's setting, --retention or IDEMD_RETENTION, to count what its runs delete)")
