@@ -103,9 +103,13 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 		zap.String("api_url", redactURL(c.APIURL)), zap.Int("secrets", len(secrets)),
 		zap.Bool("once", c.Once), zap.Int("concurrency", c.Concurrency), zap.Float64("rate", c.Rate))
 	if c.Once {
-		// The pass logged its failure, if any.
+		// The pass logged its summary line, or its failure; a pass with
+		// nothing to say logged none, and --once says it ran: one line
+		// either way.
 		res, err := svc.RunOnce(ctx)
-		env.Logger.Info("completer --once done", res.fields()...)
+		if err == nil && !res.worthALine() {
+			env.Logger.Info("completer pass", res.fields()...)
+		}
 		if err != nil && ctx.Err() == nil {
 			return daemon.AlreadyLogged(err)
 		}

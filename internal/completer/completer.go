@@ -99,6 +99,10 @@ func (r *Result) add(b *Result) {
 }
 
 // fields are r as log fields.
+// worthALine says whether a pass's summary line is worth logging: a pass
+// that claimed nothing logs none (a --once run logs it anyway).
+func (r *Result) worthALine() bool { return r.Claimed > 0 }
+
 func (r *Result) fields() []zap.Field {
 	return []zap.Field{
 		zap.Int("claimed", r.Claimed), zap.Int("finished", r.Finished),
@@ -209,7 +213,7 @@ func New(cfg Config) (*Service, error) {
 		Summary:      "completer pass",
 		SummaryLevel: zap.InfoLevel,
 		// A pass that claimed nothing logs no line.
-		Summarize: func(last *Result, _ error) ([]zap.Field, bool) { return last.fields(), last.Claimed > 0 },
+		Summarize: func(last *Result, _ error) ([]zap.Field, bool) { return last.fields(), last.worthALine() },
 	}
 	s.breaker = newBreaker(func() time.Time { return s.now() }, cfg.BreakerFailures, cfg.BreakerCooldown, cfg.BreakerMaxCooldown, s.breakerChanged)
 	s.conc = newGate(newAIMD(cfg.Concurrency, true))

@@ -35,7 +35,7 @@ var Poolers = []string{PoolerNone, PoolerSession, PoolerTransaction}
 
 // Database is the connection setting every command shares.
 type Database struct {
-	DatabaseURL string `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL connection URL (env DATABASE_URL). Required."`
+	DatabaseURL string `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL connection URL (env DATABASE_URL). ${database_url_need=Required.}"`
 	Pooler      string `name:"pooler" default:"none" help:"What --database-url goes through: none (direct), session (a session-mode pooler) or transaction (PgBouncer's transaction mode, or any proxy that moves a client between server connections). transaction turns off pgx's named prepared statements, which such a pooler cannot keep (docs/operations.md)."`
 }
 
@@ -104,6 +104,14 @@ func Given(kctx *kong.Context, name string) bool {
 	return false
 }
 
+// DatabaseSometimes is implemented by a CLI some of whose commands run
+// without a database: --help then says which need --database-url instead
+// of calling it required for all (a flag's help ends with "Required." only
+// when every command it appears under requires it).
+type DatabaseSometimes interface {
+	DatabaseNeed() string
+}
+
 // Checker is implemented by a command's CLI struct to report its problems.
 type Checker interface {
 	Check() []string
@@ -146,10 +154,13 @@ var ErrHelp = errors.New("help printed")
 func Parse(name, description string, cli any, args []string, stdout io.Writer, extra ...kong.Option) (*kong.Context, error) {
 	st := &parseState{}
 	helpPrinted := false
-	opts := []kong.Option{
+	opts, err := modelOptions(cli)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts,
 		kong.Name(name),
 		kong.Description(description),
-		kong.DefaultEnvars(EnvPrefix),
 		kong.Writers(stdout, stdout),
 		kong.Exit(func(int) { helpPrinted = true }),
 		kong.UsageOnError(),
@@ -157,16 +168,9 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 		// The command line has been read; what decodes from here on comes
 		// from the environment (or a default).
 		kong.WithBeforeReset(func() error { st.fromEnv = true; return nil }),
-	}
+	)
 	for typ, decode := range decoders {
 		opts = append(opts, kong.TypeMapper(typ, collecting{decode: decode, st: st}))
-	}
-	if d, ok := cli.(Defaulter); ok {
-		vars, err := Vars(d.FlagDefaults())
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, vars)
 	}
 	opts = append(opts, extra...)
 	parser, err := kong.New(cli, opts...)
@@ -187,7 +191,7 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 	// A command's own Validate runs inside kong's parse; its complaint
 	// about a flag that did not decode is dropped like Check's.
 	if err != nil && !namesAny(err.Error(), failed) {
-		problems = append(problems, err.Error())
+		problems = append(problems, unknownCommand(kctx, err))
 	}
 	// After a kong error (an unknown flag, say) nothing was applied: Check
 	// would judge zero values.
@@ -202,6 +206,73 @@ func Parse(name, description string, cli any, args []string, stdout io.Writer, e
 		return kctx, &Error{Problems: problems}
 	}
 	return kctx, nil
+}
+
+// unknownCommand words kong's "unexpected argument bogus" where a command
+// was expected as what it is, with the commands there are: an operator who
+// mistyped one learns the right name without another round trip.
+func unknownCommand(kctx *kong.Context, err error) string {
+	word, ok := strings.CutPrefix(err.Error(), "unexpected argument ")
+	if !ok || kctx == nil || kctx.Model == nil {
+		return err.Error()
+	}
+	// kong's suggestion for a near miss: `shwo, did you mean "show"?`.
+	word, suggestion, _ := strings.Cut(word, ", did you mean ")
+	if suggestion != "" {
+		suggestion = " (did you mean " + strings.TrimSuffix(suggestion, "?") + "?)"
+	}
+	node := kctx.Model.Node
+	for _, p := range kctx.Path {
+		if p.Command != nil {
+			node = p.Command
+		}
+	}
+	if len(node.Positional) > 0 {
+		return err.Error() // a command with arguments got one too many
+	}
+	var names []string
+	for _, c := range node.Children {
+		if !c.Hidden {
+			names = append(names, c.Name)
+		}
+	}
+	if len(names) == 0 {
+		return err.Error()
+	}
+	return fmt.Sprintf("unknown command %q for %q%s; the commands are: %s (%s --help describes each)",
+		word, node.FullPath(), suggestion, strings.Join(names, ", "), node.FullPath())
+}
+
+// modelOptions are the options that shape cli's model (which flags exist,
+// which environment variables each reads, their defaults): Parse's and
+// Model's, so a test of the model tests what Parse parses.
+func modelOptions(cli any) ([]kong.Option, error) {
+	opts := []kong.Option{kong.DefaultEnvars(EnvPrefix)}
+	if d, ok := cli.(DatabaseSometimes); ok {
+		opts = append(opts, kong.Vars{"database_url_need": d.DatabaseNeed()})
+	}
+	if d, ok := cli.(Defaulter); ok {
+		vars, err := Vars(d.FlagDefaults())
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, vars)
+	}
+	return opts, nil
+}
+
+// Model is cli's command model as Parse builds it, for tests that check a
+// rule over every command (say, which flags read the environment).
+func Model(name string, cli any, extra ...kong.Option) (*kong.Application, error) {
+	opts, err := modelOptions(cli)
+	if err != nil {
+		return nil, err
+	}
+	k, err := kong.New(cli, append(append(opts, kong.Name(name)), extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("config: build model: %w", err)
+	}
+	return k.Model, nil
 }
 
 // parseState is what the decoders of one Parse share.
@@ -237,16 +308,24 @@ func (st *parseState) report(kctx *kong.Context) ([]string, []string) {
 			continue
 		}
 		texts = append(texts, p.text)
-		failed = append(failed, p.value.Name)
+		failed = append(failed, argName(p.value))
 	}
 	return texts, failed
 }
 
-// namesAny reports whether the problem text mentions --name for any of
-// names, as a whole flag name.
+// argName is a value as the user typed it and --help shows it: --name for
+// a flag, <name> for a positional argument (which has no "--" spelling).
+func argName(v *kong.Value) string {
+	if v.Flag == nil {
+		return "<" + v.Name + ">"
+	}
+	return "--" + v.Name
+}
+
+// namesAny reports whether the problem text mentions any of names (each
+// --flag or <arg>), as a whole name.
 func namesAny(text string, names []string) bool {
-	for _, n := range names {
-		flag := "--" + n
+	for _, flag := range names {
 		for i := strings.Index(text, flag); i >= 0; {
 			end := i + len(flag)
 			if end == len(text) || !isFlagChar(text[end]) {
@@ -364,7 +443,7 @@ func (c collecting) Decode(ctx *kong.DecodeContext, target reflect.Value) error 
 // record words a decode failure by its source: the flag, or the
 // environment variable kong read it from, or the default.
 func (st *parseState) record(v *kong.Value, s string, err error) {
-	flag := "--" + v.Name
+	flag := argName(v)
 	if !st.fromEnv {
 		st.problems = append(st.problems, problem{v, fmt.Sprintf("%s: %v", flag, err)})
 		return

@@ -96,7 +96,7 @@ func TestBrokenAPIsFailTheirScenario(t *testing.T) {
 		{"replays another body", breaks{ReplayOtherBody: true}, []string{"replay"}},
 		{"runs a held key", breaks{RunTwice: true}, []string{"concurrent"}},
 		{"accepts a missing key", breaks{AcceptNoKey: true}, []string{"key-required"}},
-		{"answers a mismatch with 409", breaks{Mismatch409: true}, []string{"params-mismatch"}},
+		{"runs other parameters under a used key", breaks{MismatchRuns: true}, []string{"params-mismatch"}},
 		{"keys not per user", breaks{KeysGlobal: true}, []string{"per-user"}},
 		{"stages on every request", breaks{StageEveryRequest: true}, []string{"staged-jobs"}},
 		{"leaves finished keys locked", breaks{LeaveLocked: true}, []string{"stored-response"}},
@@ -153,7 +153,7 @@ func TestBrokenAPIsWithoutDatabase(t *testing.T) {
 		{"ignores the key", breaks{IgnoreKey: true}, []string{"replay", "params-mismatch", "key-required", "concurrent"}},
 		{"replays another body", breaks{ReplayOtherBody: true}, []string{"replay"}},
 		{"accepts a missing key", breaks{AcceptNoKey: true}, []string{"key-required"}},
-		{"answers a mismatch with 409", breaks{Mismatch409: true}, []string{"params-mismatch"}},
+		{"runs other parameters under a used key", breaks{MismatchRuns: true}, []string{"params-mismatch"}},
 		{"keys not per user", breaks{KeysGlobal: true}, []string{"per-user"}},
 	}
 	for _, c := range cases {

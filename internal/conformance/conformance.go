@@ -126,9 +126,9 @@ type Config struct {
 	// Secrets, when set with Pool, are the completer's replay secrets:
 	// the signed-replay scenarios run.
 	Secrets []replayauth.Secret
-	// MismatchStatus is the status a reused key with other parameters
-	// must get: 422 (idem's, the IETF draft's) unless the API documents
-	// 400.
+	// MismatchStatus, when set, pins the status a reused key with other
+	// parameters must get, one of MismatchStatuses; zero accepts any of
+	// them, and the params-mismatch scenario reports which it saw.
 	MismatchStatus int
 	// Concurrency is how many requests race for one key (default 8).
 	Concurrency int
@@ -149,11 +149,8 @@ func (c *Config) Validate() error {
 	if err := c.Template.check(); err != nil {
 		return fmt.Errorf("conformance: %w", err)
 	}
-	if c.MismatchStatus == 0 {
-		c.MismatchStatus = http.StatusUnprocessableEntity
-	}
-	if c.MismatchStatus != http.StatusUnprocessableEntity && c.MismatchStatus != http.StatusBadRequest {
-		return fmt.Errorf("conformance: MismatchStatus %d: must be 422 or 400", c.MismatchStatus)
+	if c.MismatchStatus != 0 && MismatchStatuses[c.MismatchStatus] == "" {
+		return fmt.Errorf("conformance: MismatchStatus %d: must be one of %s", c.MismatchStatus, mismatchStatusList())
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 8
@@ -169,10 +166,37 @@ func (c *Config) Validate() error {
 	}
 	for _, name := range c.Only {
 		if scenarioNamed(name) == nil {
-			return fmt.Errorf("conformance: no scenario named %q", name)
+			var names []string
+			for _, s := range Scenarios() {
+				names = append(names, s.Name)
+			}
+			return fmt.Errorf("conformance: no scenario named %q; the scenarios are: %s", name, strings.Join(names, ", "))
 		}
 	}
 	return nil
+}
+
+// MismatchStatuses are the statuses a correct API may answer a reused key
+// with other parameters with, each with whose choice it is: the protocol
+// is that the request is refused and never run, not which 4xx says so.
+var MismatchStatuses = map[int]string{
+	http.StatusBadRequest:          "Stripe's",
+	http.StatusConflict:            "the article's",
+	http.StatusUnprocessableEntity: "the IETF draft's and idem's",
+}
+
+// mismatchStatusList is MismatchStatuses' codes, in order, for messages.
+func mismatchStatusList() string {
+	codes := make([]int, 0, len(MismatchStatuses))
+	for c := range MismatchStatuses {
+		codes = append(codes, c)
+	}
+	sort.Ints(codes)
+	parts := make([]string, len(codes))
+	for i, c := range codes {
+		parts[i] = fmt.Sprintf("%d (%s)", c, MismatchStatuses[c])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Outcome of a scenario.
@@ -276,10 +300,14 @@ func failf(format string, args ...any) error { return failure{msg: fmt.Sprintf(f
 
 // run is one conformance run's state.
 type run struct {
-	cfg  Config
-	id   string
-	db   *db
-	seed *keyRow // a finished key of the API's, the model for the keys made
+	cfg Config
+	id  string
+	// db is the oracle, nil without a database or when the database
+	// lacks idemd's schema; noSchema then says what is missing and how
+	// to get it, and the scenarios that read the tables say so.
+	db       *db
+	noSchema string
+	seed     *keyRow // a finished key of the API's, the model for the keys made
 }
 
 // key is a fresh key value for a scenario.
@@ -290,8 +318,11 @@ func (r *run) key(scenario string) string {
 // missing says why a scenario needing needs cannot run, "" when it can.
 func (r *run) missing(needs need) string {
 	var m []string
-	if needs&needDB != 0 && r.cfg.Pool == nil {
+	switch {
+	case needs&needDB != 0 && r.cfg.Pool == nil:
 		m = append(m, "--database-url")
+	case needs&needDB != 0 && r.noSchema != "":
+		m = append(m, r.noSchema)
 	}
 	if needs&needSecret != 0 && len(r.cfg.Secrets) == 0 {
 		m = append(m, "the completer's replay secret (--auth-secret-file)")

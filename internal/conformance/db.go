@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,8 +32,21 @@ func (r *run) openDB(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("conformance: read the database's tables: %w", err)
 	}
-	if !keys || !staged {
-		return errors.New("conformance: the database has no idempotency_keys or staged_jobs: run idemctl migrate, or give the API's database")
+	if !keys {
+		return errors.New("conformance: the database has no idempotency_keys: give the API's database")
+	}
+	if missing, err := d.missingColumns(ctx); err != nil {
+		return err
+	} else if missing != "" || !staged {
+		// The article's schema without idemd's: the scenarios that read
+		// or write the tables would fail on a column they need, so they
+		// say what to run instead, and the others run.
+		what := "no staged_jobs"
+		if missing != "" {
+			what = "idempotency_keys has no " + missing
+		}
+		r.noSchema = "idemd's schema, which this database lacks (" + what + "): run `idemctl migrate` against it (docs/adopt.md)"
+		return nil
 	}
 	// Where the enqueuer moves jobs: the API's role may not read them (the
 	// daemons' role does); unread, a job moved during the run is missed.
@@ -39,6 +54,34 @@ func (r *run) openDB(ctx context.Context) error {
 	d.river = river && d.readable(ctx, "river_job")
 	r.db = d
 	return nil
+}
+
+// oracleColumns are the idempotency_keys columns the scenarios read and
+// write (keyColumns, clone): the article's, and idemd's request_fingerprint
+// and upstream_idempotency_key.
+var oracleColumns = []string{"id", "idempotency_key", "user_id", "recovery_point", "locked_at", "response_code",
+	"response_body", "request_method", "request_path", "request_params", "last_run_at", "request_fingerprint",
+	"upstream_idempotency_key"}
+
+// missingColumns names the oracleColumns idempotency_keys lacks, "" when
+// none.
+func (d *db) missingColumns(ctx context.Context) (string, error) {
+	rows, err := d.pool.Query(ctx, `SELECT attname::text FROM pg_attribute
+WHERE attrelid = to_regclass('idempotency_keys') AND attnum > 0 AND NOT attisdropped`)
+	if err != nil {
+		return "", fmt.Errorf("conformance: read idempotency_keys' columns: %w", err)
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", fmt.Errorf("conformance: read idempotency_keys' columns: %w", err)
+	}
+	var missing []string
+	for _, c := range oracleColumns {
+		if !slices.Contains(have, c) {
+			missing = append(missing, c)
+		}
+	}
+	return strings.Join(missing, ", "), nil
 }
 
 func (d *db) readable(ctx context.Context, table string) bool {

@@ -43,7 +43,7 @@ func Scenarios() []Scenario {
 			Doc: doc + "#what-a-replay-returns", Check: checkReplay},
 		{Name: "stored-response", Rationale: "the first request finishes its key: recovery point finished, unlocked, its status and body stored",
 			Doc: doc + "#atomic-phases", Needs: needDB, Check: checkStored},
-		{Name: "params-mismatch", Rationale: "the same key with other parameters is refused (422), never run and never answered with the first response",
+		{Name: "params-mismatch", Rationale: "the same key with other parameters is refused (400, 409 or 422), never run and never answered with the first response",
 			Doc: doc + "#status-codes", Check: checkMismatch},
 		{Name: "key-required", Rationale: "a missing, empty or over-long Idempotency-Key is refused with 400 before any work",
 			Doc: doc + "#status-codes", Check: checkKeyRequired},
@@ -202,17 +202,25 @@ func checkMismatch(ctx context.Context, r *run) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if a2.status != r.cfg.MismatchStatus {
+	whose, refused := MismatchStatuses[a2.status]
+	if pinned := r.cfg.MismatchStatus; pinned != 0 && a2.status != pinned || !refused {
 		what := "a reused key must never run other parameters"
 		if a2.status == a1.status && a2.body == a1.body {
 			what = "it was answered with the first request's response, as if it were that request"
+		} else if refused {
+			what = fmt.Sprintf("a refusal, but --mismatch-status pins %d", r.cfg.MismatchStatus)
 		}
-		return "", failf("the same key with other parameters answered %s, want %d: %s", a2, r.cfg.MismatchStatus, what)
+		want := "one of " + mismatchStatusList()
+		if r.cfg.MismatchStatus != 0 {
+			want = fmt.Sprint(r.cfg.MismatchStatus)
+		}
+		return "", failf("the same key with other parameters answered %s, want %s: %s", a2, want, what)
 	}
+	note := fmt.Sprintf("answered %d, %s choice", a2.status, whose)
 	if r.db != nil {
-		return "", r.db.unchanged(ctx, row, fmt.Sprintf("the API answered %d", a2.status))
+		return note, r.db.unchanged(ctx, row, fmt.Sprintf("the API answered %d", a2.status))
 	}
-	return "", nil
+	return note, nil
 }
 
 func checkKeyRequired(ctx context.Context, r *run) (string, error) {
@@ -296,7 +304,11 @@ func checkConcurrent(ctx context.Context, r *run) (string, error) {
 	note := fmt.Sprintf("%d of %d racing requests got 409", conflicts, n)
 	if r.db == nil {
 		if conflicts == 0 {
-			note += " (the first finished before the others arrived; --database-url adds a check that does not depend on timing)"
+			with := "--database-url adds"
+			if r.noSchema != "" {
+				with = "idemd's schema (`idemctl migrate`) lets --database-url add"
+			}
+			note += " (the first finished before the others arrived; " + with + " a check that does not depend on timing)"
 		}
 		return note, nil
 	}

@@ -26,11 +26,14 @@ import (
 // breaks are the switches of orderAPI: each breaks one rule of the
 // protocol the way an API really gets it wrong.
 type breaks struct {
-	IgnoreKey         bool // no idempotency at all: every request runs
-	ReplayOtherBody   bool // a replay answers something else than the stored body
-	RunTwice          bool // a key another request holds runs anyway
-	AcceptNoKey       bool // a missing, empty or over-long key gets a random one
-	Mismatch409       bool // other parameters with a used key: 409, the article's status
+	IgnoreKey       bool // no idempotency at all: every request runs
+	ReplayOtherBody bool // a replay answers something else than the stored body
+	RunTwice        bool // a key another request holds runs anyway
+	AcceptNoKey     bool // a missing, empty or over-long key gets a random one
+	MismatchRuns    bool // other parameters with a used key run as a new order
+	// MismatchStatus is not a break but a dialect: the status other
+	// parameters with a used key are refused with (0: idem's 422).
+	MismatchStatus    int
 	KeysGlobal        bool // keys are not scoped per user
 	StageEveryRequest bool // the job is staged after the protocol, on replays too
 	LeaveLocked       bool // a finished key is left locked
@@ -176,8 +179,16 @@ func (a *orderAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		writeRaw(w, http.StatusCreated, orderBody(id, p))
 		return
-	case err != nil && a.b.Mismatch409 && errors.Is(err, idem.ErrParamsMismatch):
-		idem.WriteJSONError(w, http.StatusConflict, idem.MsgParamsMismatch)
+	case err != nil && a.b.MismatchStatus != 0 && errors.Is(err, idem.ErrParamsMismatch):
+		idem.WriteJSONError(w, a.b.MismatchStatus, idem.MsgParamsMismatch)
+		return
+	case err != nil && a.b.MismatchRuns && errors.Is(err, idem.ErrParamsMismatch):
+		id, err := a.insertOrder(ctx, a.pool, uid, nil, p)
+		if err != nil {
+			idem.WriteJSONError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		writeRaw(w, http.StatusCreated, orderBody(id, p))
 		return
 	case err != nil:
 		a.store.WriteError(w, err)

@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/console"
-	"github.com/idemd/idemd/internal/ctl"
 	"github.com/idemd/idemd/internal/logging"
+	"github.com/idemd/idemd/internal/reaper"
 	"github.com/idemd/idemd/internal/review"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 )
@@ -112,13 +112,13 @@ type options struct {
 	readOnly, river  bool
 }
 
-// serve starts the console on s's database with the ctl backend.
+// serve starts the console on s's database.
 func serve(t *testing.T, s *seeded, o options) *httptest.Server {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	cfg := console.Config{
-		Pool: s.pool, Backend: &ctl.ConsoleBackend{Pool: s.pool, Retention: 72 * time.Hour, LockWindow: time.Hour},
+		Pool: s.pool, Eligibility: reaper.Eligibility{Retention: 72 * time.Hour, LockWindow: time.Hour},
 		Operator: o.operator, OperatorHeader: o.header, ReadOnly: o.readOnly, GiveUpAfter: 23 * time.Hour, Logger: zap.NewNop(),
 	}
 	if o.river {
@@ -396,40 +396,5 @@ func TestIdentity(t *testing.T) {
 	}
 	if n := count(t, s.pool, "SELECT count(*) FROM idemd_operator_actions"); n != 1 {
 		t.Fatal("refused posts recorded actions")
-	}
-}
-
-// TestRiverJobLookupUsesMetadataIndex: the lookups of a key's or a staged
-// id's River jobs (metadata containment) can use River's GIN index on
-// river_job.metadata rather than reading the whole table. Sequential scans
-// are priced out because the test table is tiny.
-func TestRiverJobLookupUsesMetadataIndex(t *testing.T) {
-	s := seed(t)
-	ctx := context.Background()
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := tx.Query(ctx, "EXPLAIN "+console.RiverJobsSQL, `{"idemd_key_id": 1}`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan strings.Builder
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan.WriteString(line + "\n")
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(plan.String(), "river_job_metadata_index") {
-		t.Fatalf("plan does not use river_job_metadata_index:\n%s", plan.String())
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/operator"
 )
 
 // pageNames are the templates in templates/, each rendered inside
@@ -33,29 +35,29 @@ func parsePages() (map[string]*template.Template, error) {
 		"ago": func(now time.Time, t any) string {
 			switch t := t.(type) {
 			case time.Time:
-				return ageText(now.Sub(t))
+				return operator.Age(now.Sub(t))
 			case *time.Time:
 				if t == nil {
 					return "-"
 				}
-				return ageText(now.Sub(*t))
+				return operator.Age(now.Sub(*t))
 			}
 			return ""
 		},
-		"secs": func(s float64) string { return ageText(time.Duration(s * float64(time.Second))) },
+		"secs": func(s float64) string { return operator.AgeSeconds(s) },
 		// took is how long a run from start to end took; "-" without an end.
 		"took": func(start time.Time, end *time.Time) string {
 			if end == nil {
 				return "-"
 			}
-			return ageText(end.Sub(start))
+			return operator.Age(end.Sub(start))
 		},
 		"str":    func(s *string) string { return deref(s) },
 		"num":    func(i *int32) string { return intText(i) },
 		"json":   func(raw []byte) string { return pretty(raw) },
 		"join":   strings.Join,
 		"id64":   func(i *int64) string { return int64Text(i) },
-		"isOpen": func(r Review) bool { return r.Open() },
+		"isOpen": func(r operator.Review) bool { return r.Open() },
 		"dict": func(kv ...any) (map[string]any, error) {
 			if len(kv)%2 != 0 {
 				return nil, errors.New("dict: odd number of arguments")
@@ -83,19 +85,6 @@ func parsePages() (map[string]*template.Template, error) {
 	return pages, nil
 }
 
-// ageText renders a duration the way idemctl does: 3d4h, 5h12m, 40s.
-func ageText(d time.Duration) string {
-	d = d.Round(time.Second)
-	switch {
-	case d >= 24*time.Hour:
-		return fmt.Sprintf("%dd%dh", d/(24*time.Hour), (d%(24*time.Hour))/time.Hour)
-	case d >= time.Hour:
-		return fmt.Sprintf("%dh%dm", d/time.Hour, (d%time.Hour)/time.Minute)
-	default:
-		return d.String()
-	}
-}
-
 func deref(s *string) string {
 	if s == nil {
 		return ""
@@ -119,24 +108,24 @@ func int64Text(i *int64) string {
 
 // statusData is the status page.
 type statusData struct {
-	*Overview
-	RiverStates []GroupCount
-	Actions     []Action
+	*operator.Overview
+	RiverStates []operator.GroupCount
+	Actions     []operator.Action
 }
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request, v *view) error {
-	ov, err := s.cfg.Backend.Overview(r.Context())
+	ov, err := operator.Status(r.Context(), s.cfg.Pool, s.cfg.Eligibility)
 	if err != nil {
 		return err
 	}
-	actions, err := RecentActions(r.Context(), s.cfg.Pool, 20)
+	actions, err := operator.RecentActions(r.Context(), s.cfg.Pool, 20)
 	if err != nil {
 		return err
 	}
 	d := statusData{Overview: ov, Actions: actions}
-	for _, st := range []string{"available", "scheduled", "retryable", "running", "pending"} {
+	for _, st := range operator.LiveRiverStates {
 		if n, ok := ov.RiverJobs[st]; ok {
-			d.RiverStates = append(d.RiverStates, GroupCount{Name: st, Count: n})
+			d.RiverStates = append(d.RiverStates, operator.GroupCount{Name: st, Count: n})
 		}
 	}
 	v.Title, v.Nav, v.Data = "Status", "status", d
@@ -146,7 +135,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, v *view) error {
 
 type reviewsData struct {
 	State   string
-	Reviews []Review
+	Reviews []operator.Review
 	Now     time.Time
 }
 
@@ -159,7 +148,7 @@ func (s *Server) reviews(w http.ResponseWriter, r *http.Request, v *view) error 
 	default:
 		return &httpError{http.StatusBadRequest, "state must be open, resolved or all"}
 	}
-	list, err := s.cfg.Backend.Reviews(r.Context(), state, 200)
+	list, err := operator.ListReviews(r.Context(), s.cfg.Pool, operator.ReviewFilter{State: state, Limit: 200})
 	if err != nil {
 		return err
 	}
@@ -177,16 +166,16 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request, v *view) error 
 	if err != nil {
 		return err
 	}
-	if err := s.cfg.Backend.ResolveReview(r.Context(), id, v.Operator, n); err != nil {
-		return &httpError{http.StatusConflict, err.Error()}
+	if _, err := operator.ResolveReview(r.Context(), s.cfg.Pool, id, s.actor(v), n); err != nil {
+		return err
 	}
 	s.log.Info("console: review resolved", zap.String("operator", v.Operator), zap.Int64("review", id))
 	return redirect(w, r, "/reviews", fmt.Sprintf("review %d resolved by %s", id, v.Operator))
 }
 
 type keyData struct {
-	Ref    KeyRef
-	Report *KeyReport
+	Ref    operator.KeyRef
+	Report *operator.KeyReport
 	Lookup bool
 }
 
@@ -221,14 +210,14 @@ func (s *Server) key(w http.ResponseWriter, r *http.Request, v *view) error {
 		return err
 	}
 	v.Nav = "keys"
-	return s.showKey(w, r, v, keyData{Ref: KeyRef{ID: id}})
+	return s.showKey(w, r, v, keyData{Ref: operator.KeyRef{ID: id}})
 }
 
 func (s *Server) showKey(w http.ResponseWriter, r *http.Request, v *view, d keyData) error {
 	if p := d.Ref.Check(); len(p) > 0 {
 		return &httpError{http.StatusBadRequest, strings.Join(p, "; ")}
 	}
-	rep, err := ShowKey(r.Context(), s.cfg.Pool, d.Ref, s.cfg.GiveUpAfter)
+	rep, err := operator.ShowKey(r.Context(), s.cfg.Pool, d.Ref, s.cfg.GiveUpAfter)
 	if err != nil {
 		return err
 	}
@@ -247,7 +236,7 @@ func (s *Server) retry(w http.ResponseWriter, r *http.Request, v *view) error {
 	if err != nil {
 		return err
 	}
-	res, err := RetryKey(r.Context(), s.cfg.Pool, RetryRequest{Ref: KeyRef{ID: id}, Actor: s.actor(v), Note: n, GiveUpAfter: s.cfg.GiveUpAfter})
+	res, err := operator.RetryKey(r.Context(), s.cfg.Pool, operator.RetryRequest{Ref: operator.KeyRef{ID: id}, Actor: s.actor(v), Note: n, GiveUpAfter: s.cfg.GiveUpAfter})
 	if err != nil {
 		return err
 	}
@@ -255,14 +244,14 @@ func (s *Server) retry(w http.ResponseWriter, r *http.Request, v *view) error {
 }
 
 type deadListData struct {
-	Filter DeadFilter
-	Dead   []DeadJob
+	Filter operator.DeadFilter
+	Dead   []operator.DeadJob
 }
 
 func (s *Server) deadList(w http.ResponseWriter, r *http.Request, v *view) error {
 	q := r.URL.Query()
-	f := DeadFilter{Kind: q.Get("kind"), Reason: q.Get("reason"), Limit: 200}
-	list, err := ListDead(r.Context(), s.cfg.Pool, f)
+	f := operator.DeadFilter{Kind: q.Get("kind"), Reason: q.Get("reason"), Limit: 200}
+	list, err := operator.ListDead(r.Context(), s.cfg.Pool, f)
 	if err != nil {
 		return err
 	}
@@ -276,7 +265,7 @@ func (s *Server) dead(w http.ResponseWriter, r *http.Request, v *view) error {
 	if err != nil {
 		return err
 	}
-	rep, err := ShowDead(r.Context(), s.cfg.Pool, id)
+	rep, err := operator.ShowDead(r.Context(), s.cfg.Pool, id)
 	if err != nil {
 		return err
 	}
@@ -294,7 +283,7 @@ func (s *Server) requeue(w http.ResponseWriter, r *http.Request, v *view) error 
 	if err != nil {
 		return err
 	}
-	res, err := RequeueDead(r.Context(), s.cfg.Pool, id, s.actor(v), n)
+	res, err := operator.RequeueDead(r.Context(), s.cfg.Pool, id, s.actor(v), n)
 	if err != nil {
 		return err
 	}

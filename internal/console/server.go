@@ -2,7 +2,6 @@ package console
 
 import (
 	"bytes"
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -22,82 +21,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/idemd/idemd/internal/runhistory"
+	"github.com/idemd/idemd/internal/operator"
+	"github.com/idemd/idemd/internal/reaper"
 )
-
-// Backend is what the web console reads and does through internal/ctl, so
-// the status overview and the review list are the very ones idemctl prints
-// (their JSON is `idemctl status -o json` and `idemctl review list
-// -o json`) and a resolution is the one `idemctl review resolve` makes.
-type Backend interface {
-	Overview(ctx context.Context) (*Overview, error)
-	// Reviews lists reviews in state open, resolved or all, oldest first.
-	Reviews(ctx context.Context, state string, limit int) ([]Review, error)
-	// ResolveReview resolves review id as by with note; an error says why
-	// not (no such review, already resolved by whom).
-	ResolveReview(ctx context.Context, id int64, by, note string) error
-}
-
-// Overview is `idemctl status`'s document: internal/ctl's Status is this
-// type, so the command prints and the console decodes one definition.
-type Overview struct {
-	At time.Time `json:"at"`
-
-	// Enqueuer: staged rows not yet moved to River, and dead-lettered ones.
-	StagedJobs         int64      `json:"staged_jobs"`
-	OldestStagedJobAt  *time.Time `json:"oldest_staged_job_at"`
-	OldestStagedJobAge float64    `json:"oldest_staged_job_age_seconds"`
-	DeadStagedJobs     int64      `json:"dead_staged_jobs"`
-	// River jobs not yet finalized, by state.
-	RiverJobs map[string]int64 `json:"river_jobs"`
-
-	// Completer: unfinished keys it may still work on, by recovery point.
-	UnfinishedKeys []GroupCount `json:"unfinished_keys"`
-
-	// Reaper: what a run would do now, by the reaper's own rules
-	// (reaper.PlanRun): keys past retention that are not in flight nor
-	// leased by the completer, and the reviews deleting them would create.
-	Retention              string     `json:"retention"`
-	LockWindow             string     `json:"lock_window"`
-	KeysPastRetention      int64      `json:"keys_past_retention"`
-	KeysToFlag             int64      `json:"keys_to_flag"`
-	OldestKeyPastRetention *time.Time `json:"oldest_key_past_retention_at"`
-	// The reaper's run history (runhistory.LastRuns), newest first: the runs
-	// of the CronJob, manual runs and --schedule reapers alike, a killed
-	// run as interrupted. LastReaperSuccess is when the last complete run
-	// ended (nil: none in the history).
-	ReaperRuns        []runhistory.Run `json:"reaper_runs"`
-	LastReaperSuccess *time.Time       `json:"last_reaper_success_at"`
-
-	// Humans: open reviews by reason.
-	OpenReviews []GroupCount `json:"open_reviews"`
-
-	// The database's idemd schema against the binary that read it.
-	Schema SchemaVersions `json:"schema"`
-}
-
-// SchemaVersions is the database's idemd schema version (its highest
-// applied migration) and the range the reading binary runs on
-// (migrate.Schema).
-type SchemaVersions struct {
-	Database        int64  `json:"database"`
-	BinaryOldest    int64  `json:"binary_oldest"`
-	BinaryNewest    int64  `json:"binary_newest"`
-	NewerThanBinary bool   `json:"newer_than_binary"`
-	Note            string `json:"note,omitempty"`
-}
-
-// GroupCount is a count and the oldest timestamp of one group.
-type GroupCount struct {
-	Name   string    `json:"name"`
-	Count  int64     `json:"count"`
-	Oldest time.Time `json:"oldest"`
-}
 
 // Config configures the web console.
 type Config struct {
-	Pool    *pgxpool.Pool
-	Backend Backend
+	Pool *pgxpool.Pool
+	// Eligibility is the reaper's rules the status page counts keys past
+	// retention by (operator.Status).
+	Eligibility reaper.Eligibility
 	// Operator is the one identity every action of this process is
 	// recorded under (--operator): for a console on loopback, reached
 	// through `kubectl port-forward` by one person.
@@ -116,7 +49,7 @@ type Config struct {
 	// delete River jobs) through, for a request with an operator identity.
 	// Those are not recorded in idemd_operator_actions, only logged.
 	RiverActions bool
-	// GiveUpAfter is the completer's --give-up-after (KeyState, RetryKey).
+	// GiveUpAfter is the completer's --give-up-after (operator.KeyState, operator.RetryKey).
 	GiveUpAfter time.Duration
 	Logger      *zap.Logger
 	// Secret keys the CSRF tokens; nil: a random one per process.
@@ -137,8 +70,11 @@ var assets embed.FS
 
 // New builds the console.
 func New(cfg Config) (*Server, error) {
-	if cfg.Pool == nil || cfg.Backend == nil {
-		return nil, errors.New("console: a pool and a backend are required")
+	if cfg.Pool == nil {
+		return nil, errors.New("console: a pool is required")
+	}
+	if p := cfg.Eligibility.Check(); len(p) > 0 {
+		return nil, fmt.Errorf("console: %s", strings.Join(p, "; "))
 	}
 	if cfg.Operator != "" && cfg.OperatorHeader != "" {
 		return nil, errors.New("console: --operator and --operator-header exclude each other")
@@ -240,9 +176,9 @@ func statusFor(err error) int {
 	switch {
 	case errors.As(err, &he):
 		return he.code
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, operator.ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, ErrRefused):
+	case errors.Is(err, operator.ErrRefused):
 		return http.StatusConflict
 	}
 	return http.StatusInternalServerError
@@ -353,7 +289,9 @@ func note(r *http.Request) (string, error) {
 	return n, nil
 }
 
-func (s *Server) actor(v *view) Actor { return Actor{By: v.Operator, Via: ViaConsole} }
+func (s *Server) actor(v *view) operator.Actor {
+	return operator.Actor{By: v.Operator, Via: operator.ViaConsole}
+}
 
 // river serves riverui under /river/. Its reads pass; its own
 // state-changing API calls pass only with --river-actions and an operator

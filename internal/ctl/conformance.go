@@ -21,7 +21,7 @@ type ConformanceCmd struct {
 	Request                string        `name:"request" help:"JSON file describing one request of the API that succeeds for a test user: method, path, headers (its authentication), body; optionally encoding, alt_body, second_user (docs/conformance.md). Required."`
 	AuthSecretFile         string        `name:"auth-secret-file" help:"The completer's replay secret file: with it (and --database-url) the signed-replay scenarios run. Read as the completer reads it, never printed."`
 	AuthSecretFilePrevious string        `name:"auth-secret-file-previous" help:"The previous secret during a rotation; replays are then signed with both, as the completer does."`
-	MismatchStatus         int           `name:"mismatch-status" default:"422" help:"Status the API answers for a reused key with other parameters: 422 (idem's) or 400."`
+	MismatchStatus         int           `name:"mismatch-status" help:"Require this status for a reused key with other parameters: 400 (Stripe's), 409 (the article's) or 422 (the IETF draft's, idem's). Without it any of the three passes, and the report says which the API answered."`
 	Concurrency            int           `name:"concurrency" default:"8" help:"Requests sent at once with one key in the concurrent scenario."`
 	RequestTimeout         time.Duration `name:"request-timeout" default:"10s" help:"Timeout of each request."`
 	Scenario               []string      `name:"scenario" help:"Run only these scenarios (repeat, or comma-separated)."`
@@ -47,8 +47,8 @@ func (c *ConformanceCmd) Validate() error {
 	if strings.TrimSpace(c.Request) == "" {
 		p = append(p, "--request is required")
 	}
-	if c.MismatchStatus != 422 && c.MismatchStatus != 400 {
-		p = append(p, fmt.Sprintf("--mismatch-status %d: must be 422 or 400", c.MismatchStatus))
+	if _, ok := conformance.MismatchStatuses[c.MismatchStatus]; c.MismatchStatus != 0 && !ok {
+		p = append(p, fmt.Sprintf("--mismatch-status %d: must be 400, 409 or 422", c.MismatchStatus))
 	}
 	if c.Concurrency < 2 || c.Concurrency > 256 {
 		p = append(p, fmt.Sprintf("--concurrency %d: must be between 2 and 256", c.Concurrency))
@@ -91,7 +91,7 @@ func (c *ConformanceCmd) Run(ctx context.Context, g *Globals) error {
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		return &config.Error{Problems: []string{err.Error()}}
+		return &config.Error{Problems: []string{strings.TrimPrefix(err.Error(), "conformance: ")}}
 	}
 	rep, err := conformance.Run(ctx, cfg)
 	if err != nil {

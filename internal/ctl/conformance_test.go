@@ -139,11 +139,15 @@ func TestConformanceWithDatabase(t *testing.T) {
 	for _, args := range [][]string{
 		{"conformance", "--request", req},
 		{"conformance", "--api-url", api},
-		{"conformance", "--api-url", api, "--request", req, "--mismatch-status", "409"},
+		{"conformance", "--api-url", api, "--request", req, "--mismatch-status", "418"},
 		{"conformance", "--api-url", api, "--request", req, "--scenario", "no-such"},
 	} {
 		if code, _, errs := run(t, append([]string{"--database-url", url}, args...)...); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errs)
 		}
+	}
+	// An unknown scenario is answered with the names there are.
+	if _, _, errs := run(t, "conformance", "--api-url", api, "--request", req, "--scenario", "no-such"); !strings.Contains(errs, `no scenario named "no-such"; the scenarios are: replay, stored-response, params-mismatch`) {
+		t.Errorf("--scenario no-such does not list the scenarios:\n%s", errs)
 	}
 }

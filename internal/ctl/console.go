@@ -1,18 +1,13 @@
 package ctl
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/console"
@@ -22,16 +17,17 @@ import (
 
 // ConsoleCmd serves the web console until SIGTERM.
 type ConsoleCmd struct {
-	Listen          string        `name:"listen" default:"127.0.0.1:8080" help:"Address to serve the console on. Anything but loopback requires --operator-header (an authenticating proxy in front)."`
-	Operator        string        `name:"operator" env:"IDEMD_OPERATOR" help:"The one identity every action from this console is recorded under (a console on loopback for one person). Excludes --operator-header."`
-	OperatorHeader  string        `name:"operator-header" help:"Request header carrying the user an authenticating proxy signed in (oauth2-proxy: X-Forwarded-Email or X-Forwarded-User); requests without it are refused. Only safe when nothing but the proxy reaches the console."`
-	ReadOnly        bool          `name:"read-only" help:"Refuse every action; pages only."`
-	River           bool          `name:"river" default:"true" negatable:"" help:"Serve River's own UI (riverui) under /river/."`
-	RiverActions    bool          `name:"river-actions" help:"Let riverui's own job actions (cancel, retry, delete) through for a request with an operator identity. They are logged, not recorded in idemd_operator_actions."`
-	Retention       time.Duration `name:"retention" default:"${retention}" help:"The reaper's --retention, for the status page (as idemctl status)."`
-	LockWindow      time.Duration `name:"lock-window" default:"${lock_window}" help:"The reaper's --lock-window, for the status page (as idemctl status)."`
-	GiveUpAfter     time.Duration `name:"give-up-after" default:"23h" help:"The completer's --give-up-after: keys older than this are not retried."`
-	ShutdownTimeout time.Duration `name:"shutdown-timeout" default:"10s" help:"On SIGTERM, how long requests in flight may take to finish."`
+	Listen         string `name:"listen" default:"127.0.0.1:8080" help:"Address to serve the console on. Anything but loopback requires --operator-header (an authenticating proxy in front)."`
+	Operator       string `name:"operator" env:"IDEMD_OPERATOR" help:"The one identity every action from this console is recorded under (a console on loopback for one person). Excludes --operator-header."`
+	OperatorHeader string `name:"operator-header" help:"Request header carrying the user an authenticating proxy signed in (oauth2-proxy: X-Forwarded-Email or X-Forwarded-User); requests without it are refused. Only safe when nothing but the proxy reaches the console."`
+	ReadOnly       bool   `name:"read-only" help:"Refuse every action; pages only."`
+	River          bool   `name:"river" default:"true" negatable:"" help:"Serve River's own UI (riverui) under /river/."`
+	RiverActions   bool   `name:"river-actions" help:"Let riverui's own job actions (cancel, retry, delete) through for a request with an operator identity. They are logged, not recorded in idemd_operator_actions."`
+	// The status page's rules are the reaper's own flags, as for idemctl
+	// status.
+	reaper.Eligibility `embed:""`
+	GiveUpAfter        time.Duration `name:"give-up-after" default:"23h" help:"The completer's --give-up-after: keys older than this are not retried."`
+	ShutdownTimeout    time.Duration `name:"shutdown-timeout" default:"10s" help:"On SIGTERM, how long requests in flight may take to finish."`
 }
 
 // Validate reports every problem with the console's flags (exit 2).
@@ -46,9 +42,7 @@ func (c *ConsoleCmd) Validate() error {
 	if c.Operator != "" && c.OperatorHeader != "" {
 		p = append(p, "--operator and --operator-header exclude each other: with a proxy, the proxy says who acts")
 	}
-	// The status page's rules are the reaper's, as for idemctl status.
-	e := reaper.Eligibility{Retention: c.Retention, LockWindow: c.LockWindow}
-	p = append(p, e.Check()...)
+	p = append(p, c.Eligibility.Check()...)
 	if c.GiveUpAfter <= 0 {
 		p = append(p, "--give-up-after must be positive")
 	}
@@ -101,7 +95,7 @@ func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {
 // handler builds the console; riverui's background services stop with ctx.
 func (c *ConsoleCmd) handler(ctx context.Context, g *Globals) (http.Handler, error) {
 	cfg := console.Config{
-		Pool: g.Pool, Backend: &ConsoleBackend{Pool: g.Pool, Retention: c.Retention, LockWindow: c.LockWindow},
+		Pool: g.Pool, Eligibility: c.Eligibility,
 		Operator: strings.TrimSpace(c.Operator), OperatorHeader: c.OperatorHeader, ReadOnly: c.ReadOnly,
 		RiverActions: c.RiverActions, GiveUpAfter: c.GiveUpAfter, Logger: g.Logger,
 	}
@@ -113,56 +107,4 @@ func (c *ConsoleCmd) handler(ctx context.Context, g *Globals) (http.Handler, err
 		cfg.River = river
 	}
 	return console.New(cfg)
-}
-
-// ConsoleBackend is console.Backend on idemctl's own commands: the status
-// page is `idemctl status -o json`, the review queue `idemctl review
-// list -o json`, a resolution `idemctl review resolve`, decoded from the
-// JSON they print so the console shows exactly what the commands do.
-type ConsoleBackend struct {
-	Pool       *pgxpool.Pool
-	Retention  time.Duration // status's --retention
-	LockWindow time.Duration // status's --lock-window
-}
-
-func (b *ConsoleBackend) globals(out io.Writer) *Globals {
-	return &Globals{Pool: b.Pool, Logger: zap.NewNop(), Stdout: out}
-}
-
-// Overview implements console.Backend.
-func (b *ConsoleBackend) Overview(ctx context.Context) (*console.Overview, error) {
-	var out bytes.Buffer
-	if err := (&StatusCmd{Retention: b.Retention, LockWindow: b.LockWindow, Output: Output{Output: "json"}}).Run(ctx, b.globals(&out)); err != nil {
-		return nil, err
-	}
-	var ov console.Overview
-	if err := json.Unmarshal(out.Bytes(), &ov); err != nil {
-		return nil, fmt.Errorf("status: decode: %w", err)
-	}
-	return &ov, nil
-}
-
-// Reviews implements console.Backend.
-func (b *ConsoleBackend) Reviews(ctx context.Context, state string, limit int) ([]console.Review, error) {
-	var out bytes.Buffer
-	if err := (&ReviewListCmd{State: state, Limit: limit, Output: Output{Output: "json"}}).Run(ctx, b.globals(&out)); err != nil {
-		return nil, err
-	}
-	var list []console.Review
-	if err := json.Unmarshal(out.Bytes(), &list); err != nil {
-		return nil, fmt.Errorf("review list: decode: %w", err)
-	}
-	return list, nil
-}
-
-// ResolveReview implements console.Backend.
-func (b *ConsoleBackend) ResolveReview(ctx context.Context, id int64, by, note string) error {
-	if strings.TrimSpace(by) == "" {
-		return errors.New("review resolve: an operator identity is required")
-	}
-	cmd := &ReviewResolveCmd{ID: id, Note: note, By: by}
-	if err := cmd.Validate(); err != nil {
-		return err
-	}
-	return cmd.Run(ctx, b.globals(io.Discard))
 }

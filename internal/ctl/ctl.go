@@ -3,12 +3,15 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -32,16 +35,29 @@ type CLI struct {
 	Console ConsoleCmd `cmd:"" help:"Serve the web console: status, review queue, key lookup, dead letters, River's UI (docs/console.md)."`
 
 	Conformance ConformanceCmd `cmd:"" help:"Check a running API against the idempotency-key protocol, scenario by scenario (docs/conformance.md)."`
+
+	HelpCommand HelpCmd       `cmd:"" name:"help" help:"Show the help of idemctl or of a command (idemctl help keys retry)."`
+	Version     VersionCmd    `cmd:"" help:"Print the version, commit and Go version."`
+	Completion  CompletionCmd `cmd:"" help:"Print the completion script of a shell: bash, zsh or fish."`
+	Complete    CompleteCmd   `cmd:"" name:"__complete" hidden:"" help:"What the completion scripts call."`
 }
 
-// Check reports configuration problems. conformance needs no database:
-// without one it checks what a client sees.
+// Check reports configuration problems. conformance needs no database
+// (without one it checks what a client sees), completion none at all.
 func (c *CLI) Check() []string {
 	p := c.Database.Check()
-	if c.Conformance.selected && strings.TrimSpace(c.DatabaseURL) == "" {
+	offline := c.Conformance.selected || c.HelpCommand.selected || c.Version.selected ||
+		c.Completion.selected || c.Complete.selected
+	if offline && strings.TrimSpace(c.DatabaseURL) == "" {
 		p = slices.DeleteFunc(p, func(s string) bool { return strings.HasPrefix(s, "--database-url") })
 	}
 	return p
+}
+
+// DatabaseNeed implements config.DatabaseSometimes: --help says which
+// commands need --database-url.
+func (c *CLI) DatabaseNeed() string {
+	return "Required by every command but conformance (optional there), help, version and completion."
 }
 
 // Globals is bound into every subcommand's Run.
@@ -50,6 +66,10 @@ type Globals struct {
 	Pooler string // --pooler: what Pool goes through
 	Logger *zap.Logger
 	Stdout io.Writer
+	Stderr io.Writer
+	// Kctx is the parsed command line, for where a value came from
+	// (source).
+	Kctx *kong.Context
 	// HasDatabase is false when no --database-url was given (only
 	// conformance runs so): Pool then reaches nothing useful.
 	HasDatabase bool
@@ -67,7 +87,10 @@ type MigrateCmd struct {
 	// --lock-wait) nor IDEMD_LOCK_TIMEOUT (the completer's).
 	DDLLockTimeout time.Duration `name:"ddl-lock-timeout" default:"2s" help:"Every migration statement's lock_timeout: the longest the API's statements on a table queue behind a migration's lock request. A statement not granted its lock in time is retried, with backoff, until --lock-wait."`
 	LockTimeout    time.Duration `name:"lock-timeout" hidden:"" env:"-" help:"Deprecated spelling of --lock-wait."`
-	Adopt          AdoptFlags    `embed:"" prefix:"adopt-"` // adopt.go
+	// PrintSQL is read from the command line only: a variable left set
+	// must not turn the migration Job into one that applies nothing.
+	PrintSQL bool       `name:"print-sql" env:"-" help:"Apply nothing: print the pending River and idemd migrations, each with the statement that records it as applied, and the grants, as SQL to apply with your own tool (Flyway, Atlas, goose, psql). Nothing is printed when nothing is pending."`
+	Adopt    AdoptFlags `embed:"" prefix:"adopt-"` // adopt.go
 }
 
 // wait is --lock-wait, or the deprecated --lock-timeout when that was given.
@@ -80,6 +103,21 @@ func (m *MigrateCmd) wait() time.Duration {
 
 // Run applies the migrations and then the grants on their tables.
 func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
+	if m.PrintSQL {
+		if m.Adopt.ArticleSchema {
+			return &config.Error{Problems: []string{"--print-sql and --adopt-article-schema exclude each other: the adoption is an online backfill, not SQL to print"}}
+		}
+		sql, err := migrate.PendingSQL(ctx, g.Pool)
+		if err != nil {
+			return err
+		}
+		if sql == "" {
+			fmt.Fprintln(g.Stderr, "migrate: nothing pending; no SQL to print")
+			return nil
+		}
+		_, err = fmt.Fprint(g.Stdout, sql)
+		return err
+	}
 	if m.DDLLockTimeout <= 0 {
 		return &config.Error{Problems: []string{fmt.Sprintf("--ddl-lock-timeout must be positive, got %s", m.DDLLockTimeout)}}
 	}
@@ -118,6 +156,47 @@ func warnDeprecated(args []string, stderr io.Writer) {
 	}
 }
 
+// once drops a line of an error's text that repeats the line before it:
+// pgx reports each connection attempt (with sslmode=prefer, TLS then
+// plain text) and two failures alike are one failure to the operator.
+func once(text string) string {
+	lines := strings.Split(text, "\n")
+	out := lines[:1]
+	for _, l := range lines[1:] {
+		if l != out[len(out)-1] {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// fromDefault is source's answer for a flag given nowhere.
+const fromDefault = "its default"
+
+// source says where the value of flag name (without --) was taken from:
+// the command line, its environment variable, or nowhere (fromDefault).
+func (g *Globals) source(name string) string {
+	if g.Kctx == nil {
+		return fromDefault
+	}
+	for _, p := range g.Kctx.Path {
+		if p.Flag != nil && p.Flag.Name == name {
+			return "--" + name
+		}
+	}
+	for _, f := range g.Kctx.Flags() {
+		if f.Name != name {
+			continue
+		}
+		for _, env := range f.Tag.Envs {
+			if v, ok := os.LookupEnv(env); ok && v != "" {
+				return env
+			}
+		}
+	}
+	return fromDefault
+}
+
 // Main runs idemctl and returns its exit code. With no arguments it prints
 // the help (exit 0): a bare command is a question, not a mistake.
 func Main(args []string, stdout, stderr io.Writer) int {
@@ -133,11 +212,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	defer base.Close()
 
-	g := &Globals{Pool: base.Pool, Pooler: cli.Database.Pooler, Logger: base.Logger, Stdout: stdout, HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}
+	g := &Globals{Pool: base.Pool, Pooler: cli.Database.Pooler, Logger: base.Logger, Stdout: stdout, Stderr: stderr, Kctx: kctx,
+		HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}
 	kctx.BindTo(base.Ctx, (*context.Context)(nil))
 	err := daemon.SchemaHint(kctx.Run(g))
+	var printed exitStatus
+	if errors.As(err, &printed) {
+		return int(printed)
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "idemctl: %v\n", err)
+		fmt.Fprintf(stderr, "idemctl: %s\n", once(err.Error()))
 	}
 	return daemon.ExitCode(err)
 }

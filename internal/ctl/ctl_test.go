@@ -107,10 +107,10 @@ func TestReviewListAndResolve(t *testing.T) {
 		t.Fatalf("resolved row: %s %q %v", by, note, resolvedAtSet)
 	}
 	// Resolving twice never overwrites the first note.
-	if code, _, errs := run(t, append(db, "review", "resolve", id, "--note", "again", "--by", "bob")...); code != 1 || !strings.Contains(errs, "already resolved by alice") {
+	if code, _, errs := run(t, append(db, "review", "resolve", id, "--note", "again", "--by", "bob")...); code != 3 || !strings.Contains(errs, "already resolved by alice") {
 		t.Fatalf("second resolve: exit %d, %s", code, errs)
 	}
-	if code, _, errs := run(t, append(db, "review", "resolve", "999999", "--note", "x", "--by", "alice")...); code != 1 || !strings.Contains(errs, "no review 999999") {
+	if code, _, errs := run(t, append(db, "review", "resolve", "999999", "--note", "x", "--by", "alice")...); code != 3 || !strings.Contains(errs, "no review 999999") {
 		t.Fatalf("resolve unknown: exit %d, %s", code, errs)
 	}
 	if code, _, errs := run(t, append(db, "review", "resolve", id, "--by", "alice")...); code != 2 || !strings.Contains(errs, "--note is required") {

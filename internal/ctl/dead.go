@@ -9,7 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/operator"
 )
 
 // DeadCmd groups the dead-letter subcommands.
@@ -37,7 +37,7 @@ func (c *DeadListCmd) Validate() error {
 
 // Run lists the dead letters.
 func (c *DeadListCmd) Run(ctx context.Context, g *Globals) error {
-	dead, err := console.ListDead(ctx, g.Pool, console.DeadFilter{Kind: c.Kind, Reason: c.Reason, Limit: c.Limit})
+	dead, err := operator.ListDead(ctx, g.Pool, operator.DeadFilter{Kind: c.Kind, Reason: c.Reason, Limit: c.Limit})
 	if err != nil {
 		return err
 	}
@@ -51,7 +51,7 @@ func (c *DeadListCmd) Run(ctx context.Context, g *Globals) error {
 	tw := tabwriter.NewWriter(g.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tDEAD_AT\tAGE\tREASON")
 	for _, d := range dead {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", d.ID, d.Kind, orDash(d.Queue), ts(&d.DeadAt), age(d.AgeSeconds), oneLine(d.Reason))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", d.ID, d.Kind, orDash(d.Queue), ts(&d.DeadAt), operator.AgeSeconds(d.AgeSeconds), oneLine(d.Reason))
 	}
 	return tw.Flush()
 }
@@ -64,9 +64,9 @@ type DeadShowCmd struct {
 
 // Run prints the report.
 func (c *DeadShowCmd) Run(ctx context.Context, g *Globals) error {
-	rep, err := console.ShowDead(ctx, g.Pool, c.ID)
+	rep, err := operator.ShowDead(ctx, g.Pool, c.ID)
 	if err != nil {
-		return fmt.Errorf("dead show: %w", err)
+		return named("dead show", err)
 	}
 	if c.JSON() {
 		return writeJSON(g.Stdout, rep)
@@ -74,7 +74,7 @@ func (c *DeadShowCmd) Run(ctx context.Context, g *Globals) error {
 	return writeDeadReport(g.Stdout, rep)
 }
 
-func writeDeadReport(w io.Writer, rep *console.DeadReport) error {
+func writeDeadReport(w io.Writer, rep *operator.DeadReport) error {
 	fmt.Fprintf(w, "staged job %d\n\n", rep.ID)
 	where := "gone (not dead, not staged, no River job names it)"
 	switch {
@@ -98,7 +98,7 @@ func writeDeadReport(w io.Writer, rep *console.DeadReport) error {
 			[2]string{"tags", strings.Join(d.Tags, ",")},
 			[2]string{"metadata", string(d.Metadata)},
 			[2]string{"staged at", ts(&d.CreatedAt)},
-			[2]string{"dead at", ts(&d.DeadAt) + " (" + age(d.AgeSeconds) + " ago)"},
+			[2]string{"dead at", ts(&d.DeadAt) + " (" + operator.AgeSeconds(d.AgeSeconds) + " ago)"},
 		)
 	}
 	writeLines(w, pairs)
@@ -137,7 +137,7 @@ func (c *DeadRequeueCmd) Validate() error {
 	p := c.Operator.problems()
 	for _, id := range c.IDs {
 		if id < 1 {
-			p = append(p, "ids must be positive")
+			p = append(p, "<id> must be positive")
 			break
 		}
 	}
@@ -145,21 +145,24 @@ func (c *DeadRequeueCmd) Validate() error {
 }
 
 // Run requeues each id in its own statement; an id that is not dead
-// (never was, or already requeued) is reported and the command exits 1
+// (never was, or already requeued) is reported and the command exits 3
 // after trying the others.
 func (c *DeadRequeueCmd) Run(ctx context.Context, g *Globals) error {
-	var failed []string
+	c.Operator.announce(g)
+	var failed []error
 	for _, id := range c.IDs {
-		res, err := console.RequeueDead(ctx, g.Pool, id, c.actor(), c.Note)
+		res, err := operator.RequeueDead(ctx, g.Pool, id, c.actor(), c.Note)
 		if err != nil {
-			failed = append(failed, err.Error())
+			failed = append(failed, err)
 			continue
 		}
 		fmt.Fprintf(g.Stdout, "staged job %d requeued into staged_jobs by %s at %s (action %d)\n",
 			res.ID, res.By, ts(&res.At), res.ActionID)
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("dead requeue: %s", strings.Join(failed, "; "))
+		// Joined, not flattened: exit 3 when every failure was a refusal
+		// (daemon.ExitCode), 1 when one may pass on a second run.
+		return fmt.Errorf("dead requeue: %w", errors.Join(failed...))
 	}
 	return nil
 }

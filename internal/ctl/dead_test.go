@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/operator"
 )
 
 // addDead inserts a dead letter as the enqueuer writes one.
@@ -35,7 +35,7 @@ func TestDeadListShowRequeue(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "send_receipt") || !strings.Contains(out, "charge") || strings.Index(out, "101") > strings.Index(out, "102") {
 		t.Fatalf("list: exit %d\n%s%s", code, out, errs)
 	}
-	var dead []console.DeadJob
+	var dead []operator.DeadJob
 	code, out, _ = run(t, append(db, "dead", "list", "--reason", "unknown_kind", "-o", "json")...)
 	if err := json.Unmarshal([]byte(out), &dead); code != 0 || err != nil || len(dead) != 1 || dead[0].ID != 101 || dead[0].Kind != "send_receipt" {
 		t.Fatalf("list json: exit %d %v %s", code, err, out)
@@ -72,7 +72,7 @@ AND actor = 'bob' AND via = 'idemctl' AND note = 'receipts worker deployed' AND 
 	}
 	// A second requeue finds nothing and changes nothing.
 	code, _, errs = run(t, append(db, "dead", "requeue", "101", "102", "--by", "bob", "--note", "again")...)
-	if code != 1 || !strings.Contains(errs, "no dead-lettered staged job 101") {
+	if code != 3 || !strings.Contains(errs, "no dead-lettered staged job 101") {
 		t.Fatalf("second requeue: exit %d, %s", code, errs)
 	}
 	if n := count(t, pool, "SELECT count(*) FROM staged_jobs WHERE id IN (101, 102)"); n != 2 {
@@ -83,12 +83,12 @@ AND actor = 'bob' AND via = 'idemctl' AND note = 'receipts worker deployed' AND 
 	}
 
 	// Show still answers for a requeued id: where it is and who moved it.
-	var rep console.DeadReport
+	var rep operator.DeadReport
 	code, out, _ = run(t, append(db, "dead", "show", "101", "-o", "json")...)
 	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil || rep.Dead != nil || !rep.Staged || len(rep.Actions) != 1 || rep.Actions[0].Actor != "bob" {
 		t.Fatalf("show requeued: exit %d %v %s", code, err, out)
 	}
-	if code, _, errs := run(t, append(db, "dead", "show", "424242")...); code != 1 || !strings.Contains(errs, "not found") {
+	if code, _, errs := run(t, append(db, "dead", "show", "424242")...); code != 3 || !strings.Contains(errs, "not found") {
 		t.Fatalf("show unknown: exit %d %s", code, errs)
 	}
 }
@@ -109,7 +109,7 @@ func TestDeadRequeueConcurrent(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				_, errs[i] = console.RequeueDead(ctx, pool, id, console.Actor{By: "op" + string(rune('a'+i)), Via: console.ViaIdemctl}, "race")
+				_, errs[i] = operator.RequeueDead(ctx, pool, id, operator.Actor{By: "op" + string(rune('a'+i)), Via: operator.ViaIdemctl}, "race")
 			}()
 		}
 		close(start)
@@ -119,7 +119,7 @@ func TestDeadRequeueConcurrent(t *testing.T) {
 			switch {
 			case err == nil:
 				ok++
-			case !errors.Is(err, console.ErrNotFound):
+			case !errors.Is(err, operator.ErrNotFound):
 				t.Fatalf("round %d: %v", round, err)
 			}
 		}

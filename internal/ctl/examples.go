@@ -15,7 +15,10 @@ func (c *CLI) Help() string {
                                            does the API keep the protocol?
 
 Every flag is also an environment variable IDEMD_<FLAG> (shown as $IDEMD_...
-in each command's --help); the database URL is DATABASE_URL.`
+in each command's --help), except what a write command changes: its ids and
+keys come from the command line only. Who acts (IDEMD_OPERATOR) and why
+(IDEMD_NOTE) may come from the environment, and the command says which did.
+The database URL is DATABASE_URL.`
 }
 
 // Help implements kong.HelpProvider.
@@ -33,7 +36,12 @@ Examples:
 
 // Help implements kong.HelpProvider.
 func (c *StatusCmd) Help() string {
-	return `Examples:
+	return `--retention and --lock-window are the reaper's own flags, with its
+defaults: give them the values the reaper runs with (the console's pod has
+them in IDEMD_RETENTION), and "keys past retention" is what its next run
+deletes.
+
+Examples:
   idemctl status
   idemctl status -o json | jq .staged_jobs
   idemctl status --retention 168h          as a reaper with --retention 168h sees it`
@@ -103,4 +111,17 @@ func (c *ConsoleCmd) Help() string {
                                            the deployed console (read-only)
   idemctl console --listen 0.0.0.0:8080 --operator-header X-Forwarded-Email
                                            behind an authenticating proxy`
+}
+
+// Help implements kong.HelpProvider.
+func (c *HelpCmd) Help() string {
+	return `Examples:
+  idemctl help                             the commands
+  idemctl help keys retry                  the same as idemctl keys retry --help`
+}
+
+// Help implements kong.HelpProvider.
+func (c *VersionCmd) Help() string {
+	return `Examples:
+  idemctl version                          idemctl 0.2.0 (commit abc1234, go1.26.8)`
 }

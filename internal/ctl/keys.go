@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/operator"
 )
 
 // KeysCmd groups the key subcommands.
@@ -18,18 +18,20 @@ type KeysCmd struct {
 	Retry KeysRetryCmd `cmd:"" help:"Hand a given-up or failing key back to the completer (recorded with --by and --note)."`
 }
 
-// KeyFlags name one key.
+// KeyFlags name one key. The key is a command's target, so it is read from
+// the command line only (env:"-"): a variable left in a shell or a pod must
+// never choose which key keys retry changes.
 type KeyFlags struct {
-	ID     int64  `name:"id" help:"The key's id (idempotency_keys.id, the KEY_ID of review list)."`
-	UserID int64  `name:"user-id" help:"The key's user (with --key)."`
-	Key    string `name:"key" help:"The idempotency key the client sent (with --user-id)."`
+	ID     int64  `name:"id" env:"-" help:"The key's id (idempotency_keys.id, the KEY_ID of review list)."`
+	UserID int64  `name:"user-id" env:"-" help:"The key's user (with --key)."`
+	Key    string `name:"key" env:"-" help:"The idempotency key the client sent (with --user-id)."`
 	// GiveUpAfter is the completer's --give-up-after; IDEMD_GIVE_UP_AFTER
 	// is the completer's own variable, so one setting serves both.
 	GiveUpAfter time.Duration `name:"give-up-after" default:"23h" help:"The completer's --give-up-after: a key older than this is given up at its next claim, so it is not retried."`
 }
 
-func (f KeyFlags) ref() console.KeyRef {
-	return console.KeyRef{ID: f.ID, UserID: f.UserID, Key: f.Key}
+func (f KeyFlags) ref() operator.KeyRef {
+	return operator.KeyRef{ID: f.ID, UserID: f.UserID, Key: f.Key}
 }
 
 func (f KeyFlags) problems() []string {
@@ -51,9 +53,9 @@ func (c *KeysShowCmd) Validate() error { return problems(c.KeyFlags.problems()) 
 
 // Run prints the report.
 func (c *KeysShowCmd) Run(ctx context.Context, g *Globals) error {
-	rep, err := console.ShowKey(ctx, g.Pool, c.ref(), c.GiveUpAfter)
+	rep, err := operator.ShowKey(ctx, g.Pool, c.ref(), c.GiveUpAfter)
 	if err != nil {
-		return fmt.Errorf("keys show: %w", err)
+		return named("keys show", err)
 	}
 	if c.JSON() {
 		return writeJSON(g.Stdout, rep)
@@ -61,7 +63,7 @@ func (c *KeysShowCmd) Run(ctx context.Context, g *Globals) error {
 	return writeKeyReport(g.Stdout, rep)
 }
 
-func writeKeyReport(w io.Writer, rep *console.KeyReport) error {
+func writeKeyReport(w io.Writer, rep *operator.KeyReport) error {
 	now := rep.At
 	fmt.Fprintf(w, "%s at %s\n\n", rep.Ref, now.UTC().Format(time.RFC3339))
 	if k := rep.Key; k != nil {
@@ -154,7 +156,7 @@ func writeKeyReport(w io.Writer, rep *console.KeyReport) error {
 	return err
 }
 
-func writeActions(w io.Writer, actions []console.Action) {
+func writeActions(w io.Writer, actions []operator.Action) {
 	fmt.Fprintln(w, "\nOPERATOR ACTIONS")
 	if len(actions) == 0 {
 		fmt.Fprintln(w, "  none")
@@ -181,11 +183,12 @@ func (c *KeysRetryCmd) Validate() error {
 
 // Run retries the key.
 func (c *KeysRetryCmd) Run(ctx context.Context, g *Globals) error {
-	res, err := console.RetryKey(ctx, g.Pool, console.RetryRequest{
+	c.Operator.announce(g)
+	res, err := operator.RetryKey(ctx, g.Pool, operator.RetryRequest{
 		Ref: c.ref(), Actor: c.actor(), Note: c.Note, GiveUpAfter: c.GiveUpAfter,
 	})
 	if err != nil {
-		return fmt.Errorf("keys retry: %w", err)
+		return named("keys retry", err)
 	}
 	resolved := ""
 	if len(res.ResolvedReviews) > 0 {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/operator"
 	"github.com/idemd/idemd/internal/review"
 )
 
@@ -79,12 +79,12 @@ VALUES ('{}', 'send_receipt', 25, $1, 1, 'default', 'available', now())`, `{"ide
 		t.Errorf("another key's job is listed:\n%s", out)
 	}
 
-	var rep console.KeyReport
+	var rep operator.KeyReport
 	code, out, _ = run(t, append(db, "keys", "show", "--id", sid, "-o", "json")...)
 	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil {
 		t.Fatalf("show json: exit %d, %v\n%s", code, err, out)
 	}
-	if rep.Key == nil || rep.Key.ID != id || rep.State != console.StateGaveUp || rep.Key.CompleterAttempts != 20 ||
+	if rep.Key == nil || rep.Key.ID != id || rep.State != operator.StateGaveUp || rep.Key.CompleterAttempts != 20 ||
 		len(rep.Reviews) != 1 || rep.Reviews[0].ID != rev || !rep.Retryable || rep.Tracked ||
 		len(rep.Jobs.Staged) != 1 || len(rep.Jobs.Dead) != 1 || len(rep.Jobs.River) != 1 {
 		t.Fatalf("json report: %+v", rep)
@@ -98,7 +98,7 @@ VALUES ('{}', 'send_receipt', 25, $1, 1, 'default', 'available', now())`, `{"ide
 	if code != 0 || !strings.Contains(out, "gone") || !strings.Contains(out, "retry: not possible") {
 		t.Fatalf("gone key: exit %d\n%s%s", code, out, errs)
 	}
-	if code, _, errs := run(t, append(db, "keys", "show", "--id", "99999999")...); code != 1 || !strings.Contains(errs, "not found") {
+	if code, _, errs := run(t, append(db, "keys", "show", "--id", "99999999")...); code != 3 || !strings.Contains(errs, "not found") {
 		t.Fatalf("unknown key: exit %d, %s", code, errs)
 	}
 	if code, _, errs := run(t, append(db, "keys", "show", "--user-id", "9")...); code != 2 || !strings.Contains(errs, "--key is required") {
@@ -164,28 +164,28 @@ WHERE c.id = $1 AND c.recovery_point <> 'finished' AND c.completer_gave_up_at IS
 
 	// Nothing to reset now: refused, nothing recorded.
 	code, _, errs = run(t, append(db, "keys", "retry", "--id", sid, "--note", "again")...)
-	if code != 1 || !strings.Contains(errs, "nothing to reset") {
+	if code != 3 || !strings.Contains(errs, "nothing to reset") {
 		t.Fatalf("second retry: exit %d, %s", code, errs)
 	}
 	// A key the completer leases right now is refused.
 	if _, err := pool.Exec(context.Background(), "UPDATE idempotency_keys SET completer_attempts = 3, completer_leased_until = now() + interval '2 minutes' WHERE id = $1", id); err != nil {
 		t.Fatal(err)
 	}
-	if code, _, errs := run(t, append(db, "keys", "retry", "--id", sid, "--note", "x")...); code != 1 || !strings.Contains(errs, "replaying the key right now") {
+	if code, _, errs := run(t, append(db, "keys", "retry", "--id", sid, "--note", "x")...); code != 3 || !strings.Contains(errs, "replaying the key right now") {
 		t.Fatalf("leased: exit %d, %s", code, errs)
 	}
 	// A finished key, and one past the give-up horizon, are refused.
 	fin := addKey(t, pool, "k-finished", "finished", "1 hour")
 	giveUp(t, pool, fin, 5)
-	if code, _, errs := run(t, append(db, "keys", "retry", "--user-id", "9", "--key", "k-finished", "--note", "x")...); code != 1 || !strings.Contains(errs, "finished") {
+	if code, _, errs := run(t, append(db, "keys", "retry", "--user-id", "9", "--key", "k-finished", "--note", "x")...); code != 3 || !strings.Contains(errs, "finished") {
 		t.Fatalf("finished: exit %d, %s", code, errs)
 	}
 	old := addKey(t, pool, "k-old", "started", "30 hours")
 	giveUp(t, pool, old, 1)
-	if code, _, errs := run(t, append(db, "keys", "retry", "--user-id", "9", "--key", "k-old", "--note", "x")...); code != 1 || !strings.Contains(errs, "--give-up-after") {
+	if code, _, errs := run(t, append(db, "keys", "retry", "--user-id", "9", "--key", "k-old", "--note", "x")...); code != 3 || !strings.Contains(errs, "--give-up-after") {
 		t.Fatalf("past horizon: exit %d, %s", code, errs)
 	}
-	if code, _, errs := run(t, append(db, "keys", "retry", "--id", "99999999", "--note", "x")...); code != 1 || !strings.Contains(errs, "not found") {
+	if code, _, errs := run(t, append(db, "keys", "retry", "--id", "99999999", "--note", "x")...); code != 3 || !strings.Contains(errs, "not found") {
 		t.Fatalf("unknown: exit %d, %s", code, errs)
 	}
 	if n := count(t, pool, "SELECT count(*) FROM idemd_operator_actions"); n != 1 {

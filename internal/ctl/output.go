@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/operator"
 )
 
 // Output is the -o/--output flag of every read command: text for people,
@@ -24,10 +24,19 @@ func (o Output) JSON() bool { return o.Output == "json" || o.Format == "json" }
 // Operator are the flags of every state-changing command: who does it and
 // why, both recorded. The identity is never taken from the OS user: an
 // action recorded as "root" or "ubuntu" from a shared bastion tells no one
-// who acted.
+// who acted. These two, and only these, of a write command may come from
+// the environment (its target never does: TestWriteTargetsNeverFromEnv),
+// and the command says where it took each from (announce).
 type Operator struct {
 	By   string `name:"by" env:"IDEMD_OPERATOR" help:"Who does this, recorded with the action (env IDEMD_OPERATOR). Required; the OS user is never assumed."`
-	Note string `name:"note" help:"Why this is safe now, recorded with the action. Required."`
+	Note string `name:"note" env:"IDEMD_NOTE" help:"Why this is safe now, recorded with the action (env IDEMD_NOTE). Required."`
+}
+
+// announce prints on stderr where the operator and the note were taken
+// from, so that a value left in the environment is seen before it is
+// recorded.
+func (o Operator) announce(g *Globals) {
+	fmt.Fprintf(g.Stderr, "idemctl: acting as %q (from %s), note from %s\n", strings.TrimSpace(o.By), g.source("by"), g.source("note"))
 }
 
 // problems lists what is missing from the operator flags.
@@ -42,9 +51,9 @@ func (o Operator) problems() []string {
 	return p
 }
 
-// actor is the console.Actor of an idemctl command.
-func (o Operator) actor() console.Actor {
-	return console.Actor{By: strings.TrimSpace(o.By), Via: console.ViaIdemctl}
+// actor is the operator.Actor of an idemctl command.
+func (o Operator) actor() operator.Actor {
+	return operator.Actor{By: strings.TrimSpace(o.By), Via: operator.ViaIdemctl}
 }
 
 // ts renders a time the way every idemctl table does, "-" for none.
@@ -60,7 +69,7 @@ func since(now time.Time, t *time.Time) string {
 	if t == nil {
 		return "-"
 	}
-	return age(now.Sub(*t).Seconds())
+	return operator.Age(now.Sub(*t))
 }
 
 // orDash is s, or "-" when empty or nil.
@@ -80,4 +89,14 @@ func writeLines(w io.Writer, pairs [][2]string) {
 	for _, p := range pairs {
 		fmt.Fprintf(w, "%-*s  %s\n", width, p[0], p[1])
 	}
+}
+
+// named is err named by the command that failed, once: the operator core
+// names most of its errors by the same operation already, and "keys show:
+// keys show: ..." tells the operator nothing twice.
+func named(op string, err error) error {
+	if err == nil || strings.HasPrefix(err.Error(), op+": ") {
+		return err
+	}
+	return fmt.Errorf("%s: %w", op, err)
 }

@@ -10,9 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/idemd/idemd/internal/console"
+	"github.com/idemd/idemd/internal/operator"
 )
 
 // ReviewCmd groups the review subcommands.
@@ -47,30 +45,15 @@ func (c *ReviewListCmd) Validate() error {
 }
 
 // Review is one row of idempotency_key_reviews, as listed.
-type Review = console.Review
-
-// listReviewsSQL is parameterised on every filter; NULL disables one.
-const listReviewsSQL = `
-SELECT ` + console.ReviewColumns + `
-FROM idempotency_key_reviews
-WHERE ($1::text IS NULL OR reason = $1)
-  AND ($2::bigint IS NULL OR flagged_at < now() - $2::bigint * interval '1 microsecond')
-  AND ($3::bigint IS NULL OR flagged_at >= now() - $3::bigint * interval '1 microsecond')
-  AND CASE $4::text WHEN 'open' THEN resolved_at IS NULL
-                    WHEN 'resolved' THEN resolved_at IS NOT NULL
-                    ELSE true END
-ORDER BY flagged_at, id
-LIMIT $5`
+type Review = operator.Review
 
 // Run lists the reviews.
 func (c *ReviewListCmd) Run(ctx context.Context, g *Globals) error {
-	rows, err := g.Pool.Query(ctx, listReviewsSQL, nullString(c.Reason), nullMicros(c.OlderThan), nullMicros(c.NewerThan), c.State, c.Limit)
+	reviews, err := operator.ListReviews(ctx, g.Pool, operator.ReviewFilter{
+		Reason: c.Reason, OlderThan: c.OlderThan, NewerThan: c.NewerThan, State: c.State, Limit: c.Limit,
+	})
 	if err != nil {
-		return fmt.Errorf("review list: %w", err)
-	}
-	reviews, err := console.ScanReviews(rows) // [] rather than null for scripts
-	if err != nil {
-		return fmt.Errorf("review list: %w", err)
+		return err
 	}
 	if c.JSON() {
 		return writeJSON(g.Stdout, reviews)
@@ -91,7 +74,7 @@ func writeReviewTable(w io.Writer, reviews []Review, withResolution bool) error 
 	fmt.Fprintln(tw, header)
 	for _, r := range reviews {
 		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s", r.ID, r.KeyID, r.UserID, r.IdempotencyKey, r.Reason,
-			deref(r.RecoveryPoint), r.FlaggedAt.UTC().Format(time.RFC3339), age(r.AgeSeconds), r.FlaggedBy)
+			deref(r.RecoveryPoint), r.FlaggedAt.UTC().Format(time.RFC3339), operator.AgeSeconds(r.AgeSeconds), r.FlaggedBy)
 		if withResolution {
 			resolvedAt := ""
 			if r.ResolvedAt != nil {
@@ -106,59 +89,32 @@ func writeReviewTable(w io.Writer, reviews []Review, withResolution bool) error 
 
 // ReviewResolveCmd resolves one review.
 type ReviewResolveCmd struct {
-	ID   int64  `arg:"" name:"id" help:"The review's id (the ID column of review list)."`
-	Note string `name:"note" help:"What was done about the key. Required."`
+	ID int64 `arg:"" name:"id" help:"The review's id (the ID column of review list)."`
 	// By is required, as for keys retry and dead requeue (Operator): the
 	// OS user is never assumed, since "root" or "ubuntu" on a shared
 	// bastion tells no one who resolved the review.
-	By string `name:"by" env:"IDEMD_OPERATOR" help:"Who resolved it, recorded with the resolution (env IDEMD_OPERATOR). Required; the OS user is never assumed."`
+	Operator `embed:""`
 }
 
 // Validate reports every problem with the resolve arguments (exit 2).
 func (c *ReviewResolveCmd) Validate() error {
 	var p []string
 	if c.ID < 1 {
-		p = append(p, "the review id must be positive")
+		p = append(p, "<id> must be a positive review id")
 	}
-	if strings.TrimSpace(c.Note) == "" {
-		p = append(p, "--note is required: say what was done about the key")
-	}
-	if strings.TrimSpace(c.By) == "" {
-		p = append(p, "--by (or IDEMD_OPERATOR) is required: who resolved the review is recorded, and the OS user is never assumed")
-	}
-	return problems(p)
+	return problems(append(p, c.Operator.problems()...))
 }
 
 // Run resolves the review, refusing one already resolved so a note is never
-// overwritten.
+// overwritten (operator.ResolveReview).
 func (c *ReviewResolveCmd) Run(ctx context.Context, g *Globals) error {
-	by := strings.TrimSpace(c.By)
-	if by == "" { // Validate refuses this; a caller that skipped it too
-		return errors.New("review resolve: --by (or IDEMD_OPERATOR) is required")
-	}
-	var resolvedAt time.Time
-	err := g.Pool.QueryRow(ctx, `
-UPDATE idempotency_key_reviews
-SET resolved_at = now(), resolved_by = $2, resolution_note = $3
-WHERE id = $1 AND resolved_at IS NULL
-RETURNING resolved_at`, c.ID, by, c.Note).Scan(&resolvedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		var prevAt *time.Time
-		var prevBy *string
-		err := g.Pool.QueryRow(ctx, "SELECT resolved_at, resolved_by FROM idempotency_key_reviews WHERE id = $1", c.ID).Scan(&prevAt, &prevBy)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("review resolve: no review %d", c.ID)
-		}
-		if err != nil {
-			return fmt.Errorf("review resolve: %w", err)
-		}
-		return fmt.Errorf("review resolve: review %d was already resolved by %s at %s", c.ID, deref(prevBy), prevAt.UTC().Format(time.RFC3339))
-	}
+	c.Operator.announce(g)
+	res, err := operator.ResolveReview(ctx, g.Pool, c.ID, c.actor(), c.Note)
 	if err != nil {
-		return fmt.Errorf("review resolve: %w", err)
+		return named("review resolve", err)
 	}
-	fmt.Fprintf(g.Stdout, "review %d resolved by %s at %s\n", c.ID, by, resolvedAt.UTC().Format(time.RFC3339))
-	return nil
+	_, err = fmt.Fprintf(g.Stdout, "review %d resolved by %s at %s\n", res.ID, res.By, ts(&res.At))
+	return err
 }
 
 func problems(p []string) error {
@@ -166,21 +122,6 @@ func problems(p []string) error {
 		return nil
 	}
 	return errors.New(strings.Join(p, "; "))
-}
-
-func nullString(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
-func nullMicros(d time.Duration) *int64 {
-	if d == 0 {
-		return nil
-	}
-	us := d.Microseconds()
-	return &us
 }
 
 func deref(s *string) string {
@@ -196,19 +137,6 @@ func oneLine(s string) string {
 		s = s[:57] + "..."
 	}
 	return s
-}
-
-// age renders seconds the way operators read them: 3d4h, 5h12m, 40s.
-func age(seconds float64) string {
-	d := time.Duration(seconds * float64(time.Second)).Round(time.Second)
-	switch {
-	case d >= 24*time.Hour:
-		return fmt.Sprintf("%dd%dh", d/(24*time.Hour), (d%(24*time.Hour))/time.Hour)
-	case d >= time.Hour:
-		return fmt.Sprintf("%dh%dm", d/time.Hour, (d%time.Hour)/time.Minute)
-	default:
-		return d.String()
-	}
 }
 
 func writeJSON(w io.Writer, v any) error {

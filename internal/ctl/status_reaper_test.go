@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -157,5 +158,26 @@ VALUES ('reaper', 'reaper/pod-d/1/dd', now(), now(), now() + interval '1 hour')`
 	}
 	if line := find("last complete run"); !strings.Contains(line, "3h59m ago") {
 		t.Errorf("last complete run line %q, want 3h59m ago (the run ended 3 s after its start 4 h ago)", line)
+	}
+}
+
+// TestStatusSaysWhenRetentionIsTheDefault: status counts keys past
+// retention by the reaper's default unless given the reaper's setting, and
+// its text says so where the count is read; given the setting (flag or
+// IDEMD_RETENTION), it does not.
+func TestStatusSaysWhenRetentionIsTheDefault(t *testing.T) {
+	url, _ := setup(t)
+	const note = "--retention is the reaper's default here"
+	t.Setenv("IDEMD_RETENTION", "")
+	os.Unsetenv("IDEMD_RETENTION")
+	if code, out, errs := run(t, "--database-url", url, "status"); code != 0 || !strings.Contains(out, note) {
+		t.Errorf("status at the default: exit %d, want the note\n%s%s", code, out, errs)
+	}
+	if code, out, errs := run(t, "--database-url", url, "status", "--retention", "168h"); code != 0 || strings.Contains(out, note) || !strings.Contains(out, "retention 168h") {
+		t.Errorf("status --retention 168h: exit %d, want no note\n%s%s", code, out, errs)
+	}
+	t.Setenv("IDEMD_RETENTION", "96h")
+	if code, out, errs := run(t, "--database-url", url, "status"); code != 0 || strings.Contains(out, note) || !strings.Contains(out, "retention 96h") {
+		t.Errorf("status with IDEMD_RETENTION: exit %d, want no note\n%s%s", code, out, errs)
 	}
 }

@@ -31,7 +31,18 @@ const (
 	ExitOK      = 0
 	ExitRuntime = 1 // runtime failure, retryable
 	ExitConfig  = 2 // bad configuration or usage
+	// ExitRefused: the command ran and the database said no (the row does
+	// not exist, or the action does not apply to it as it is); nothing was
+	// changed and running it again will not help.
+	ExitRefused = 3
 )
+
+// Refusal is implemented by an error that means ExitRefused (the
+// operator core's not-found and refused errors).
+type Refusal interface {
+	error
+	Refusal()
+}
 
 // Command is a parsed CLI that can run.
 type Command interface {
@@ -178,8 +189,8 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 
 // ExitCode is the one mapping from a command's error to its exit code, for
 // the daemons and idemctl alike: nil is 0, a *config.Error (bad flags or
-// usage) is 2, anything else is a runtime failure, 1, which a CronJob or a
-// restart may retry.
+// usage) is 2, a Refusal (not found, refused) is 3, anything else is a
+// runtime failure, 1, which a CronJob or a restart may retry.
 func ExitCode(err error) int {
 	var cerr *config.Error
 	switch {
@@ -187,9 +198,36 @@ func ExitCode(err error) int {
 		return ExitOK
 	case errors.As(err, &cerr):
 		return ExitConfig
+	case refused(err):
+		return ExitRefused
 	default:
 		return ExitRuntime
 	}
+}
+
+// refused reports whether err is a Refusal: itself, through the errors it
+// wraps, and for an error that joins several (dead requeue of many ids),
+// every one of them. One failure that was not a refusal (the database went
+// away) makes the whole a runtime failure: running it again may help.
+func refused(err error) bool {
+	if _, ok := err.(Refusal); ok {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		errs := u.Unwrap()
+		for _, e := range errs {
+			if !refused(e) {
+				return false
+			}
+		}
+		return len(errs) > 0
+	case interface{ Unwrap() error }:
+		if e := u.Unwrap(); e != nil {
+			return refused(e)
+		}
+	}
+	return false
 }
 
 // opsAddr is the address the ops server listens on: --http-addr for a

@@ -123,7 +123,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{
-		cfg: cfg, logger: cfg.Logger.With(zap.String("component", "db-stats")),
+		cfg: cfg, logger: cfg.Logger.Named("db-stats"),
 		holder: lease.Holder(LeaseName), metrics: m,
 		known: map[string]bool{},
 	}
@@ -260,6 +260,31 @@ func (s *Service) query(ctx context.Context) ([]statsRow, *time.Time, error) {
 		return nil, nil, fmt.Errorf("db-stats: %w", err)
 	}
 	return rows, lastSuccess, nil
+}
+
+// Querier is what CountJobs reads through: a pool, a connection or a
+// transaction (idemctl status reads in one read-only snapshot).
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// CountJobs counts River's live jobs by state, all queues together, with
+// the exporter's own query: idemctl status and the console show the
+// numbers idemd_river_jobs exports. A state without jobs is absent.
+func CountJobs(ctx context.Context, q Querier) (map[string]int64, error) {
+	r, err := q.Query(ctx, statsSQL, pgx.NamedArgs{"now": nil})
+	if err != nil {
+		return nil, fmt.Errorf("count river_job: %w", err)
+	}
+	rows, err := pgx.CollectRows(r, pgx.RowToStructByPos[statsRow])
+	if err != nil {
+		return nil, fmt.Errorf("count river_job: %w", err)
+	}
+	counts := map[string]int64{}
+	for _, row := range rows {
+		counts[row.State] += row.Count
+	}
+	return counts, nil
 }
 
 // buildStats turns the query's rows into one QueueStats per queue: every

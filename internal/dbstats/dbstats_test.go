@@ -1,10 +1,12 @@
 package dbstats
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -14,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/runhistory"
@@ -487,5 +491,51 @@ FROM generate_series(1, 20000)`); err != nil {
 	walk(plan[0].Plan)
 	if !usesIndex {
 		t.Errorf("the stats query does not bound river_job_prioritized_fetching_index by state:\n%s", raw)
+	}
+}
+
+// TestCountJobs: the live jobs by state, every queue together, from the
+// exporter's own query; finalized jobs are not counted and a state
+// without jobs is absent.
+func TestCountJobs(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	now := time.Now()
+	insertJobs(t, pool,
+		job{"default", "available", now},
+		job{"mail", "available", now},
+		job{"default", "running", now},
+		job{"mail", "pending", now},
+		job{"default", "completed", now},
+		job{"default", "discarded", now},
+	)
+	got, err := CountJobs(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"available": 2, "running": 1, "pending": 1}
+	if !maps.Equal(got, want) {
+		t.Fatalf("CountJobs = %v, want %v", got, want)
+	}
+}
+
+// TestLogsNameComponentOnce: the exporter runs inside the completer, whose
+// logger already carries "component":"completer"; its lines say they are
+// the exporter's by the logger's name, not by a second "component" key
+// (a JSON object with the key twice, which log pipelines read as either).
+func TestLogsNameComponentOnce(t *testing.T) {
+	var buf bytes.Buffer
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&buf), zap.InfoLevel)
+	logger := zap.New(core).With(zap.String("component", "completer"))
+	svc, err := New(Config{Settings: testSettings(), Pool: dbtest.NewPool(t), Registry: prometheus.NewRegistry(), Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.logger.Info("a line")
+	line := buf.String()
+	if n := strings.Count(line, `"component"`); n != 1 {
+		t.Errorf("%d \"component\" keys in %s", n, line)
+	}
+	if !strings.Contains(line, `"logger":"db-stats"`) {
+		t.Errorf("the line does not name the exporter: %s", line)
 	}
 }

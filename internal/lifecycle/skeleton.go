@@ -3,6 +3,8 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,7 +70,13 @@ type Skeleton[R any] struct {
 // Start runs the main loop in the background until Stop or until ctx
 // ends: a pass First after Start, then one whenever Wake delivers or the
 // wait after the last pass has passed.
+//
+// A skeleton missing a required callback is refused here, with the names
+// of every one missing, rather than panicking in its first pass.
 func (k *Skeleton[R]) Start(ctx context.Context) error {
+	if err := k.check(true); err != nil {
+		return err
+	}
 	k.setup.Do(func() {
 		k.runner.Name = k.Name
 		if k.Ready != nil && k.MaxPassAge != nil {
@@ -121,7 +129,31 @@ func (k *Skeleton[R]) Stop(ctx context.Context) error {
 // RunOnce is one pass run alone (--once, and what tests call): no stop
 // request, nothing beside it; SIGTERM cancels ctx.
 func (k *Skeleton[R]) RunOnce(ctx context.Context) (R, error) {
+	if err := k.check(false); err != nil {
+		var zero R
+		return zero, err
+	}
 	return k.pass(ctx, OneShot)
+}
+
+// check names the required callbacks that are nil: Pass and Summarize,
+// which every pass calls, and, for the loop, Next, which it calls after
+// one.
+func (k *Skeleton[R]) check(loop bool) error {
+	var missing []string
+	if k.Pass == nil {
+		missing = append(missing, "Pass")
+	}
+	if loop && k.Next == nil {
+		missing = append(missing, "Next")
+	}
+	if k.Summarize == nil {
+		missing = append(missing, "Summarize")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%s: skeleton: required callbacks not set: %s", k.Name, strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // MarkReady tells /readyz the service is doing its job, for a service

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,5 +154,18 @@ func TestStopContext(t *testing.T) {
 	cancelOnce()
 	if once.Err() == nil {
 		t.Fatal("a one-shot Stop's context ignores its cancel")
+	}
+}
+
+// A skeleton missing a required callback is refused by Start and RunOnce,
+// naming each one missing, instead of panicking in its first pass.
+func TestSkeletonChecksRequiredCallbacks(t *testing.T) {
+	k := &Skeleton[*passRes]{Name: "svc", Pass: func(context.Context, Stop) (*passRes, error) { return &passRes{}, nil }}
+	err := k.Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "Next, Summarize") {
+		t.Fatalf("Start: %v, want the missing Next and Summarize named", err)
+	}
+	if _, err := k.RunOnce(context.Background()); err == nil || !strings.Contains(err.Error(), "Summarize") || strings.Contains(err.Error(), "Next") {
+		t.Fatalf("RunOnce: %v, want the missing Summarize named (RunOnce needs no Next)", err)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemd/idemd/internal/backoff"
 )
 
 // Adoption of the article's schema (docs/operations.md, "Adopting a
@@ -274,7 +276,7 @@ func withTableLock(ctx context.Context, pool *pgxpool.Pool, opts AdoptOptions, r
 			return fmt.Errorf("migrate: adopt: %s: the table's lock was not granted within %s in %d attempts of %s (a long transaction holds it?); nothing was changed by this step, run again", step, opts.LockWait, attempt, opts.LockTimeout)
 		}
 		log.Warn("adopt: lock not granted in time; retrying", "step", step, "attempt", attempt, "lock_timeout", opts.LockTimeout)
-		wait := min(time.Duration(attempt)*200*time.Millisecond, 5*time.Second)
+		wait := backoff.Delay(attempt, lockRetryBase, lockRetryMax, nil)
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("migrate: adopt: %s: %w", step, ctx.Err())

@@ -17,6 +17,7 @@ import (
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/testing/articletest"
 	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 // articlePools returns a database with the article's schema, migrated by
@@ -177,24 +178,20 @@ func TestAdoptWhileTheAPIWrites(t *testing.T) {
 			}
 		}()
 	}
+	// The load stops before the test ends, whichever way it ends.
+	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	t.Cleanup(stopLoad)
 	// Let the API run on the JSONB column first.
-	for load.requests.Load() < 200 {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(t, 2*time.Minute, "200 API requests on the JSONB column", func() bool { return load.requests.Load() >= 200 })
 	res, err := migrate.AdoptArticleSchema(ctx, migrator, migrate.AdoptOptions{BatchSize: 500, Pause: time.Millisecond})
 	if err != nil {
-		close(stop)
-		wg.Wait()
 		t.Fatal(err)
 	}
 	// And on the TEXT column with the same store (its statements were
 	// prepared against the JSONB column).
 	after := load.requests.Load()
-	for load.requests.Load() < after+200 {
-		time.Sleep(10 * time.Millisecond)
-	}
-	close(stop)
-	wg.Wait()
+	testwait.Until(t, 2*time.Minute, "200 API requests on the TEXT column", func() bool { return load.requests.Load() >= after+200 })
+	stopLoad()
 
 	t.Logf("adopt: %+v; %d API requests, slowest %s", *res, load.requests.Load(), time.Duration(load.slowest.Load()))
 	if len(load.errs) > 0 {
@@ -322,7 +319,15 @@ func TestAdoptLockTimeout(t *testing.T) {
 	// most about LockTimeout.
 	done := make(chan time.Duration, 1)
 	go func() {
-		time.Sleep(100 * time.Millisecond)
+		// Once the adoption's lock request is queued (pg_locks shows it
+		// not granted), not after a guess at how long that takes.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			var waiting bool
+			if err := runtime.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
+WHERE relation = 'idempotency_keys'::regclass AND NOT granted)`).Scan(&waiting); err != nil || waiting {
+				break
+			}
+		}
 		start := time.Now()
 		var n int
 		_ = runtime.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n)

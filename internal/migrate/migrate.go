@@ -25,6 +25,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	rolesql "github.com/idemd/idemd/deploy/sql"
+	"github.com/idemd/idemd/internal/backoff"
 	"github.com/idemd/idemd/migrations"
 )
 
@@ -137,7 +138,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 		logger.Warn("migrate: a migration's table lock was not granted in time; the API's statements were not kept waiting behind it; retrying",
 			"attempt", attempt, "ddl_lock_timeout", opts.DDLLockTimeout, "waited_in", lockWaiter(err),
 			"table", last.table(), "statement", last.statement())
-		wait := min(time.Duration(attempt)*200*time.Millisecond, 5*time.Second, time.Until(deadline))
+		wait := min(backoff.Delay(attempt, lockRetryBase, lockRetryMax, nil), time.Until(deadline))
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("migrate: wait to retry: %w", ctx.Err())
@@ -418,9 +419,18 @@ func holdLock(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (f
 // Files returns the embedded idemd migrations.
 func Files() fs.FS { return migrations.FS }
 
+// lockRetryBase and lockRetryMax bound the backoff between attempts at a
+// lock another session holds (a table's lock in Up and the adoption, the
+// advisory lock of a concurrent migration): the first retries come soon,
+// and migrators that collided do not retry together.
+const (
+	lockRetryBase = 200 * time.Millisecond
+	lockRetryMax  = 5 * time.Second
+)
+
 func acquireLock(ctx context.Context, try func(context.Context) (bool, error), timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	for {
+	for attempt := 1; ; attempt++ {
 		ok, err := try(ctx)
 		if err != nil {
 			return fmt.Errorf("migrate: try advisory lock: %w", err)
@@ -434,7 +444,7 @@ func acquireLock(ctx context.Context, try func(context.Context) (bool, error), t
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("migrate: wait for advisory lock: %w", ctx.Err())
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(min(backoff.Delay(attempt, lockRetryBase, lockRetryMax, nil), time.Until(deadline))):
 		}
 	}
 }
@@ -531,16 +541,16 @@ func Inspect(ctx context.Context, pool *pgxpool.Pool, oldest int64) (*Schema, er
 	applied := map[int64]bool{}
 	var exists bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("migrate: check schema: %w", err)
+		return nil, fmt.Errorf("check schema: %w", err)
 	}
 	if exists {
 		rows, err := pool.Query(ctx, appliedIdemdSQL)
 		if err != nil {
-			return nil, fmt.Errorf("migrate: check schema: %w", err)
+			return nil, fmt.Errorf("check schema: %w", err)
 		}
 		vs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
-			return nil, fmt.Errorf("migrate: check schema: %w", err)
+			return nil, fmt.Errorf("check schema: %w", err)
 		}
 		for _, v := range vs {
 			applied[v] = true

@@ -6,6 +6,7 @@ package review
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -113,4 +114,90 @@ func Open(ctx context.Context, db Querier) ([]OpenGroup, error) {
 		return nil, fmt.Errorf("review: open reviews: %w", err)
 	}
 	return out, nil
+}
+
+// resolveSQL is the one definition of a resolution: it marks the open
+// reviews that cond selects (a condition on @id, @key_id, @reason) resolved
+// by @by with @note at the database's now(), and never touches a resolved
+// one, so a note is never overwritten.
+func resolveSQL(cond string) string {
+	return `
+UPDATE idempotency_key_reviews
+SET resolved_at = now(), resolved_by = @by, resolution_note = @note
+WHERE resolved_at IS NULL AND ` + cond + `
+RETURNING id, resolved_at`
+}
+
+var (
+	resolveOneSQL    = resolveSQL("id = @id")
+	resolveReasonSQL = resolveSQL("key_id = @key_id AND reason = @reason")
+)
+
+// ErrNoReview: no review has the id.
+var ErrNoReview = errors.New("no such review")
+
+// AlreadyResolvedError: the review was resolved before, by By at At.
+type AlreadyResolvedError struct {
+	ID int64
+	By string
+	At time.Time
+}
+
+func (e *AlreadyResolvedError) Error() string {
+	return fmt.Sprintf("review %d was already resolved by %s at %s", e.ID, e.By, e.At.UTC().Format(time.RFC3339))
+}
+
+// Resolve marks review id resolved by by with note and returns when. A
+// review that does not exist is ErrNoReview; one already resolved is an
+// *AlreadyResolvedError naming who resolved it.
+func Resolve(ctx context.Context, db DBTX, id int64, by, note string) (time.Time, error) {
+	var got int64
+	var at time.Time
+	err := db.QueryRow(ctx, resolveOneSQL, pgx.NamedArgs{"id": id, "by": by, "note": note}).Scan(&got, &at)
+	if err == nil {
+		return at, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, fmt.Errorf("review resolve: %w", err)
+	}
+	var prevAt *time.Time
+	var prevBy *string
+	err = db.QueryRow(ctx, "SELECT resolved_at, resolved_by FROM idempotency_key_reviews WHERE id = $1", id).Scan(&prevAt, &prevBy)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return time.Time{}, fmt.Errorf("review resolve: %w %d", ErrNoReview, id)
+	case err != nil:
+		return time.Time{}, fmt.Errorf("review resolve: %w", err)
+	case prevAt == nil:
+		// Resolved and reopened between the two statements cannot happen
+		// (a resolution is final); say what was seen rather than guess.
+		return time.Time{}, fmt.Errorf("review resolve: review %d is open but was not resolved", id)
+	}
+	by = ""
+	if prevBy != nil {
+		by = *prevBy
+	}
+	return time.Time{}, &AlreadyResolvedError{ID: id, By: by, At: *prevAt}
+}
+
+// ResolveReason resolves keyID's open review of reason, if it has one, and
+// returns the ids resolved ([] for none). Run it in the transaction that
+// acts on the key, so the action and the resolution commit together.
+func ResolveReason(ctx context.Context, db Querier, keyID int64, reason, by, note string) ([]int64, error) {
+	rows, err := db.Query(ctx, resolveReasonSQL, pgx.NamedArgs{"key_id": keyID, "reason": reason, "by": by, "note": note})
+	if err != nil {
+		return nil, fmt.Errorf("review resolve: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (int64, error) {
+		var id int64
+		var at time.Time
+		return id, r.Scan(&id, &at)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("review resolve: %w", err)
+	}
+	if ids == nil {
+		ids = []int64{}
+	}
+	return ids, nil
 }

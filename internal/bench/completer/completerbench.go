@@ -9,9 +9,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -78,7 +82,7 @@ type Report struct {
 	// Article: the same predicates and ORDER BY created_at LIMIT, on the
 	// article's schema (no created_at index, no idemd_unfinished_keys).
 	Article QueryTiming
-	// Ours: CandidateSQL, the completer's (idemd_unfinished_keys).
+	// Ours: the completer's candidate query (idemd_unfinished_keys).
 	Ours QueryTiming
 	// CreatedAtScan: the alternative that indexes only a column the API
 	// never updates: the same predicates checked on the heap while walking
@@ -189,28 +193,39 @@ FROM generate_series($1::bigint, $2::bigint) g,
 // The three candidate selections the benchmark compares. They share the
 // completer's named parameters: @batch_size, @grace, @idle, @lock_timeout.
 
-// CandidateSQL is the completer's candidate query, as the completer runs it
-// inside its claim (internal/completer's candidateSQL; its
-// TestBenchTimesTheCandidateQuery fails when the two differ), and
-// CandidateLocking its row locking. The benchmark times the selection on
-// its own and with the locking.
-const (
-	CandidateSQL = `
-    SELECT c.id, u.created_at AS tracked_at
-    FROM idemd_unfinished_keys u
-    JOIN idempotency_keys c ON c.id = u.key_id
-    WHERE u.created_at < now() - @grace::interval
-      AND recovery_point <> 'finished' AND completer_gave_up_at IS NULL
-      AND c.created_at < now() - @grace::interval
-      AND (c.last_run_at < now() - @idle::interval OR c.last_run_at <= c.completer_replayed_at)
-      AND (c.locked_at IS NULL OR c.locked_at < now() - @lock_timeout::interval)
-      AND (c.completer_next_attempt_at IS NULL OR c.completer_next_attempt_at <= now())
-      AND (c.completer_leased_until IS NULL OR c.completer_leased_until < now())
-    ORDER BY u.created_at, u.key_id
-    LIMIT @batch_size`
-	CandidateLocking = `
-    FOR UPDATE OF c SKIP LOCKED`
-)
+// candidateSQL reads the completer's candidate query and its row locking
+// as the completer composes them: internal/completer's testdata/
+// candidate.sql and candidate_locking.sql, which its
+// TestComposedSQLIsReviewable keeps equal to the statements it runs. The
+// benchmark times the very text, with no copy of its own to drift, and the
+// completer exports nothing for it. The files are found beside this
+// source file, as `make bench` (go run) and go test build it.
+func candidateSQL() (selection, locking string, err error) {
+	_, self, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", "", errors.New("completerbench: cannot locate the source tree")
+	}
+	dir := filepath.Join(filepath.Dir(self), "..", "..", "completer", "testdata")
+	if !filepath.IsAbs(self) {
+		// Built with -trimpath: the source path is the module's, and
+		// `make bench` runs from the repository's root.
+		dir = filepath.Join("internal", "completer", "testdata")
+	}
+	read := func(name string) (string, error) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return "", fmt.Errorf("completerbench: the completer's composed statement: %w", err)
+		}
+		return "\n" + string(b), nil
+	}
+	if selection, err = read("candidate.sql"); err != nil {
+		return "", "", err
+	}
+	if locking, err = read("candidate_locking.sql"); err != nil {
+		return "", "", err
+	}
+	return selection, locking, nil
+}
 
 // articleSQL is the article's candidate selection: the same predicates (it
 // has no completer bookkeeping columns) and order.
@@ -253,7 +268,11 @@ func measureQueries(ctx context.Context, pool *pgxpool.Pool, opts Options, rep *
 	if rep.Article, err = timeQuery(ctx, pool, opts, articleSQL, args, dropIdemdIndexes); err != nil {
 		return fmt.Errorf("completerbench: article query: %w", err)
 	}
-	if rep.Ours, err = timeQuery(ctx, pool, opts, CandidateSQL, args, ""); err != nil {
+	ours, locking, err := candidateSQL()
+	if err != nil {
+		return err
+	}
+	if rep.Ours, err = timeQuery(ctx, pool, opts, ours, args, ""); err != nil {
 		return fmt.Errorf("completerbench: candidate query: %w", err)
 	}
 	if rep.CreatedAtScan, err = timeQuery(ctx, pool, opts, createdAtScanSQL, args, ""); err != nil {
@@ -262,7 +281,7 @@ func measureQueries(ctx context.Context, pool *pgxpool.Pool, opts Options, rep *
 	if rep.ArticleLocking, err = timeQuery(ctx, pool, opts, articleSQL+articleLocking, args, dropIdemdIndexes); err != nil {
 		return fmt.Errorf("completerbench: article query: %w", err)
 	}
-	if rep.OursLocking, err = timeQuery(ctx, pool, opts, CandidateSQL+CandidateLocking, args, ""); err != nil {
+	if rep.OursLocking, err = timeQuery(ctx, pool, opts, ours+locking, args, ""); err != nil {
 		return fmt.Errorf("completerbench: candidate query: %w", err)
 	}
 	if rep.Ours.Median > 0 {

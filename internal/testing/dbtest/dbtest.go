@@ -97,6 +97,38 @@ func NewDatabase(tb testing.TB) string {
 	if err := execAdmin(ctx, admin, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", pgx.Identifier{name}.Sanitize(), pgx.Identifier{tmpl}.Sanitize())); err != nil {
 		tb.Fatalf("dbtest: create database: %v", err)
 	}
+	dropWhenDone(tb, admin, name)
+	return RuntimeURL(WithDatabase(admin, name))
+}
+
+// NewEmptyDatabase creates a database without idemd's or River's schema
+// but prepared as deploy/sql/roles.sql prepares one before its first
+// `idemctl migrate` (the roles exist, the migrator may create in it),
+// drops it when the test ends, and returns its URL as the superuser
+// (MigratorURL and RuntimeURL give it as the other roles).
+func NewEmptyDatabase(tb testing.TB) string {
+	tb.Helper()
+	admin := ServerURL(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The template's build creates the roles, once per server.
+	if _, err := ensureTemplate(ctx, admin); err != nil {
+		tb.Fatalf("dbtest: template: %v", err)
+	}
+	name := "idemd_empty_" + randomHex(6)
+	if err := execAdmin(ctx, admin, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		tb.Fatalf("dbtest: create database: %v", err)
+	}
+	dropWhenDone(tb, admin, name)
+	u := WithDatabase(admin, name)
+	if err := ApplyRoles(ctx, u); err != nil {
+		tb.Fatal(err)
+	}
+	return u
+}
+
+// dropWhenDone drops database name when the test ends.
+func dropWhenDone(tb testing.TB, admin, name string) {
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -104,7 +136,6 @@ func NewDatabase(tb testing.TB) string {
 			tb.Logf("dbtest: drop database %s: %v", name, err)
 		}
 	})
-	return RuntimeURL(WithDatabase(admin, name))
 }
 
 // NewPool creates a fresh migrated database and a pool on it as RuntimeRole,

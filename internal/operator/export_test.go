@@ -1,4 +1,4 @@
-package console
+package operator
 
 // RiverJobsSQL is riverJobsSQL, for the plan test.
 const RiverJobsSQL = riverJobsSQL

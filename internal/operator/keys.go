@@ -1,4 +1,4 @@
-package console
+package operator
 
 import (
 	"context"
@@ -469,19 +469,10 @@ WHERE id = $1`, k.ID); err != nil {
 			return err
 		}
 		res = &RetryResult{KeyID: k.ID, By: req.Actor.By, PreviousAttempts: k.CompleterAttempts, WasGivenUp: k.CompleterGaveUpAt != nil, ResolvedReviews: []int64{}}
-		rows, err = tx.Query(ctx, `
-UPDATE idempotency_key_reviews
-SET resolved_at = now(), resolved_by = $2, resolution_note = $3
-WHERE key_id = $1 AND reason = $4 AND resolved_at IS NULL
-RETURNING id`, k.ID, req.Actor.By, "handed back to the completer ("+req.Actor.Via+" keys retry): "+req.Note, review.ReasonCompleterGaveUp)
+		res.ResolvedReviews, err = review.ResolveReason(ctx, tx, k.ID, review.ReasonCompleterGaveUp, req.Actor.By,
+			"handed back to the completer ("+req.Actor.Via+" keys retry): "+req.Note)
 		if err != nil {
 			return err
-		}
-		if res.ResolvedReviews, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
-			return err
-		}
-		if res.ResolvedReviews == nil {
-			res.ResolvedReviews = []int64{}
 		}
 		var reviewID *int64
 		if len(res.ResolvedReviews) > 0 {

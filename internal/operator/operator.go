@@ -1,21 +1,22 @@
-// Package console is the operator's console (issue 20): what an on-call
-// engineer needs to see one key, hand a given-up key back to the completer,
-// and inspect and requeue dead-lettered staged jobs, every action recorded
-// with who, when and why in idemd_operator_actions (migrations/00017).
+// Package operator is idemd's one operator core: every operator read
+// (status, a key, reviews, dead letters, the reaper's runs through
+// runhistory, the audit) and every operator write (retry a key, requeue a
+// dead letter, resolve a review), each write recorded with who, when and
+// why in idemd_operator_actions (migrations/00017).
 //
-// Two faces share it: idemctl's `keys` and `dead` commands (internal/ctl)
-// print what these functions return, as text or with -o json; the web
-// console (Server, `idemctl console`) renders the same values as HTML pages
-// and performs the same actions from POST forms. Nothing here is a second
-// definition of a service's rule: the status overview and the review list
-// come from internal/ctl through the Backend interface, and a retry resets
-// exactly the columns the completer reads to decide it gave up
+// Two thin faces use it and nothing else: idemctl (internal/ctl) prints
+// what these functions return, as text or with -o json, and the web
+// console (internal/console) renders the same values as HTML and performs
+// the same writes from POST forms. Nothing here is a second definition of a
+// service's rule: status counts with the services' own functions
+// (enqueuer.Backlog, completer.CountUnfinished, reaper.PlanRun,
+// dbstats.CountJobs, review.Open), a resolution is review.Resolve, and a
+// retry resets exactly the columns the completer reads to decide it gave up
 // (internal/completer, unfinished and giveUp).
-package console
+package operator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -36,12 +37,23 @@ const (
 )
 
 // ErrNotFound: the key, dead letter or review does not exist (any more).
-var ErrNotFound = errors.New("not found")
+// idemctl exits 3 (daemon.ExitRefused): retrying will not find it.
+var ErrNotFound error = refusal("not found")
 
 // ErrRefused: the action does not apply to the row as it is now (a
 // finished key, a key the completer is replaying right now). The error's
-// text says why.
-var ErrRefused = errors.New("refused")
+// text says why; idemctl exits 3 (daemon.ExitRefused).
+var ErrRefused error = refusal("refused")
+
+// refusal is the type of ErrNotFound and ErrRefused: a daemon.Refusal, so
+// an error wrapping either maps to exit 3 without this package importing
+// the runtime.
+type refusal string
+
+func (r refusal) Error() string { return string(r) }
+
+// Refusal marks the error as daemon.Refusal.
+func (refusal) Refusal() {}
 
 // DB is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
 type DB interface {

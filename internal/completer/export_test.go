@@ -1,7 +1,0 @@
-package completer
-
-// For the external tests (bench_test.go) only.
-var (
-	CandidateSQLForTest     = candidateSQL
-	CandidateLockingForTest = candidateLocking
-)
