@@ -30,7 +30,9 @@ root=$PWD
 
 version=$(scripts/buildinfo.sh version)
 commit=$(scripts/buildinfo.sh commit)
-export IDEMD_VERSION=$version IDEMD_COMMIT=$commit
+# Every step (the image build, the client packages) stamps these, not a
+# commit made while the release builds.
+export IDEMD_VERSION=$version IDEMD_COMMIT=$commit IDEMD_REVISION=$commit
 case "$mode" in
 snapshot) ;;
 publish)
