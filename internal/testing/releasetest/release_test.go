@@ -89,6 +89,14 @@ func TestReleaseSnapshot(t *testing.T) {
 	dir := root(t)
 	version := strings.TrimSpace(run(t, dir, nil, time.Minute, "scripts/buildinfo.sh", "version"))
 	commit := strings.TrimSpace(run(t, dir, nil, time.Minute, "scripts/buildinfo.sh", "commit"))
+	// scripts/release.sh leaves the image in local storage, as the
+	// workflow pushes it from there; a test run's is removed, so that
+	// every commit's snapshot does not stay behind.
+	tag := "localhost/idemd:" + strings.ReplaceAll(version, "+", "_")
+	t.Cleanup(func() {
+		_ = exec.Command("buildah", "manifest", "rm", tag).Run()
+		_ = exec.Command("buildah", "rmi", tag+"-amd64", tag+"-arm64").Run()
+	})
 	start := time.Now()
 	run(t, dir, nil, 40*time.Minute, "scripts/release.sh", "snapshot")
 	t.Logf("scripts/release.sh snapshot: %s (commit %s) in %s", version, commit, time.Since(start).Round(time.Second))
