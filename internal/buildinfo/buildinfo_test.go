@@ -95,3 +95,19 @@ func TestBuildinfoScriptVersion(t *testing.T) {
 		t.Errorf("untagged: version %q, want %s-dev+<commit>", got, file)
 	}
 }
+
+// A binary `go install ...@vX.Y.Z` built names that release; any other
+// module version (a checkout's pseudo-version, "(devel)") is "dev".
+func TestModuleVersion(t *testing.T) {
+	for v, want := range map[string]string{
+		"v0.2.0":      "0.2.0",
+		"v0.2.1-rc.1": "dev",
+		"v0.0.0-20261206030000-6dcd322c0a1b+dirty": "dev",
+		"(devel)": "dev",
+		"":        "dev",
+	} {
+		if got := moduleVersion(v); got != want {
+			t.Errorf("moduleVersion(%q) = %q, want %q", v, got, want)
+		}
+	}
+}
