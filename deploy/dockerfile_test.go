@@ -113,6 +113,14 @@ func checkBuildArgs(t *testing.T, version string) {
 		t.Fatalf("git rev-parse: %v", err)
 	}
 	commit := regexp.QuoteMeta(strings.TrimSpace(string(head))) + `(?:-dirty)?`
+	if tag, err := exec.Command("git", "describe", "--tags", "--exact-match", "--match", "v[0-9]*", "HEAD").Output(); err == nil {
+		// A release's checkout: the tag's version, which buildinfo.sh
+		// checks against VERSION.
+		if want := "VERSION=" + strings.TrimPrefix(strings.TrimSpace(string(tag)), "v") + "\n"; !strings.HasPrefix(string(out), want) {
+			t.Errorf("scripts/build-image.sh --build-args on tag %s:\n%s", tag, out)
+		}
+		return
+	}
 	want := regexp.MustCompile(`^VERSION=` + regexp.QuoteMeta(version) + `-dev\+(` + commit + `)\nREVISION=(` + commit + `)\n$`)
 	m := want.FindStringSubmatch(string(out))
 	if m == nil || m[1] != m[2] {
