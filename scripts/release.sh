@@ -67,7 +67,7 @@ trap 'rm -f "$notes"' EXIT
 # one being prepared).
 awk -v v="$version" '
   /^## \[/ { on = (index($0, "[" v "]") || (v ~ /-dev\+/ && index($0, "[Unreleased]"))) ; next }
-  /^\[[^]]*\]: / { on = 0 }
+  /^<!--|^\[[^]]*\]: / { on = 0 }
   on' CHANGELOG.md >"$notes"
 if [ ! -s "$notes" ]; then
   echo "release: CHANGELOG.md has no section for $version" >&2
