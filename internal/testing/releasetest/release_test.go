@@ -294,3 +294,18 @@ func testSBOMs(t *testing.T, dist, version string) {
 		}
 	}
 }
+
+// TestPublishNeedsARelease: `scripts/release.sh publish` on a checkout that
+// is not a clean release tag refuses before building anything, so the
+// workflow can never publish a development build under a release's name.
+func TestPublishNeedsARelease(t *testing.T) {
+	dir := root(t)
+	version := strings.TrimSpace(run(t, dir, nil, time.Minute, "scripts/buildinfo.sh", "version"))
+	if !strings.Contains(version, "-dev+") {
+		t.Skipf("this checkout is the release %s: publishing it is allowed", version)
+	}
+	out, errOut, err := try(dir, nil, time.Minute, "scripts/release.sh", "publish")
+	if err == nil || !strings.Contains(errOut, "is not a release") {
+		t.Errorf("scripts/release.sh publish on %s: %v\nstdout: %s\nstderr: %s", version, err, out, errOut)
+	}
+}
