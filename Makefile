@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-.PHONY: build image test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium
+.PHONY: build image release-snapshot test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
 
 # Every binary carries its version (VERSION) and commit: --version prints
 # them, idemd_build_info exports them (scripts/buildinfo.sh).
@@ -44,19 +44,32 @@ ensure-runtimes:
 ensure-chromium:
 	@scripts/ensure-chromium.sh
 
+# qemu-user-static and its binfmt_misc handler: the release test runs the
+# linux/arm64 binaries and image (internal/testing/releasetest).
+ensure-qemu:
+	@scripts/ensure-qemu.sh
+
 # The container image, built offline (FROM scratch, nothing pulled) as
-# $(IMAGE); deploy/Dockerfile builds the same image where a registry is
-# reachable.
+# $(IMAGE): an index of $(PLATFORMS), each also tagged $(IMAGE)-<arch>;
+# deploy/Dockerfile builds the same image where a registry is reachable.
 IMAGE ?= localhost/idemd:dev
+PLATFORMS ?= linux/amd64 linux/arm64
 image: ensure-buildah
-	@scripts/build-image.sh $(IMAGE)
+	@PLATFORMS="$(PLATFORMS)" scripts/build-image.sh $(IMAGE)
+
+# Every artifact of a release, offline, into dist/ and build/release/:
+# binaries for linux and darwin on amd64 and arm64 with SBOMs, the image
+# for both architectures, the client packages, checksums.txt
+# (scripts/release.sh; the release workflow runs the same on a tag).
+release-snapshot: ensure-buildah ensure-runtimes
+	@scripts/release.sh snapshot
 
 # Tests run against a real PostgreSQL (internal/testing/dbtest). -p 2: the machine has
 # two cores and the heavy tests are database-bound. `make test` is the README's
 # test command: the package tests, then the end-to-end fault suite.
 test: unit e2e
 
-unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-kustomize ensure-buildah ensure-runtimes ensure-chromium
+unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-kustomize ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
 	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
 
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,
@@ -79,4 +92,4 @@ deploy-check: ensure-promtool ensure-kustomize
 	@scripts/deploy-check.sh
 
 clean:
-	rm -rf $(BIN) bench-report.txt
+	rm -rf $(BIN) bench-report.txt dist build

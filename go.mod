@@ -1,6 +1,8 @@
 module github.com/idemd/idemd
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
 	github.com/alecthomas/kong v1.17.0

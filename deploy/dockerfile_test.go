@@ -21,10 +21,15 @@ func TestDockerfile(t *testing.T) {
 	df := readFile(t, "Dockerfile")
 	gomod := readFile(t, "../go.mod")
 
-	goVersion := regexp.MustCompile(`(?m)^go (\S+)$`).FindStringSubmatch(gomod)
+	// The Go the project is built and tested with: go.mod's toolchain
+	// line, or its go line when it has none.
+	goVersion := regexp.MustCompile(`(?m)^toolchain go(\S+)$`).FindStringSubmatch(gomod)
+	if goVersion == nil {
+		goVersion = regexp.MustCompile(`(?m)^go (\S+)$`).FindStringSubmatch(gomod)
+	}
 	argVersion := regexp.MustCompile(`(?m)^ARG GO_VERSION=(\S+)$`).FindStringSubmatch(df)
 	if goVersion == nil || argVersion == nil || goVersion[1] != argVersion[1] {
-		t.Errorf("Dockerfile ARG GO_VERSION %v does not match go.mod's go directive %v", argVersion, goVersion)
+		t.Errorf("Dockerfile ARG GO_VERSION %v does not match go.mod's toolchain (or go) line %v", argVersion, goVersion)
 	}
 
 	froms := regexp.MustCompile(`(?m)^FROM (\S+)`).FindAllStringSubmatchIndex(df, -1)
@@ -34,13 +39,15 @@ func TestDockerfile(t *testing.T) {
 	if build := df[froms[0][2]:froms[0][3]]; !strings.HasPrefix(build, "golang:${GO_VERSION}") {
 		t.Errorf("build stage FROM %s, want golang:${GO_VERSION}", build)
 	}
-	if !regexp.MustCompile(`(?m)^\s+IDEMD_REVISION="\$\{REVISION\}" scripts/image-rootfs\.sh /rootfs$`).MatchString(df) {
-		t.Error("the build stage must lay out the image with scripts/image-rootfs.sh /rootfs, as the offline build does, given the REVISION argument")
+	if !regexp.MustCompile(`(?m)^\s+IDEMD_VERSION="\$\{VERSION\}" IDEMD_REVISION="\$\{REVISION\}" scripts/image-rootfs\.sh /rootfs$`).MatchString(df) {
+		t.Error("the build stage must lay out the image with scripts/image-rootfs.sh /rootfs, as the offline build does, given the VERSION and REVISION arguments")
+	}
+	// The version is scripts/buildinfo.sh's alone: a default in the
+	// Dockerfile could name another release.
+	if m := regexp.MustCompile(`(?m)^ARG VERSION\b.*$`).FindAllString(df, -1); len(m) != 3 || slices.ContainsFunc(m, func(s string) bool { return s != "ARG VERSION" }) {
+		t.Errorf("Dockerfile's ARG VERSION lines %q: want a bare ARG VERSION (no default) at the top and in each stage", m)
 	}
 	version := strings.TrimSpace(readFile(t, "../VERSION"))
-	if argVersion := regexp.MustCompile(`(?m)^ARG VERSION=(\S+)$`).FindStringSubmatch(df); argVersion == nil || argVersion[1] != version {
-		t.Errorf("Dockerfile ARG VERSION %v does not match the VERSION file's %s", argVersion, version)
-	}
 
 	// The image stage, without comments and blank lines, each instruction
 	// on one line.
@@ -91,9 +98,10 @@ func TestDockerfile(t *testing.T) {
 }
 
 // checkBuildArgs: the offline build gives the image stage's labels the
-// version of the VERSION file and this checkout's commit, as
-// scripts/buildinfo.sh stamps them into the binaries (-dirty for a tree with
-// changes, as this one may be while it is tested).
+// version and commit scripts/buildinfo.sh stamps into the binaries: on this
+// untagged checkout a development build of the VERSION file's release,
+// <VERSION>-dev+<commit> (-dirty for a tree with changes, as this one may be
+// while it is tested).
 func checkBuildArgs(t *testing.T, version string) {
 	t.Helper()
 	out, err := exec.Command("../scripts/build-image.sh", "--build-args").Output()
@@ -104,15 +112,25 @@ func checkBuildArgs(t *testing.T, version string) {
 	if err != nil {
 		t.Fatalf("git rev-parse: %v", err)
 	}
-	want := regexp.MustCompile(`^VERSION=` + regexp.QuoteMeta(version) + `\nREVISION=` + regexp.QuoteMeta(strings.TrimSpace(string(head))) + `(-dirty)?\n$`)
-	if !want.Match(out) {
-		t.Errorf("scripts/build-image.sh --build-args:\n%s\nwant VERSION=%s and REVISION=<HEAD>[-dirty]", out, version)
+	commit := regexp.QuoteMeta(strings.TrimSpace(string(head))) + `(?:-dirty)?`
+	if tag, err := exec.Command("git", "describe", "--tags", "--exact-match", "--match", "v[0-9]*", "HEAD").Output(); err == nil {
+		// A release's checkout: the tag's version, which buildinfo.sh
+		// checks against VERSION.
+		if want := "VERSION=" + strings.TrimPrefix(strings.TrimSpace(string(tag)), "v") + "\n"; !strings.HasPrefix(string(out), want) {
+			t.Errorf("scripts/build-image.sh --build-args on tag %s:\n%s", tag, out)
+		}
+		return
+	}
+	want := regexp.MustCompile(`^VERSION=` + regexp.QuoteMeta(version) + `-dev\+(` + commit + `)\nREVISION=(` + commit + `)\n$`)
+	m := want.FindStringSubmatch(string(out))
+	if m == nil || m[1] != m[2] {
+		t.Errorf("scripts/build-image.sh --build-args:\n%s\nwant VERSION=%s-dev+<HEAD>[-dirty] and REVISION=<the same>", out, version)
 	}
 	ldflags, err := exec.Command("../scripts/buildinfo.sh", "ldflags").Output()
 	if err != nil {
 		t.Fatalf("scripts/buildinfo.sh ldflags: %v", err)
 	}
-	for _, v := range []string{"buildinfo.version=" + version + " ", "buildinfo.commit=" + strings.TrimSpace(string(head))} {
+	for _, v := range []string{"buildinfo.version=" + version + "-dev+" + strings.TrimSpace(string(head)), "buildinfo.commit=" + strings.TrimSpace(string(head))} {
 		if !strings.Contains(string(ldflags), "github.com/idemd/idemd/internal/"+v) {
 			t.Errorf("scripts/buildinfo.sh ldflags %q does not stamp %s", ldflags, v)
 		}

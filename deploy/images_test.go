@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"sigs.k8s.io/yaml"
@@ -154,4 +155,18 @@ func atoi(s string) int {
 		return -1
 	}
 	return n
+}
+
+// TestOverlayReleaseTags: the production overlay deploys the released image
+// of the release these manifests belong to, the VERSION file's, as the
+// release workflow publishes it; the dev overlay names no release at all,
+// so neither can disagree with VERSION.
+func TestOverlayReleaseTags(t *testing.T) {
+	version := strings.TrimSpace(readFile(t, "../VERSION"))
+	if got, want := overlayImage(t, "overlays/production"), "ghcr.io/idemd/idemd:"+version; got != want {
+		t.Errorf("overlays/production deploys %s, want %s", got, want)
+	}
+	if got := overlayImage(t, "overlays/dev"); regexp.MustCompile(`:v?\d+\.\d+`).MatchString(got) {
+		t.Errorf("overlays/dev deploys %s: a version in its tag would be a second place for the release", got)
+	}
 }

@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # buildinfo.sh version|commit|ldflags: what a build stamps into the binaries
 # (internal/buildinfo), for `make build`, scripts/image-rootfs.sh (both image
-# builds) and scripts/build-image.sh's image labels.
+# builds), scripts/build-image.sh's image labels and the release
+# (scripts/release.sh, .goreleaser.yaml).
 #
-#   version  the VERSION file at the repository root
+#   version  a release's version, or a development build's:
+#            - $IDEMD_VERSION when set (the release workflow gives the tag's
+#              version; deploy/Dockerfile's build stage its VERSION arg);
+#            - else the tag vX.Y.Z on HEAD, when HEAD has one;
+#            - else "<VERSION>-dev+<commit>": the VERSION file names the
+#              release being prepared, and an untagged build is not it.
+#            A release version must equal the VERSION file's: a tag that
+#            does not is refused, so a binary, the image, the client
+#            packages and the CHANGELOG cannot name different releases.
 #   commit   $IDEMD_REVISION when set (deploy/Dockerfile's build stage has
 #            no .git), else git's short hash of HEAD with "-dirty" when the
 #            tree has changes, else "unknown"
@@ -12,11 +21,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pkg=github.com/idemd/idemd/internal/buildinfo
 
-version() {
+file_version() {
   local v
   v=$(tr -d '[:space:]' <VERSION)
-  if [ -z "$v" ]; then
-    echo "buildinfo: VERSION is empty" >&2
+  if ! [[ "$v" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+    echo "buildinfo: VERSION holds \"$v\", not a release version X.Y.Z" >&2
     return 1
   fi
   echo "$v"
@@ -36,10 +45,36 @@ commit() {
   fi
 }
 
+version() {
+  local want v
+  want=$(file_version)
+  v=${IDEMD_VERSION:-}
+  v=${v#v}
+  if [ -z "$v" ] && tag=$(git describe --tags --exact-match --match 'v[0-9]*' HEAD 2>/dev/null); then
+    v=${tag#v}
+  fi
+  if [ -z "$v" ]; then
+    echo "$want-dev+$(commit)"
+    return
+  fi
+  # A development version passed on (the Dockerfile's VERSION arg from
+  # `buildinfo.sh version`) is taken as it is when it is VERSION's.
+  if [ "$v" != "$want" ] && ! [[ "$v" == "$want"-dev+* ]]; then
+    echo "buildinfo: release $v is not the VERSION file's $want: set VERSION to the release before tagging it" >&2
+    return 1
+  fi
+  echo "$v"
+}
+
 case "${1:-}" in
 version) version ;;
 commit) commit ;;
-ldflags) echo "-X $pkg.version=$(version) -X $pkg.commit=$(commit)" ;;
+ldflags)
+  # Computed first, so that a refused version fails this script.
+  v=$(version)
+  c=$(commit)
+  echo "-X $pkg.version=$v -X $pkg.commit=$c"
+  ;;
 *)
   echo "usage: buildinfo.sh version|commit|ldflags" >&2
   exit 2

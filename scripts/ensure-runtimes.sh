@@ -13,6 +13,9 @@
 #   python3-flask               the Flask example (clients/python/example) and its test
 #   python3-pip                 builds clients/python's wheel offline (TestPackages; brings
 #                               python3-setuptools and python3-wheel)
+#   python3-build               the release's sdist and wheel (scripts/package-clients.sh,
+#                               internal/testing/releasetest)
+#   npm                         the release's npm tarball (npm pack)
 #   nodejs                      Express/connect middleware tests (node:test);
 #                               a node already on PATH is used as it is
 #   postgresql-client           psql, the Node tests' PostgreSQL driver
@@ -47,8 +50,14 @@ fi
 if ! /usr/bin/python3 -W ignore -c 'import setuptools, wheel, pip' 2>/dev/null; then
   install python3-pip
 fi
+if ! /usr/bin/python3 -W ignore -c 'import build' 2>/dev/null; then
+  install python3-build
+fi
 if ! command -v node >/dev/null; then
   install nodejs
+fi
+if ! command -v npm >/dev/null; then
+  install npm
 fi
 if ! command -v psql >/dev/null; then
   install postgresql-client
@@ -62,7 +71,8 @@ fi
 
 ok=1
 ruby -e 'require "pg"; require "minitest"; require "openssl"; require "webrick"; require "sinatra/base"; require "sequel"' || { echo "ensure-runtimes: ruby with pg, minitest, webrick, sinatra and sequel missing" >&2; ok=0; }
-/usr/bin/python3 -W ignore -c 'import psycopg2, flask, setuptools, wheel, pip' || { echo "ensure-runtimes: Debian's python3 with psycopg2, flask, pip, setuptools and wheel missing" >&2; ok=0; }
+/usr/bin/python3 -W ignore -c 'import psycopg2, flask, setuptools, wheel, pip, build' || { echo "ensure-runtimes: Debian's python3 with psycopg2, flask, pip, setuptools, wheel and build missing" >&2; ok=0; }
+command -v npm >/dev/null || { echo "ensure-runtimes: npm missing" >&2; ok=0; }
 node -e 'if (+process.versions.node.split(".")[0] < 18) process.exit(1)' || { echo "ensure-runtimes: node 18 or later missing" >&2; ok=0; }
 command -v psql >/dev/null || { echo "ensure-runtimes: psql missing" >&2; ok=0; }
 node -e 'for (const p of ["express", "pg"]) require.resolve(p, { paths: [process.argv[1]] })' "$example" || { echo "ensure-runtimes: express and pg missing in clients/node/example/node_modules" >&2; ok=0; }

@@ -7,6 +7,7 @@ package buildinfo
 
 import (
 	"fmt"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 )
@@ -23,13 +24,30 @@ var (
 // Unknown stands for a part of the build nobody recorded.
 const Unknown = "unknown"
 
-// Version is the release this binary was built as, or "dev" for a plain
-// `go build`, which stamps no release.
+// Version is the release this binary was built as: the stamped one; else,
+// for `go install github.com/idemd/idemd/cmd/...@vX.Y.Z`, which stamps
+// nothing but builds a released module version, X.Y.Z; else "dev" (a plain
+// `go build`).
 func Version() string {
-	if version == "" {
-		return "dev"
+	if version != "" {
+		return version
 	}
-	return version
+	if info, ok := debug.ReadBuildInfo(); ok {
+		return moduleVersion(info.Main.Version)
+	}
+	return "dev"
+}
+
+// release is a module version that is a release tag: no pseudo-version, no
+// pre-release, no "+dirty".
+var release = regexp.MustCompile(`^v(\d+\.\d+\.\d+)$`)
+
+// moduleVersion is the release a main module's version names, or "dev".
+func moduleVersion(v string) string {
+	if m := release.FindStringSubmatch(v); m != nil {
+		return m[1]
+	}
+	return "dev"
 }
 
 // Commit is the short hash of the commit the binary was built from: the

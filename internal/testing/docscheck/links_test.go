@@ -126,8 +126,9 @@ func TestDesignLayoutNamesTheTopLevel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Build outputs and the repository's own metadata are not the layout.
-	ignored := map[string]bool{".git": true, "bin": true, "bench-report.txt": true}
+	// Build outputs (make build, make bench, make release-snapshot) and the
+	// repository's own metadata are not the layout.
+	ignored := map[string]bool{".git": true, "bin": true, "bench-report.txt": true, "dist": true, "build": true}
 	named := 0
 	for _, e := range entries {
 		if ignored[e.Name()] || strings.HasSuffix(e.Name(), ".test") || strings.HasSuffix(e.Name(), ".out") {

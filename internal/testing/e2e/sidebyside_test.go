@@ -170,7 +170,8 @@ func setUpSideBySide(ctx context.Context, t *testing.T) *sideBySide {
 	t.Helper()
 	s := &sideBySide{env: &env{t: t, dir: t.TempDir(), poison: []int64{}}, deleters: map[string][]string{}}
 	prevDir := filepath.Join(s.dir, "previous")
-	s.old = buildRelease(ctx, t, previousRelease, prevDir)
+	prev := previousRelease(t)
+	s.old = buildRelease(ctx, t, prev.Commit, prevDir)
 	var err error
 	if s.bins, err = system.Build(ctx, filepath.Join(s.dir, "bin")); err != nil {
 		t.Fatal(err)
@@ -241,7 +242,7 @@ func setUpSideBySide(ctx context.Context, t *testing.T) *sideBySide {
 			t.Fatalf("%s exports idemd_build_info: not the previous release's binary", p.Name)
 		}
 	}
-	s.logf("previous release (%s) on schema %d: %d daemons ready", previousRelease, s.prevSchema, len(s.daemons.All()))
+	s.logf("previous release (%s at %.7s) on schema %d: %d daemons ready", prev.Version, prev.Commit, s.prevSchema, len(s.daemons.All()))
 	return s
 }
 

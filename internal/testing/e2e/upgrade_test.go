@@ -18,15 +18,28 @@ import (
 	"github.com/idemd/idemd/examples/rocketrides/simulator"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
+	"github.com/idemd/idemd/internal/testing/release"
 	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
-// previousRelease is the commit of the release before this one (0.1.0,
-// CHANGELOG.md): its binaries must keep working on the schema the current
-// `idemctl migrate` leaves, since an upgrade migrates first and rolls the
-// Deployments after, and a rollback redeploys them on the newer schema.
-// When a release is cut, this becomes its commit.
-const previousRelease = "dd2a8bd"
+// previousRelease is the release before this one, as CHANGELOG.md's link
+// table records it (internal/testing/release): its binaries must keep working on
+// the schema the current `idemctl migrate` leaves, since an upgrade
+// migrates first and rolls the Deployments after, and a rollback redeploys
+// them on the newer schema. Cutting a release records it there, and this
+// test then builds it.
+func previousRelease(t *testing.T) release.Release {
+	t.Helper()
+	text, err := release.ReadChangelog(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := release.Latest(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
 
 // TestPreviousReleaseOnCurrentSchema migrates a database with the current
 // idemctl (then with the previous one, as a rollback's migrate Job does),
@@ -40,7 +53,9 @@ func TestPreviousReleaseOnCurrentSchema(t *testing.T) {
 	dir := t.TempDir()
 	e := &env{t: t, dir: dir}
 
-	old := buildRelease(ctx, t, previousRelease, filepath.Join(dir, "previous"))
+	prev := previousRelease(t)
+	t.Logf("previous release: %s at %s", prev.Version, prev.Commit)
+	old := buildRelease(ctx, t, prev.Commit, filepath.Join(dir, "previous"))
 	var err error
 	if e.bins, err = system.Build(ctx, filepath.Join(dir, "bin")); err != nil {
 		t.Fatal(err)
