@@ -221,6 +221,8 @@ func TestObservability(t *testing.T) {
 		"river": "dbstats", "dbstats": "dbstats",
 		// Every daemon's build and schema versions (internal/daemon).
 		"build": "daemon", "schema": "daemon",
+		// --database-password-file's reads, on every command.
+		"database": "dbcred",
 	}
 	// Metrics defined elsewhere than their prefix says: the reaper's run
 	// history is database-wide, so its last success is exported by
