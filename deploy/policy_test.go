@@ -94,7 +94,7 @@ func TestPodSecurity(t *testing.T) {
 					t.Errorf("ServiceAccount %s: automountServiceAccountToken must be false", sa.Name)
 				}
 			}
-			ws := r.workloads()
+			ws := r.pods()
 			if len(ws) == 0 {
 				t.Fatal("no workloads rendered")
 			}
@@ -565,7 +565,7 @@ func TestReferencesResolve(t *testing.T) {
 	for _, dir := range overlays {
 		t.Run(dir, func(t *testing.T) {
 			r := render(t, dir)
-			for _, w := range r.workloads() {
+			for _, w := range r.pods() {
 				for _, c := range w.Pod.Spec.Containers {
 					env := r.containerEnv(t, &c)
 					for _, e := range c.Env {
@@ -574,6 +574,11 @@ func TestReferencesResolve(t *testing.T) {
 						}
 					}
 					volumes := map[string]corev1.Volume{}
+					if ss, ok := w.Owner.Obj.(*appsv1.StatefulSet); ok {
+						for _, pvc := range ss.Spec.VolumeClaimTemplates {
+							volumes[pvc.Name] = corev1.Volume{Name: pvc.Name}
+						}
+					}
 					for _, v := range w.Pod.Spec.Volumes {
 						volumes[v.Name] = v
 						if v.Secret != nil {
