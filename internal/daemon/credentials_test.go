@@ -209,6 +209,11 @@ func TestPasswordFileRotation(t *testing.T) {
 			t.Errorf("a password appears in the output:\n%s", log)
 		}
 	}
+	// The sessions the kill ended fail what they were doing; no new
+	// connection may have tried the stale password.
+	if strings.Contains(log, "password authentication failed") {
+		t.Errorf("a connection authenticated with a stale password:\n%s", log)
+	}
 	if n := strings.Count(log, "the database password file changed"); n != 1 {
 		t.Errorf("the log says %d times that the password file changed, want once:\n%s", n, log)
 	}
