@@ -214,7 +214,7 @@ func opsAddr(cmd Command, kctx *kong.Context, addr string) string {
 // does not connect: daemons start even while PostgreSQL is down and report
 // that through /readyz rather than crash-looping.
 //
-// Behind a transaction-mode pooler (pooler "transaction") the pool uses
+// Behind a transaction-mode pooler (db.Pooler "transaction") the pool uses
 // unnamed statements whose descriptions pgx caches: still one round trip
 // per query, but nothing prepared on a server connection, which such a
 // pooler hands to other clients between transactions (a named statement
@@ -236,11 +236,10 @@ func NewPool(ctx context.Context, db config.Database, appName string, logger *za
 		cred = dbcred.NewFile(db.PasswordFile, logger)
 		cfg.BeforeConnect = cred.BeforeConnect
 	}
-	pooler := db.Pooler
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	}
-	if pooler == config.PoolerTransaction {
+	if db.Pooler == config.PoolerTransaction {
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	} else if logger != nil {
 		cfg.ConnConfig.Tracer = &poolerMismatch{logger: logger}
