@@ -5,7 +5,11 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
+<<<<<<< HEAD
 .PHONY: build image release-snapshot test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
+=======
+.PHONY: build image test unit helm-test e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium
+>>>>>>> issue-42
 
 # Every binary carries its version (VERSION) and commit: --version prints
 # them, idemd_build_info exports them (scripts/buildinfo.sh).
@@ -71,6 +75,14 @@ test: unit e2e
 
 unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-kustomize ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
 	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
+	$(MAKE) helm-test
+
+# The Helm chart's tests (deploy/helm/idemd rendered and linted with Helm's Go
+# library, compared with the kustomize base). A module of its own, so that
+# Helm's Kubernetes client libraries stay out of the main go.mod, which the
+# idem package's users build against; `./...` above does not enter it.
+helm-test:
+	cd deploy/helm && $(GO) test -count=1 -timeout 10m ./...
 
 # The end-to-end fault suite: real processes, SIGKILL, a PostgreSQL restart,
 # severed connections (internal/testing/e2e, build tag e2e).
@@ -81,6 +93,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags e2e ./internal/testing/e2e/...
+	cd deploy/helm && $(GO) vet ./...
 
 bench: ensure-postgres ensure-pgbouncer
 	$(GO) run ./internal/bench/report/cmd -out bench-report.txt

@@ -200,16 +200,12 @@ func TestObservability(t *testing.T) {
 				if s := rule.Labels["severity"]; s != "critical" && s != "warning" && s != "info" {
 					t.Errorf("alert %s: severity %q", rule.Alert, s)
 				}
-				for _, a := range []string{"summary", "description", "runbook"} {
+				for _, a := range []string{"summary", "description", "runbook_url"} {
 					if rule.Annotations[a] == "" {
 						t.Errorf("alert %s has no %s annotation", rule.Alert, a)
 					}
 				}
-				if want := "docs/operations.md#" + strings.ToLower(rule.Alert); rule.Annotations["runbook"] != want {
-					t.Errorf("alert %s: runbook %q, want %q", rule.Alert, rule.Annotations["runbook"], want)
-				} else if !anchors[strings.ToLower(rule.Alert)] {
-					t.Errorf("alert %s: docs/operations.md has no \"### %s\" section", rule.Alert, rule.Alert)
-				}
+				checkRunbookURL(t, rule.Alert, rule.Annotations["runbook_url"], anchors)
 			}
 		}
 	}
@@ -225,6 +221,8 @@ func TestObservability(t *testing.T) {
 		"river": "dbstats", "dbstats": "dbstats",
 		// Every daemon's build and schema versions (internal/daemon).
 		"build": "daemon", "schema": "daemon",
+		// --database-password-file's reads, on every command.
+		"database": "dbcred",
 	}
 	// Metrics defined elsewhere than their prefix says: the reaper's run
 	// history is database-wide, so its last success is exported by
@@ -291,6 +289,38 @@ func TestObservability(t *testing.T) {
 	}
 
 	checkPodMonitor(t, r, base)
+	checkSelectedByDefault(t, r)
+}
+
+// kubePrometheusStack are the labels by which kube-prometheus-stack, at its
+// chart's defaults, discovers monitoring objects: its Prometheus selects
+// PodMonitors and PrometheusRules labelled with its release name, and its
+// Grafana's sidecar loads ConfigMaps labelled grafana_dashboard=1.
+var kubePrometheusStack = map[string]map[string]string{
+	"PodMonitor":     {"release": "kube-prometheus-stack"},
+	"PrometheusRule": {"release": "kube-prometheus-stack"},
+	"ConfigMap":      {"grafana_dashboard": "1"},
+}
+
+// checkSelectedByDefault: every monitoring object carries the labels
+// kube-prometheus-stack selects by default; without them the rules load
+// but nothing is scraped, or the dashboard never appears.
+func checkSelectedByDefault(t *testing.T, r *rendered) {
+	t.Helper()
+	for _, kind := range sortedKeys(kubePrometheusStack) {
+		objs := r.byKind(kind)
+		if len(objs) == 0 {
+			t.Errorf("%s: no %s rendered", r.Dir, kind)
+		}
+		for _, o := range objs {
+			got := o.Obj.(metav1.Object).GetLabels()
+			for k, v := range kubePrometheusStack[kind] {
+				if got[k] != v {
+					t.Errorf("%s: %s has label %s=%q, want %q (kube-prometheus-stack's default selector)", r.Dir, o, k, got[k], v)
+				}
+			}
+		}
+	}
 }
 
 func checkPodMonitor(t *testing.T, r, base *rendered) {
@@ -343,4 +373,47 @@ func mapsValues(m map[string]string) []string {
 		out = append(out, m[k])
 	}
 	return out
+}
+
+// runbookBase is where the docs are published: runbook_url must be an
+// absolute https URL (Alertmanager and Grafana render it as a link; a
+// repository-relative path leads nowhere from a pager).
+const runbookBase = "https://github.com/idemd/idemd/blob/main/docs/operations.md#"
+
+// checkRunbookURL: an alert's runbook_url is the docs' section named after
+// the alert, and that section exists.
+func checkRunbookURL(t reporter, alert, url string, anchors map[string]bool) {
+	t.Helper()
+	anchor, ok := strings.CutPrefix(url, runbookBase)
+	switch {
+	case !ok:
+		t.Errorf("alert %s: runbook_url %q does not start with %s", alert, url, runbookBase)
+	case anchor != strings.ToLower(alert):
+		t.Errorf("alert %s: runbook_url anchor %q, want %q (the section named after the alert)", alert, anchor, strings.ToLower(alert))
+	case !anchors[anchor]:
+		t.Errorf("alert %s: docs/operations.md has no \"### %s\" section for runbook_url %s", alert, alert, url)
+	}
+}
+
+// TestRunbookURLCheck: the check catches a relative link, a link to
+// another section and a section that does not exist.
+func TestRunbookURLCheck(t *testing.T) {
+	anchors := map[string]bool{"idemdup": true, "idemdother": true}
+	for url, want := range map[string]string{
+		runbookBase + "idemdup":         "",
+		"docs/operations.md#idemdup":    "does not start with",
+		runbookBase + "idemdother":      "want \"idemdup\"",
+		runbookBase + "idemdup-missing": "want \"idemdup\"",
+	} {
+		ft := &fakeT{}
+		checkRunbookURL(ft, "IdemdUp", url, anchors)
+		if want == "" && len(ft.errors) > 0 || want != "" && !ft.logged(regexp.QuoteMeta(want)) {
+			t.Errorf("%s: reported %q, want %q", url, ft.errors, want)
+		}
+	}
+	ft := &fakeT{}
+	checkRunbookURL(ft, "IdemdGone", runbookBase+"idemdgone", anchors)
+	if !ft.logged("has no .### IdemdGone. section") {
+		t.Errorf("a missing section: reported %q", ft.errors)
+	}
 }

@@ -94,7 +94,7 @@ func TestPodSecurity(t *testing.T) {
 					t.Errorf("ServiceAccount %s: automountServiceAccountToken must be false", sa.Name)
 				}
 			}
-			ws := r.workloads()
+			ws := r.pods()
 			if len(ws) == 0 {
 				t.Fatal("no workloads rendered")
 			}
@@ -503,9 +503,11 @@ func TestReaperCronJobs(t *testing.T) {
 			if !ok {
 				t.Fatal("no Job idemd-migrate")
 			}
-			if c := checkJobSpec(t, r, o, &o.Obj.(*batchv1.Job).Spec, "migrate", "/usr/local/bin/idemctl"); c != nil && (len(c.Args) == 0 || c.Args[0] != "migrate") {
+			migrate := o.Obj.(*batchv1.Job)
+			if c := checkJobSpec(t, r, o, &migrate.Spec, "migrate", "/usr/local/bin/idemctl"); c != nil && (len(c.Args) == 0 || c.Args[0] != "migrate") {
 				t.Errorf("%s: args %v, want idemctl migrate", o, c.Args)
 			}
+			checkGitOpsJob(t, o, migrate)
 		})
 	}
 }
@@ -519,7 +521,9 @@ func checkJobSpec(t *testing.T, r *rendered, o object, js *batchv1.JobSpec, name
 	if js.ActiveDeadlineSeconds == nil {
 		t.Errorf("%s: activeDeadlineSeconds is not set", o)
 	}
-	if js.TTLSecondsAfterFinished == nil {
+	// The migration Job keeps no TTL (checkGitOpsJob); the reaper's Jobs,
+	// which a CronJob creates, are removed by theirs.
+	if js.TTLSecondsAfterFinished == nil && o.Kind == "CronJob" {
 		t.Errorf("%s: ttlSecondsAfterFinished is not set", o)
 	}
 	// podFailurePolicy is only accepted with restartPolicy Never.
@@ -561,7 +565,7 @@ func TestReferencesResolve(t *testing.T) {
 	for _, dir := range overlays {
 		t.Run(dir, func(t *testing.T) {
 			r := render(t, dir)
-			for _, w := range r.workloads() {
+			for _, w := range r.pods() {
 				for _, c := range w.Pod.Spec.Containers {
 					env := r.containerEnv(t, &c)
 					for _, e := range c.Env {
@@ -570,6 +574,11 @@ func TestReferencesResolve(t *testing.T) {
 						}
 					}
 					volumes := map[string]corev1.Volume{}
+					if ss, ok := w.Owner.Obj.(*appsv1.StatefulSet); ok {
+						for _, pvc := range ss.Spec.VolumeClaimTemplates {
+							volumes[pvc.Name] = corev1.Volume{Name: pvc.Name}
+						}
+					}
 					for _, v := range w.Pod.Spec.Volumes {
 						volumes[v.Name] = v
 						if v.Secret != nil {
@@ -633,4 +642,31 @@ func ptrOr[T any](p *T, def T) T {
 		return def
 	}
 	return *p
+}
+
+// gitOpsAnnotations make the migration Job safe to re-apply under Argo CD
+// (a PreSync hook, the previous run deleted before the next is created)
+// and under Flux (recreated when its immutable template changes).
+var gitOpsAnnotations = map[string]string{
+	"argocd.argoproj.io/hook":               "PreSync",
+	"argocd.argoproj.io/hook-delete-policy": "BeforeHookCreation",
+	"kustomize.toolkit.fluxcd.io/force":     "enabled",
+}
+
+// checkGitOpsJob: the migration Job carries the GitOps annotations and no
+// TTL: a TTL deletes the finished Job, which a GitOps tool then sees
+// missing and creates again, migrating at every sync.
+func checkGitOpsJob(t *testing.T, o object, j *batchv1.Job) {
+	t.Helper()
+	for k, v := range gitOpsAnnotations {
+		if j.Annotations[k] != v {
+			t.Errorf("%s: annotation %s = %q, want %q", o, k, j.Annotations[k], v)
+		}
+	}
+	if j.Spec.TTLSecondsAfterFinished != nil {
+		t.Errorf("%s: ttlSecondsAfterFinished %d: a GitOps tool recreates the Job the TTL deletes", o, *j.Spec.TTLSecondsAfterFinished)
+	}
+	if j.GenerateName != "" {
+		t.Errorf("%s: generateName %q: kubectl apply and kustomize need a name", o, j.GenerateName)
+	}
 }

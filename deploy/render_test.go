@@ -145,6 +145,8 @@ func typedObject(apiVersion, kind string) (any, error) {
 		return &corev1.Service{}, nil
 	case "apps/v1 Deployment":
 		return &appsv1.Deployment{}, nil
+	case "apps/v1 StatefulSet":
+		return &appsv1.StatefulSet{}, nil
 	case "autoscaling/v2 HorizontalPodAutoscaler":
 		return &autoscalingv2.HorizontalPodAutoscaler{}, nil
 	case "batch/v1 CronJob":
@@ -204,6 +206,19 @@ func (r *rendered) workloads() []workload {
 		case *batchv1.CronJob:
 			out = append(out, workload{o, &v.Spec.JobTemplate.Spec.Template})
 		case *batchv1.Job:
+			out = append(out, workload{o, &v.Spec.Template})
+		}
+	}
+	return out
+}
+
+// pods is every pod template: idemd's workloads and the others an overlay
+// adds (the dev overlay's PostgreSQL StatefulSet), for the checks that
+// hold for any pod in the namespace (Pod Security, references).
+func (r *rendered) pods() []workload {
+	out := r.workloads()
+	for _, o := range r.Objects {
+		if v, ok := o.Obj.(*appsv1.StatefulSet); ok {
 			out = append(out, workload{o, &v.Spec.Template})
 		}
 	}

@@ -47,4 +47,7 @@ fi
 
 # The Go renderer writes its output next to kubectl's (go-*.yaml).
 DEPLOY_CHECK_OUT="$out" go test -count=1 ./deploy
+# The Helm chart, rendered and compared with the kustomize base (a module of
+# its own: deploy/helm/go.mod).
+(cd deploy/helm && go test -count=1 ./...)
 echo "deploy-check: ok (rendered manifests in $out)"

@@ -36,7 +36,10 @@ var Poolers = []string{PoolerNone, PoolerSession, PoolerTransaction}
 // Database is the connection setting every command shares.
 type Database struct {
 	DatabaseURL string `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL connection URL (env DATABASE_URL). ${database_url_need=Required.}"`
-	Pooler      string `name:"pooler" default:"none" help:"What --database-url goes through: none (direct), session (a session-mode pooler) or transaction (PgBouncer's transaction mode, or any proxy that moves a client between server connections). transaction turns off pgx's named prepared statements, which such a pooler cannot keep (docs/operations.md)."`
+	// PasswordFile is read again for every new connection (internal/dbcred):
+	// a password or token that something else rotates.
+	PasswordFile string `name:"database-password-file" help:"File holding the database password or token (a Vault agent's, an RDS IAM or Cloud SQL token sidecar's, a mounted Secret's), read again for every new connection and used instead of the URL's password; a trailing line break is ignored. Set pool_max_conn_lifetime in the URL below the token's lifetime (docs/operations.md)."`
+	Pooler       string `name:"pooler" default:"none" help:"What --database-url goes through: none (direct), session (a session-mode pooler) or transaction (PgBouncer's transaction mode, or any proxy that moves a client between server connections). transaction turns off pgx's named prepared statements, which such a pooler cannot keep (docs/operations.md)."`
 }
 
 // Check returns the problems with the database setting.

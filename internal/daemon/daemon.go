@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemd/idemd/internal/buildinfo"
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/dbcred"
 	"github.com/idemd/idemd/internal/logging"
 	"github.com/idemd/idemd/internal/opshttp"
 )
@@ -85,7 +86,10 @@ type Base struct {
 	Ctx    context.Context
 	Logger *zap.Logger
 	Pool   *pgxpool.Pool
-	close  []func()
+	// Credentials is the --database-password-file the pool reads, nil
+	// without one.
+	Credentials *dbcred.File
+	close       []func()
 }
 
 // Close closes the pool, stops listening for signals and flushes the log.
@@ -125,7 +129,7 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 	// Every error logged about a missing idemd table says to migrate.
 	logger = logger.WithOptions(zap.WrapCore(wrapSchemaHint))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	pool, err := NewPool(ctx, db.DatabaseURL, "idemd-"+name, db.Pooler, logger)
+	pool, cred, err := NewPool(ctx, *db, "idemd-"+name, logger)
 	if err != nil {
 		stop()
 		logger.Sync() //nolint:errcheck
@@ -133,7 +137,7 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 		fmt.Fprintf(stderr, "%s: invalid configuration:\n  - --database-url: %v\n", name, err)
 		return nil, nil, ExitConfig
 	}
-	b := &Base{Ctx: ctx, Logger: logger, Pool: pool}
+	b := &Base{Ctx: ctx, Logger: logger, Pool: pool, Credentials: cred}
 	b.close = []func(){func() { logger.Sync() }, stop, pool.Close} //nolint:errcheck
 	return kctx, b, ExitOK
 }
@@ -152,6 +156,9 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg, name)
+	if base.Credentials != nil {
+		reg.MustRegister(base.Credentials.Collector())
+	}
 	// Not ready while the database lacks a migration the command needs
 	// (up to its oldest schema): a rollout waits for the migration Job
 	// instead of sending work to a daemon that cannot do it. On a newer
@@ -245,31 +252,41 @@ func opsAddr(cmd Command, kctx *kong.Context, addr string) string {
 // does not connect: daemons start even while PostgreSQL is down and report
 // that through /readyz rather than crash-looping.
 //
-// Behind a transaction-mode pooler (pooler "transaction") the pool uses
+// Behind a transaction-mode pooler (db.Pooler "transaction") the pool uses
 // unnamed statements whose descriptions pgx caches: still one round trip
 // per query, but nothing prepared on a server connection, which such a
 // pooler hands to other clients between transactions (a named statement
 // then fails with 42P05 or 26000, or is left behind for the API). Without
 // it, those errors are logged once with the fix.
-func NewPool(ctx context.Context, url, appName, pooler string, logger *zap.Logger) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+//
+// With db.PasswordFile, every new connection reads its password from that
+// file (internal/dbcred): the pool's BeforeConnect, which connections opened
+// outside the pool apply too (dbcred.Connect with pool.Config()). The
+// returned File is nil without one.
+func NewPool(ctx context.Context, db config.Database, appName string, logger *zap.Logger) (*pgxpool.Pool, *dbcred.File, error) {
+	cfg, err := pgxpool.ParseConfig(db.DatabaseURL)
 	if err != nil {
 		// pgx's error may echo the URL; never print the password.
-		return nil, errors.New("cannot parse the connection URL")
+		return nil, nil, errors.New("cannot parse the connection URL")
+	}
+	var cred *dbcred.File
+	if db.PasswordFile != "" {
+		cred = dbcred.NewFile(db.PasswordFile, logger)
+		cfg.BeforeConnect = cred.BeforeConnect
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	}
-	if pooler == config.PoolerTransaction {
+	if db.Pooler == config.PoolerTransaction {
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	} else if logger != nil {
 		cfg.ConnConfig.Tracer = &poolerMismatch{logger: logger}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("new pool: %w", err)
+		return nil, nil, fmt.Errorf("new pool: %w", err)
 	}
-	return pool, nil
+	return pool, cred, nil
 }
 
 // Service is what a long-running command runs until SIGTERM.

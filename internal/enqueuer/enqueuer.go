@@ -93,8 +93,12 @@ type Service struct {
 	cfg       Config
 	pool      *pgxpool.Pool
 	listenCfg *pgx.ConnConfig // the listener's connection (config.go)
-	river     *river.Client[pgx.Tx]
-	valid     validator
+	// listenAuth is the pool's BeforeConnect (--database-password-file),
+	// applied to the listener's connections too, so they authenticate with
+	// a rotated password; nil without one.
+	listenAuth func(context.Context, *pgx.ConnConfig) error
+	river      *river.Client[pgx.Tx]
+	valid      validator
 	// riverGate is the River schema gate's last verdict (riverschema.go).
 	riverGate riverGate
 	// notices limits the insert notifications the server-side move sends
@@ -189,16 +193,17 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("enqueuer: river client: %w", err)
 	}
 	s := &Service{
-		cfg:       cfg,
-		pool:      cfg.Pool,
-		listenCfg: listenCfg,
-		river:     rc,
-		valid:     newValidator(cfg.AllowedKinds, cfg.MaxArgsBytes),
-		logger:    cfg.Logger,
-		metrics:   m,
-		wake:      make(chan struct{}, 1),
-		floor:     newFloor(),
-		instance:  lease.Holder("enqueuer"),
+		cfg:        cfg,
+		pool:       cfg.Pool,
+		listenCfg:  listenCfg,
+		listenAuth: cfg.Pool.Config().BeforeConnect,
+		river:      rc,
+		valid:      newValidator(cfg.AllowedKinds, cfg.MaxArgsBytes),
+		logger:     cfg.Logger,
+		metrics:    m,
+		wake:       make(chan struct{}, 1),
+		floor:      newFloor(),
+		instance:   lease.Holder("enqueuer"),
 	}
 	if cfg.Ready != nil {
 		cfg.Ready.Blocked = s.riverGate.blocked

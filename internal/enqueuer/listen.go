@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/dbcred"
 	"github.com/idemd/idemd/internal/lifecycle"
 )
 
@@ -62,9 +63,9 @@ func (s *Service) listenLoop() lifecycle.Loop {
 const listenerCheckPrefix = "idemd-listener-check:"
 
 func (s *Service) listenOnce(ctx context.Context, connected func()) error {
-	conn, err := pgx.ConnectConfig(ctx, s.listenCfg.Copy())
+	conn, err := dbcred.Connect(ctx, s.listenCfg, s.listenAuth)
 	if err != nil {
-		return fmt.Errorf("enqueuer listen: connect: %w", err)
+		return fmt.Errorf("enqueuer listen: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing also releases the drainer lock
 	if _, err := conn.Exec(ctx, drainerSessionSQL); err != nil {
@@ -93,7 +94,7 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 	if s.cfg.PollingInterval > 0 {
 		// The polling lock's session (poll.go) lives as long as this
 		// replica is the drainer.
-		if err := s.gate.open(ctx, s.listenCfg); err != nil {
+		if err := s.gate.open(ctx, s.listenCfg, s.listenAuth); err != nil {
 			s.pollingFailed(err)
 		}
 		defer s.gate.close(ctx)

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/dbcred"
 )
 
 // Polling instead of being notified, under a stream of commits.
@@ -148,28 +150,29 @@ func nextPollWait(last, interval time.Duration, taken int) time.Duration {
 // takes; the loop takes and releases P through it.
 type gate struct {
 	mu      sync.Mutex
-	cfg     *pgx.ConnConfig // the listener's, kept to reconnect
-	conn    *pgx.Conn       // nil while closed
-	gen     uint64          // counts sessions
-	polling int64           // P's key; 0 until the first open
-	handoff int64           // H's key
-	lastTry time.Time       // the last reopen attempt
+	cfg     *pgx.ConnConfig                              // the listener's, kept to reconnect
+	auth    func(context.Context, *pgx.ConnConfig) error // the pool's BeforeConnect, or nil
+	conn    *pgx.Conn                                    // nil while closed
+	gen     uint64                                       // counts sessions
+	polling int64                                        // P's key; 0 until the first open
+	handoff int64                                        // H's key
+	lastTry time.Time                                    // the last reopen attempt
 }
 
 // open connects the gate with cfg, the listener's.
-func (g *gate) open(ctx context.Context, cfg *pgx.ConnConfig) error {
+func (g *gate) open(ctx context.Context, cfg *pgx.ConnConfig, auth func(context.Context, *pgx.ConnConfig) error) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.cfg = cfg
+	g.cfg, g.auth = cfg, auth
 	return g.connect(ctx)
 }
 
 // connect opens a new session with cfg, a new generation, and reads P's and
 // H's keys. g.mu is held.
 func (g *gate) connect(ctx context.Context) error {
-	conn, err := pgx.ConnectConfig(ctx, g.cfg.Copy())
+	conn, err := dbcred.Connect(ctx, g.cfg, g.auth)
 	if err != nil {
-		return fmt.Errorf("enqueuer polling: connect the gate: %w", err)
+		return fmt.Errorf("enqueuer polling: the gate: %w", err)
 	}
 	var p, h int64
 	if _, err := conn.Exec(ctx, drainerSessionSQL); err != nil {

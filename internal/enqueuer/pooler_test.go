@@ -22,7 +22,7 @@ func pooledPool(t *testing.T) (*pgxpool.Pool, *pgbouncertest.Bouncer, string, st
 	dbURL := dbtest.NewDatabase(t)
 	db := pgbouncertest.DatabaseName(t, dbURL)
 	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 4})
-	pool, err := daemon.NewPool(context.Background(), b.URL(db, "postgres"), "idemd-enqueuer", config.PoolerTransaction, nil)
+	pool, _, err := daemon.NewPool(context.Background(), config.Database{DatabaseURL: b.URL(db, "postgres"), Pooler: config.PoolerTransaction}, "idemd-enqueuer", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

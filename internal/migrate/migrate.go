@@ -26,6 +26,7 @@ import (
 
 	rolesql "github.com/idemd/idemd/deploy/sql"
 	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/dbcred"
 	"github.com/idemd/idemd/migrations"
 )
 
@@ -381,7 +382,8 @@ func (t *lockTimeoutTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d
 func holdLock(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (func(), error) {
 	// The lock lives on its own connection, outside the pool: migrators
 	// waiting for it must not hold pool connections the winner needs.
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	pc := pool.Config()
+	conn, err := dbcred.Connect(ctx, pc.ConnConfig, pc.BeforeConnect)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: open lock connection: %w", err)
 	}

@@ -166,3 +166,25 @@ func (c *Cluster) Remove() {
 
 // LogPath is the server log, for a failing test to show.
 func (c *Cluster) LogPath() string { return filepath.Join(c.dir, "log") }
+
+// RequirePasswords makes every role but postgres authenticate over TCP with
+// scram-sha-256, as a managed PostgreSQL does, and reloads the
+// configuration; postgres, the test's admin, stays trusted. pg_ctl reload
+// only signals the server: the caller waits until a password-less login is
+// refused before relying on it.
+func (c *Cluster) RequirePasswords() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hba := "local all all trust\n" +
+		"host all postgres 127.0.0.1/32 trust\n" +
+		"host all all 127.0.0.1/32 scram-sha-256\n"
+	// Rewritten in place, so the file keeps its owner (postgres, when the
+	// tests run as root).
+	if err := os.WriteFile(filepath.Join(c.data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		return fmt.Errorf("dbtest: write pg_hba.conf: %w", err)
+	}
+	if out, err := c.command("pg_ctl", "-D", c.data, "reload").CombinedOutput(); err != nil {
+		return fmt.Errorf("pg_ctl reload: %w: %s", err, out)
+	}
+	return nil
+}

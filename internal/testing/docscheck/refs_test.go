@@ -49,6 +49,9 @@ var allowedFlags = map[string]string{
 	"quiet":            "psql/apt --quiet",
 	"from":             "kubectl create job --from=cronjob/...",
 	"ignore-not-found": "kubectl delete --ignore-not-found",
+	"force":            "kubectl apply --force (recreates the migration Job)",
+	"set":              "helm install/upgrade --set",
+	"reuse-values":     "helm upgrade --reuse-values",
 	// other tools the pages run.
 	"stats":             "pg_waldump --stats",
 	"test":              "node --test (clients/node)",

@@ -74,7 +74,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	pool, err := daemon.NewPool(ctx, c.DatabaseURL, "rocketrides-simulator", c.Pooler, nil)
+	pool, _, err := daemon.NewPool(ctx, c.Database, "rocketrides-simulator", nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "rocketrides-simulator: --database-url: %v\n", err)
 		return daemon.ExitConfig
