@@ -5,11 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-<<<<<<< HEAD
-.PHONY: build image release-snapshot test unit e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
-=======
-.PHONY: build image test unit helm-test e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium
->>>>>>> issue-42
+.PHONY: build image release-snapshot test unit helm-test e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
 
 # Every binary carries its version (VERSION) and commit: --version prints
 # them, idemd_build_info exports them (scripts/buildinfo.sh).
