@@ -32,6 +32,7 @@ import (
 
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/reaper/throttle"
 	"github.com/idemd/idemd/internal/review"
 	"github.com/idemd/idemd/internal/testing/testsignal"
 )
@@ -80,7 +81,13 @@ type Result struct {
 	FinalBatchSize int
 	Duration       time.Duration
 	Complete       bool   // nothing eligible was left when the run ended
-	StopReason     string // why an incomplete run stopped: max_runtime, shutdown, error
+	StopReason     string // why an incomplete run stopped: max_runtime, shutdown, critical_load, error
+	// StopDetail is the measurement that crossed --critical-load.
+	StopDetail string
+	// Throttled is the time the run waited between batches for its
+	// throttle; ThrottleReason the reason of its latest wait.
+	Throttled      time.Duration
+	ThrottleReason string
 }
 
 // BlockedError is a batch that a foreign key with ON DELETE RESTRICT or NO
@@ -125,8 +132,9 @@ type Service struct {
 // testSignals tell tests that a run reached a point; tests only wait on
 // them (internal/testing/testsignal). Free in production.
 type testSignals struct {
-	passed testsignal.Signal[*Result]       // a scheduled run ended
-	next   testsignal.Signal[time.Duration] // the schedule's wait before the next run
+	passed  testsignal.Signal[*Result]           // a scheduled run ended
+	next    testsignal.Signal[time.Duration]     // the schedule's wait before the next run
+	decided testsignal.Signal[throttle.Decision] // the throttle decided before a round
 }
 
 // testHooks are the points where a test must act inside a run while the
@@ -323,6 +331,7 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 	batchSize := s.cfg.BatchSize
 	var cursor *batchCursor
 	alone := false // the next round redoes a batch of a concurrent round
+	thr := s.newRunThrottle()
 	for {
 		if soft.Err() != nil {
 			res.StopReason = "shutdown"
@@ -331,6 +340,9 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		if time.Since(start) >= s.cfg.MaxRuntime {
 			res.StopReason = "max_runtime"
 			return nil
+		}
+		if goOn, err := s.throttleWait(soft, res, start, run, thr); !goOn {
+			return err
 		}
 		// The round's batches only fence the lease, so renew it now: they
 		// run under an expiry that outlasts any of them (--lease-ttl is
@@ -552,6 +564,12 @@ func (s *Service) summarize(res *Result, err error) ([]zap.Field, bool) {
 	}
 	if res.StopReason != "" {
 		fields = append(fields, zap.String("stop_reason", res.StopReason))
+	}
+	if res.StopDetail != "" {
+		fields = append(fields, zap.String("stop_detail", res.StopDetail))
+	}
+	if res.Throttled > 0 {
+		fields = append(fields, zap.Duration("throttled", res.Throttled), zap.String("throttle_reason", res.ThrottleReason))
 	}
 	if res.LeaseHolder != "" {
 		fields = append(fields, zap.String("lease_holder", res.LeaseHolder))

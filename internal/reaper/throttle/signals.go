@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -34,6 +33,9 @@ type Reader struct {
 	// ProbeCommit: measure a writing transaction's COMMIT (a limit on
 	// commit_latency is set). Without it no probe transaction runs.
 	ProbeCommit bool
+	// WatchReplicas: a replica limit is set, so replicas the role cannot
+	// see are an error (ErrHiddenReplicas) rather than ignored.
+	WatchReplicas bool
 	// Timeout bounds each reading, so a replica that does not answer makes
 	// the run wait (signal_error) rather than hang.
 	Timeout time.Duration
@@ -101,7 +103,7 @@ func (r *Reader) Read(ctx context.Context) Signals {
 		}
 	}
 	r.prevLSN, r.prevAt = uint64(lsn), now
-	if hidden > 0 {
+	if hidden > 0 && r.WatchReplicas {
 		s.Err = ErrHiddenReplicas
 		return s
 	}
@@ -159,7 +161,8 @@ func probeCommit(ctx context.Context, db Querier) (time.Duration, error) {
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-// ReplicaName is a replica URL's host and port, for logs.
-func ReplicaName(cfg *pgconn.Config) string {
-	return fmt.Sprintf("%s:%d", cfg.Host, cfg.Port)
+// ReplicaName is a replica's host and port, for logs: never its URL, which
+// may carry a password.
+func ReplicaName(host string, port uint16) string {
+	return fmt.Sprintf("%s:%d", host, port)
 }

@@ -93,7 +93,7 @@ func ParseLoad(s string) (Load, error) {
 		seen[name] = true
 		switch name {
 		case "wal_rate":
-			b, err := parseBytes(value)
+			b, err := ParseBytes(value)
 			if err != nil {
 				return Load{}, fmt.Errorf("wal_rate: %w", err)
 			}
@@ -119,8 +119,9 @@ var byteUnits = []struct {
 	factor float64
 }{{"GB", 1 << 30}, {"MB", 1 << 20}, {"kB", 1 << 10}, {"B", 1}}
 
-// parseBytes reads "64MB", "512kB", "1048576".
-func parseBytes(s string) (float64, error) {
+// ParseBytes reads a size: "64MB", "512kB", "1048576" (kB, MB and GB are
+// powers of 1024, as in PostgreSQL).
+func ParseBytes(s string) (float64, error) {
 	factor := 1.0
 	for _, u := range byteUnits {
 		if strings.HasSuffix(s, u.suffix) {
@@ -135,6 +136,17 @@ func parseBytes(s string) (float64, error) {
 	return v * factor, nil
 }
 
+// humanBytes renders a measurement for people: 450.1kB.
+func humanBytes(v float64) string {
+	for _, u := range byteUnits {
+		if v >= u.factor {
+			return strconv.FormatFloat(v/u.factor, 'f', 1, 64) + u.suffix
+		}
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64) + "B"
+}
+
+// formatBytes renders a setting exactly, in its largest whole unit.
 func formatBytes(v float64) string {
 	for _, u := range byteUnits {
 		if v >= u.factor && math.Mod(v, u.factor) == 0 {
@@ -271,7 +283,7 @@ func (t *Throttle) pressure(s Signals) (Reason, string) {
 	case l.MaxLag > 0 && s.Lag > l.MaxLag:
 		return ReasonReplicaLag, fmt.Sprintf("replica replay lag %s over --max-lag %s", s.Lag.Round(time.Millisecond), l.MaxLag)
 	case l.MaxLagBytes > 0 && s.LagBytes > l.MaxLagBytes:
-		return ReasonReplicaBytes, fmt.Sprintf("replica replay %s behind, over --max-lag-bytes %s", formatBytes(float64(s.LagBytes)), formatBytes(float64(l.MaxLagBytes)))
+		return ReasonReplicaBytes, fmt.Sprintf("replica replay %s behind, over --max-lag-bytes %s", humanBytes(float64(s.LagBytes)), formatBytes(float64(l.MaxLagBytes)))
 	}
 	return crossed(l.MaxLoad, s)
 }
@@ -280,7 +292,7 @@ func (t *Throttle) pressure(s Signals) (Reason, string) {
 func crossed(load Load, s Signals) (Reason, string) {
 	switch {
 	case load.WALRate > 0 && s.HasWALRate && s.WALRate > load.WALRate:
-		return ReasonWALRate, fmt.Sprintf("WAL %s/s over wal_rate=%s", formatBytes(math.Round(s.WALRate)), formatBytes(load.WALRate))
+		return ReasonWALRate, fmt.Sprintf("WAL %s/s over wal_rate=%s", humanBytes(s.WALRate), formatBytes(load.WALRate))
 	case load.CommitLatency > 0 && s.CommitLatency > load.CommitLatency:
 		return ReasonCommitLatency, fmt.Sprintf("probe commit %s over commit_latency=%s", s.CommitLatency.Round(time.Microsecond), load.CommitLatency)
 	}

@@ -1,0 +1,205 @@
+package reaper
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/reaper/throttle"
+	"github.com/idemd/idemd/internal/reaperpause"
+	"github.com/idemd/idemd/internal/runhistory"
+)
+
+// stopCriticalLoad is the stop reason of a run the critical ceiling
+// stopped (--critical-load).
+const stopCriticalLoad = "critical_load"
+
+// runThrottle is one run's throttle: its decisions' state and its reader of
+// the signals (the WAL rate is measured from one reading to the next).
+type runThrottle struct {
+	decide *throttle.Throttle
+	read   *throttle.Reader
+	// reason is the reason of the stretch in progress, "" outside one:
+	// the log says when a stretch starts, changes reason and ends, never
+	// at every wait.
+	reason throttle.Reason
+	since  time.Time
+}
+
+func (s *Service) newRunThrottle() *runThrottle {
+	l := s.cfg.Throttle.limits()
+	return &runThrottle{
+		decide: throttle.New(l),
+		read: &throttle.Reader{
+			Primary:       s.cfg.Pool,
+			Replicas:      s.cfg.Replicas,
+			WatchReplicas: l.MaxLag > 0 || l.MaxLagBytes > 0,
+			ProbeCommit:   l.MaxLoad.CommitLatency > 0 || l.CriticalLoad.CommitLatency > 0,
+			Timeout:       s.cfg.StatementTimeout,
+		},
+	}
+}
+
+// throttleWait is asked before every round of batches whether the run may
+// go on: it reads the signals and waits (counting the time in the run's
+// Result, its row and idemd_reaper_throttled_seconds_total) until no limit
+// is crossed. It returns false when the run must stop instead: the
+// critical ceiling (stop_reason critical_load, with the measurement), the
+// run's time being up (max_runtime) or a stop request (shutdown). The wait
+// happens between batches, with no transaction open, so a throttled run
+// holds nothing but its lease, which the heartbeat keeps renewed.
+//
+// A signal that cannot be read makes the run wait (signal_error) when
+// waiting may help (a replica restarting, a timeout), and fails the run when
+// it cannot: a privilege or a table the role lacks.
+func (s *Service) throttleWait(soft context.Context, res *Result, start time.Time, run int64, t *runThrottle) (bool, error) {
+	for {
+		sig := t.read.Read(soft)
+		if soft.Err() != nil {
+			res.StopReason = "shutdown"
+			return false, nil
+		}
+		if p, err := reaperpause.Get(soft, s.cfg.Pool); err != nil {
+			if sig.Err == nil {
+				sig.Err = err
+			}
+		} else {
+			sig.Paused = p != nil
+		}
+		if permanent(sig.Err) {
+			res.StopReason = "error"
+			return false, fmt.Errorf("reaper: before batch %d: throttle: %w", res.Batches+1, sig.Err)
+		}
+		d := t.decide.Decide(sig)
+		s.signals.decided.Signal(d)
+		if d.Stop {
+			s.logger.Warn("the primary's load is over --critical-load: the run stops; the next run continues",
+				zap.String("reason", string(d.Reason)), zap.String("measured", d.Detail), zap.Int("batches", res.Batches))
+			res.StopReason, res.StopDetail = stopCriticalLoad, d.Detail
+			return false, nil
+		}
+		if !d.Throttled() {
+			if t.reason != throttle.ReasonNone {
+				s.logger.Info("reaper throttle lifted", zap.String("reason", string(t.reason)), zap.Duration("waited", time.Since(t.since)))
+				t.reason = throttle.ReasonNone
+			}
+			return true, nil
+		}
+		if d.Reason != t.reason {
+			if t.reason == throttle.ReasonNone {
+				t.since = time.Now()
+			}
+			s.logger.Info("reaper throttled: waiting before the next batch",
+				zap.String("reason", string(d.Reason)), zap.String("measured", d.Detail), zap.Int("replicas", sig.Replicas))
+			t.reason = d.Reason
+		}
+		left := s.cfg.MaxRuntime - time.Since(start)
+		if left <= 0 {
+			res.StopReason = "max_runtime"
+			return false, nil
+		}
+		waited := s.sleep(soft, min(d.Wait, left))
+		res.Throttled += waited
+		res.ThrottleReason = string(d.Reason)
+		s.metrics.throttled.WithLabelValues(string(d.Reason)).Add(waited.Seconds())
+		s.recordThrottle(soft, run, waited, d.Reason)
+	}
+}
+
+// permanent reports whether a signal's error is one waiting cannot fix:
+// the role lacks a privilege, or the schema a table (SQLSTATE class 42).
+func permanent(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.Is(err, throttle.ErrHiddenReplicas) || (errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "42"))
+}
+
+// sleep waits d or until the run is asked to stop, and says how long it
+// waited.
+func (s *Service) sleep(soft context.Context, d time.Duration) time.Duration {
+	begin := time.Now()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-soft.Done():
+	case <-t.C:
+	}
+	return time.Since(begin)
+}
+
+// recordThrottle adds a wait to the run's row, so `idemctl reaper runs`
+// and the console show a run waiting while it waits. A failure only costs
+// the row's figure (the metric and the summary still have it): the run
+// goes on.
+func (s *Service) recordThrottle(ctx context.Context, run int64, waited time.Duration, reason throttle.Reason) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+	defer cancel()
+	if err := runhistory.RecordThrottle(ctx, s.cfg.Pool, run, waited, string(reason)); err != nil && ctx.Err() == nil {
+		s.logger.Warn("recording the run's throttled time in idemd_reaper_runs failed", zap.Error(err))
+	}
+}
+
+// OpenReplicas opens a small pool on each --replica-url and
+// --replica-url-file entry, for the throttle to read their lag; close
+// closes them. Nothing here logs a URL: it may carry a password.
+func OpenReplicas(ctx context.Context, t *ThrottleSettings) (replicas []throttle.Replica, closeAll func(), err error) {
+	urls := append([]string(nil), t.ReplicaURLs...)
+	if t.ReplicaURLFile != "" {
+		more, err := readURLFile(t.ReplicaURLFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		urls = append(urls, more...)
+	}
+	closeAll = func() {
+		for _, r := range replicas {
+			r.Pool.Close()
+		}
+	}
+	for i, u := range urls {
+		cfg, err := pgxpool.ParseConfig(u)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("reaper: replica %d: not a connection URL", i+1)
+		}
+		// One reading at a time, once per batch: one connection.
+		cfg.MaxConns, cfg.MinConns = 1, 0
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("reaper: replica %s: %w", throttle.ReplicaName(cfg.ConnConfig.Host, cfg.ConnConfig.Port), err)
+		}
+		replicas = append(replicas, throttle.Replica{Name: throttle.ReplicaName(cfg.ConnConfig.Host, cfg.ConnConfig.Port), Pool: p})
+	}
+	return replicas, closeAll, nil
+}
+
+// readURLFile reads one URL per line; blank lines and # comments are
+// skipped.
+func readURLFile(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reaper: --replica-url-file: %w", err)
+	}
+	defer f.Close()
+	var urls []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		urls = append(urls, line)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reaper: --replica-url-file: %w", err)
+	}
+	return urls, nil
+}
