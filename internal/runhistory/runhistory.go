@@ -17,6 +17,7 @@ package runhistory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -148,6 +149,36 @@ func LastSuccess(ctx context.Context, db Querier) (*time.Time, error) {
 		return nil, fmt.Errorf("reaper run history: last success: %w", err)
 	}
 	return t, nil
+}
+
+// lastThrottledShareSQL is the share of its time the newest run that took
+// the lease spent throttled: its throttled_seconds over its duration so far
+// (to its end, or to now while it runs). Through to_jsonb, like
+// lastRunsSQL, so it reads an older schema's history as never throttled.
+const lastThrottledShareSQL = `
+SELECT COALESCE((to_jsonb(r)->>'throttled_seconds')::float8, 0)
+       / greatest(extract(epoch FROM COALESCE(r.finished_at, clock_timestamp()) - r.started_at)::float8, 1)
+FROM idemd_reaper_runs r
+WHERE r.result IS DISTINCT FROM @lock_held
+ORDER BY r.id DESC
+LIMIT 1`
+
+// LastThrottledShare returns the share (0 to 1) of its time the newest
+// run that took the lease spent waiting for its throttle, so far if it
+// runs; nil when the history has no such run. The database-wide exporter
+// exports it: a CronJob run throttled most of its window is visible
+// without scraping it.
+func LastThrottledShare(ctx context.Context, db Querier) (*float64, error) {
+	var share float64
+	err := db.QueryRow(ctx, lastThrottledShareSQL, pgx.NamedArgs{"lock_held": ResultLockHeld}).Scan(&share)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reaper run history: throttled share: %w", err)
+	}
+	share = min(share, 1)
+	return &share, nil
 }
 
 // startSQL records a run that took the lease. @elapsed is how long ago it
