@@ -16,7 +16,7 @@ import (
 // cleanup was registered first). Its URL is read-only: it is in recovery.
 func (c *Cluster) StartStandby(tb testing.TB) *Cluster {
 	tb.Helper()
-	s, err := c.newStandby()
+	s, err := c.NewStandby()
 	if err != nil {
 		tb.Fatalf("dbtest: start standby: %v", err)
 	}
@@ -24,7 +24,9 @@ func (c *Cluster) StartStandby(tb testing.TB) *Cluster {
 	return s
 }
 
-func (c *Cluster) newStandby() (*Cluster, error) {
+// NewStandby is StartStandby for callers without a testing.TB (the
+// benchmarks); the caller must call Remove, before removing c.
+func (c *Cluster) NewStandby() (*Cluster, error) {
 	dir, err := os.MkdirTemp("", "idemd-e2e-pg-standby-")
 	if err != nil {
 		return nil, fmt.Errorf("temp dir: %w", err)
