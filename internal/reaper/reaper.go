@@ -107,6 +107,25 @@ func (e *BlockedError) Error() string {
 
 func (e *BlockedError) Unwrap() error { return e.Err }
 
+// Stop reasons of an incomplete or failed run (Result.StopReason, the run
+// history's stop_reason).
+const (
+	stopShutdown   = "shutdown"    // SIGTERM, Stop, or ctx ended
+	stopMaxRuntime = "max_runtime" // --max-runtime passed
+	stopError      = "error"       // a failure ended the run
+	// stopCriticalLoad: the load crossed --critical-load (throttled.go).
+	stopCriticalLoad = "critical_load"
+)
+
+// stop is why a run ended before it was complete: what the run's steps
+// (a round, a failed batch, the throttle) return, and only reapWithLease
+// writes into the Result. The zero value: the run goes on, or completed.
+type stop struct {
+	reason string
+	// detail is the measurement that crossed --critical-load.
+	detail string
+}
+
 // ErrCapExceeded is returned (wrapped) when a run would delete or flag more
 // than --max-deletes or --max-flags.
 var ErrCapExceeded = errors.New("per-run cap exceeded")
@@ -267,7 +286,7 @@ func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start ti
 	run, err := s.startRun(ctx, start)
 	defer func() { s.endRun(ctx, run, res, err) }()
 	if err != nil {
-		res.StopReason = "error"
+		res.StopReason = stopError
 		return err
 	}
 	defer lifecycle.Beside(soft, s.heartbeat())()
@@ -279,10 +298,12 @@ func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start ti
 		res.WALCompression = s.cfg.WALCompression
 	}
 	if err := s.checkCaps(soft); err != nil {
-		res.StopReason = "error"
+		res.StopReason = stopError
 		return err
 	}
-	return s.reap(ctx, soft, res, start, run)
+	st, err := s.reap(ctx, soft, res, start, run)
+	res.StopReason, res.StopDetail = st.reason, st.detail
+	return err
 }
 
 // probeWALCompression reports whether --wal-compression can be set in this
@@ -326,29 +347,33 @@ func (s *Service) probeWALCompression(ctx context.Context) bool {
 // reap deletes keys round by round (round.go) until a batch comes back
 // short (nothing eligible left), the run's time is up, the run is asked to
 // stop (soft), or a batch fails for good. Batches run on ctx: only it cuts
-// one short.
-func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, run int64) error {
+// one short. It returns why the run stopped (the zero stop when it is
+// complete); the Result's counts are the committed batches' (account).
+func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, run int64) (stop, error) {
 	batchSize := s.cfg.BatchSize
 	var cursor *batchCursor
 	alone := false // the next round redoes a batch of a concurrent round
 	thr := s.newRunThrottle()
 	for {
 		if soft.Err() != nil {
-			res.StopReason = "shutdown"
-			return nil
+			return stop{reason: stopShutdown}, nil
 		}
 		if time.Since(start) >= s.cfg.MaxRuntime {
-			res.StopReason = "max_runtime"
-			return nil
+			return stop{reason: stopMaxRuntime}, nil
 		}
-		if goOn, err := s.throttleWait(soft, res, start, run, thr); !goOn {
-			return err
+		w := s.throttleWait(soft, start, run, thr, res.Batches)
+		res.Throttled += w.waited
+		if w.reason != "" {
+			res.ThrottleReason = string(w.reason)
+		}
+		if w.stop.reason != "" || w.err != nil {
+			return w.stop, w.err
 		}
 		// The round's batches only fence the lease, so renew it now: they
 		// run under an expiry that outlasts any of them (--lease-ttl is
 		// longer than --statement-timeout).
 		if err := s.renewLease(ctx); err != nil {
-			return s.roundFailed(ctx, err, res)
+			return s.roundFailed(ctx, err, res.Batches)
 		}
 		job := batchJob{
 			run:            run,
@@ -364,7 +389,7 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		}
 		jobs, err := s.planRound(ctx, job, width)
 		if err != nil {
-			return s.roundFailed(ctx, err, res)
+			return s.roundFailed(ctx, err, res.Batches)
 		}
 		end := s.runRound(ctx, jobs)
 		for _, b := range end.committed {
@@ -379,11 +404,11 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 				// The batch was cut (SIGTERM in a one-shot run, Stop's
 				// deadline) and rolled back: the run was stopped, not
 				// failed, and the next run deletes those keys.
-				res.StopReason = "shutdown"
-				return nil
+				return stop{reason: stopShutdown}, nil
 			}
-			if batchSize, err = s.batchFailed(soft, end.err, batchSize, res); err != nil {
-				return err
+			var st stop
+			if batchSize, st, err = s.batchFailed(soft, end.err, batchSize, res); err != nil {
+				return st, err
 			}
 			continue
 		}
@@ -392,7 +417,7 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		}
 		if !end.more {
 			res.Complete = true
-			return nil
+			return stop{}, nil
 		}
 		s.pause(soft)
 	}
@@ -408,14 +433,12 @@ func (s *Service) renewLease(ctx context.Context) error {
 }
 
 // roundFailed ends the run for a failure outside the batches (the lease's
-// renewal, the round's ranges).
-func (s *Service) roundFailed(ctx context.Context, err error, res *Result) error {
+// renewal, the round's ranges), after batches committed ones.
+func (s *Service) roundFailed(ctx context.Context, err error, batches int) (stop, error) {
 	if ctx.Err() != nil {
-		res.StopReason = "shutdown"
-		return nil
+		return stop{reason: stopShutdown}, nil
 	}
-	res.StopReason = "error"
-	return fmt.Errorf("reaper: before batch %d: %w", res.Batches+1, err)
+	return stop{reason: stopError}, fmt.Errorf("reaper: before batch %d: %w", batches+1, err)
 }
 
 // batchLimit is how many keys the next batch may take: the batch size, or
@@ -434,9 +457,10 @@ func (s *Service) batchLimit(batchSize int, deleted int64) int {
 
 // batchFailed decides what a failed batch means for the run: a statement
 // timeout is retried at half the size (the new size comes back, with a nil
-// error); anything else ends the run with the error returned. soft ended:
-// the run was stopping, and a timeout is no reason to go on.
-func (s *Service) batchFailed(soft context.Context, err error, batchSize int, res *Result) (int, error) {
+// error); anything else ends the run with the error returned, and the
+// stop it is. soft ended: the run was stopping, and a timeout is no reason
+// to go on.
+func (s *Service) batchFailed(soft context.Context, err error, batchSize int, res *Result) (int, stop, error) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "57014" && soft.Err() == nil {
 		// statement_timeout: the database is slower than the batch size
@@ -445,27 +469,26 @@ func (s *Service) batchFailed(soft context.Context, err error, batchSize int, re
 		s.metrics.batchTimeouts.Inc()
 		res.BatchTimeouts++
 		if batchSize <= minBatchSize {
-			res.StopReason = "error"
-			return batchSize, fmt.Errorf("reaper: batch %d timed out after %s even at %d keys: %w", res.Batches+1, s.cfg.StatementTimeout, batchSize, err)
+			return batchSize, stop{reason: stopError}, fmt.Errorf("reaper: batch %d timed out after %s even at %d keys: %w", res.Batches+1, s.cfg.StatementTimeout, batchSize, err)
 		}
 		batchSize = max(batchSize/2, minBatchSize)
 		res.FinalBatchSize = batchSize
 		s.logger.Warn("batch hit the statement timeout; halving the batch batchSize",
 			zap.Duration("statement_timeout", s.cfg.StatementTimeout), zap.Int("batch_size", batchSize))
-		return batchSize, nil
+		return batchSize, stop{}, nil
 	}
-	res.StopReason = "error"
+	failed := stop{reason: stopError}
 	switch {
 	case errors.Is(err, ErrCapExceeded):
-		return batchSize, fmt.Errorf("reaper: batch %d rolled back: %w; the %d keys deleted by earlier batches stay deleted", res.Batches+1, err, res.Deleted)
+		return batchSize, failed, fmt.Errorf("reaper: batch %d rolled back: %w; the %d keys deleted by earlier batches stay deleted", res.Batches+1, err, res.Deleted)
 	case errors.As(err, &pgErr) && pgErr.Code == "23503":
 		blocked := &BlockedError{Constraint: pgErr.ConstraintName, Table: pgErr.TableName, Detail: pgErr.Detail, Err: err}
-		return batchSize, fmt.Errorf("reaper: batch %d: %w; the %d keys deleted by earlier batches of this run stay deleted", res.Batches+1, blocked, res.Deleted)
+		return batchSize, failed, fmt.Errorf("reaper: batch %d: %w; the %d keys deleted by earlier batches of this run stay deleted", res.Batches+1, blocked, res.Deleted)
 	default:
 		if soft.Err() != nil {
-			res.StopReason = "shutdown"
+			failed.reason = stopShutdown
 		}
-		return batchSize, fmt.Errorf("reaper: batch %d: %w", res.Batches+1, err)
+		return batchSize, failed, fmt.Errorf("reaper: batch %d: %w", res.Batches+1, err)
 	}
 }
 

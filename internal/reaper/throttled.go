@@ -18,10 +18,6 @@ import (
 	"github.com/idemd/idemd/internal/runhistory"
 )
 
-// stopCriticalLoad is the stop reason of a run the critical ceiling
-// stopped (--critical-load).
-const stopCriticalLoad = "critical_load"
-
 // runThrottle is one run's throttle: its decisions' state and its reader of
 // the signals (the WAL rate is measured from one reading to the next).
 type runThrottle struct {
@@ -48,24 +44,34 @@ func (s *Service) newRunThrottle() *runThrottle {
 	}
 }
 
+// waited is what one throttleWait did: the time it waited and the reason
+// of its latest wait, and a stop (with an error when it failed) when the
+// run must end instead of going on.
+type waited struct {
+	waited time.Duration
+	reason throttle.Reason
+	stop   stop
+	err    error
+}
+
 // throttleWait is asked before every round of batches whether the run may
 // go on: it reads the signals and waits (counting the time in the run's
-// Result, its row and idemd_reaper_throttled_seconds_total) until no limit
-// is crossed. It returns false when the run must stop instead: the
-// critical ceiling (stop_reason critical_load, with the measurement), the
-// run's time being up (max_runtime) or a stop request (shutdown). The wait
+// row and idemd_reaper_throttled_seconds_total; the caller adds it to the
+// Result) until no limit is crossed. It returns a stop when the run must
+// end instead: the critical ceiling (critical_load, with the measurement),
+// the run's time being up (max_runtime) or a stop request (shutdown). The wait
 // happens between batches, with no transaction open, so a throttled run
 // holds nothing but its lease, which the heartbeat keeps renewed.
 //
 // A signal that cannot be read makes the run wait (signal_error) when
 // waiting may help (a replica restarting, a timeout), and fails the run when
 // it cannot: a privilege or a table the role lacks.
-func (s *Service) throttleWait(soft context.Context, res *Result, start time.Time, run int64, t *runThrottle) (bool, error) {
+func (s *Service) throttleWait(soft context.Context, start time.Time, run int64, t *runThrottle, batches int) (w waited) {
 	for {
 		sig := t.read.Read(soft)
 		if soft.Err() != nil {
-			res.StopReason = "shutdown"
-			return false, nil
+			w.stop.reason = stopShutdown
+			return w
 		}
 		if p, err := reaperpause.Get(soft, s.cfg.Pool); err != nil {
 			if sig.Err == nil {
@@ -75,23 +81,23 @@ func (s *Service) throttleWait(soft context.Context, res *Result, start time.Tim
 			sig.Paused = p != nil
 		}
 		if permanent(sig.Err) {
-			res.StopReason = "error"
-			return false, fmt.Errorf("reaper: before batch %d: throttle: %w", res.Batches+1, sig.Err)
+			w.stop.reason, w.err = stopError, fmt.Errorf("reaper: before batch %d: throttle: %w", batches+1, sig.Err)
+			return w
 		}
 		d := t.decide.Decide(sig)
 		s.signals.decided.Signal(d)
 		if d.Stop {
 			s.logger.Warn("the primary's load is over --critical-load: the run stops; the next run continues",
-				zap.String("reason", string(d.Reason)), zap.String("measured", d.Detail), zap.Int("batches", res.Batches))
-			res.StopReason, res.StopDetail = stopCriticalLoad, d.Detail
-			return false, nil
+				zap.String("reason", string(d.Reason)), zap.String("measured", d.Detail), zap.Int("batches", batches))
+			w.stop = stop{reason: stopCriticalLoad, detail: d.Detail}
+			return w
 		}
 		if !d.Throttled() {
 			if t.reason != throttle.ReasonNone {
 				s.logger.Info("reaper throttle lifted", zap.String("reason", string(t.reason)), zap.Duration("waited", time.Since(t.since)))
 				t.reason = throttle.ReasonNone
 			}
-			return true, nil
+			return w
 		}
 		if d.Reason != t.reason {
 			if t.reason == throttle.ReasonNone {
@@ -103,14 +109,14 @@ func (s *Service) throttleWait(soft context.Context, res *Result, start time.Tim
 		}
 		left := s.cfg.MaxRuntime - time.Since(start)
 		if left <= 0 {
-			res.StopReason = "max_runtime"
-			return false, nil
+			w.stop.reason = stopMaxRuntime
+			return w
 		}
-		waited := s.sleep(soft, min(d.Wait, left))
-		res.Throttled += waited
-		res.ThrottleReason = string(d.Reason)
-		s.metrics.throttled.WithLabelValues(string(d.Reason)).Add(waited.Seconds())
-		s.recordThrottle(soft, run, waited, d.Reason)
+		slept := s.sleep(soft, min(d.Wait, left))
+		w.waited += slept
+		w.reason = d.Reason
+		s.metrics.throttled.WithLabelValues(string(d.Reason)).Add(slept.Seconds())
+		s.recordThrottle(soft, run, slept, d.Reason)
 	}
 }
 
