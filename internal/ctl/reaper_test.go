@@ -88,6 +88,10 @@ INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, f
 		!strings.Contains(out, "2.5s replica_lag") || !strings.Contains(out, "critical_load") {
 		t.Fatalf("runs while paused: exit %d\n%s%s", code, out, errs)
 	}
+	code, out, errs = run(t, append(db, "status")...)
+	if code != 0 || !strings.Contains(out, "throttled 2.5s replica_lag, stopped by critical_load") {
+		t.Fatalf("status: exit %d\n%s%s", code, out, errs)
+	}
 	code, out, errs = run(t, append(db, "reaper", "resume", "--by", "bob", "--note", "rebuild done")...)
 	if code != 0 || !strings.Contains(out, "reaper resumed by bob") || !strings.Contains(out, "paused by alice") {
 		t.Fatalf("resume: exit %d\n%s%s", code, out, errs)

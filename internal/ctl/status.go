@@ -166,6 +166,12 @@ func runSummary(r *runhistory.Run, since func(time.Time) string) string {
 		s += ", took " + r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
 	}
 	s += fmt.Sprintf(", deleted %d, flagged %d", r.Deleted, r.Flagged)
+	if r.ThrottledSeconds > 0 {
+		s += ", throttled " + throttled(*r)
+	}
+	if r.StopReason != "" {
+		s += ", stopped by " + r.StopReason
+	}
 	if r.Error != "" {
 		s += ": " + r.Error
 	}
