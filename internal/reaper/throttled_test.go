@@ -230,3 +230,33 @@ func TestThrottleReplicaLag(t *testing.T) {
 		t.Fatalf("the run's row: %+v", r)
 	}
 }
+
+// The throttle's flags are checked with the rest: the defaults pass, and
+// every bad value is reported in its flag's words, a replica URL without
+// repeating it (it may hold a password).
+func TestThrottleSettingsCheck(t *testing.T) {
+	s := DefaultSettings()
+	if p := s.Check(); len(p) != 0 {
+		t.Fatalf("defaults: %v", p)
+	}
+	if l := s.Throttle.limits(); l.MaxLag != time.Second || l.MaxLagBytes != 64<<20 || !l.MaxLoad.IsZero() || !l.CriticalLoad.IsZero() {
+		t.Fatalf("default limits %+v", l)
+	}
+	s.Throttle = ThrottleSettings{
+		MaxLag: -time.Second, MaxLagBytes: "lots", MaxLoad: "commit_latency=50ms", CriticalLoad: "commit_latency=10ms,iops=3",
+		PauseMin: time.Second, PauseMax: time.Millisecond, ReplicaURLs: []string{"postgres://u:s3cret@host:notaport/db"},
+	}
+	p := strings.Join(s.Check(), "\n")
+	for _, want := range []string{"--max-lag must not be negative", "--max-lag-bytes", "--critical-load", "unknown load signal", "--pause-max", "--replica-url"} {
+		if !strings.Contains(p, want) {
+			t.Errorf("problems lack %q:\n%s", want, p)
+		}
+	}
+	if strings.Contains(p, "s3cret") {
+		t.Errorf("a problem repeats the replica URL's password:\n%s", p)
+	}
+	s.Throttle.CriticalLoad = "commit_latency=10ms"
+	if p := strings.Join(s.Check(), "\n"); !strings.Contains(p, "commit_latency must be above --max-load's") {
+		t.Errorf("critical below max accepted:\n%s", p)
+	}
+}
