@@ -391,7 +391,9 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		if err != nil {
 			return s.roundFailed(ctx, err, res.Batches)
 		}
+		probed := thr.read.ProbeRound(ctx)
 		end := s.runRound(ctx, jobs)
+		thr.roundCommit = probed()
 		for _, b := range end.committed {
 			s.account(res, b)
 		}

@@ -28,6 +28,9 @@ type runThrottle struct {
 	// at every wait.
 	reason throttle.Reason
 	since  time.Time
+	// roundCommit is the probes' median commit while the last round ran
+	// (ProbeRound), for the next decision only.
+	roundCommit time.Duration
 }
 
 func (s *Service) newRunThrottle() *runThrottle {
@@ -73,6 +76,7 @@ func (s *Service) throttleWait(soft context.Context, start time.Time, run int64,
 			w.stop.reason = stopShutdown
 			return w
 		}
+		sig.RoundCommitLatency, t.roundCommit = t.roundCommit, 0
 		if p, err := reaperpause.Get(soft, s.cfg.Pool); err != nil {
 			if sig.Err == nil {
 				sig.Err = err
@@ -99,7 +103,12 @@ func (s *Service) throttleWait(soft context.Context, start time.Time, run int64,
 			}
 			return w
 		}
-		if d.Reason != t.reason {
+		if d.AfterRound {
+			// Round after round while the reaper settles on its pause: the
+			// metric, the row and the summary count it, the log would
+			// repeat it.
+			s.logger.Debug("reaper waits after a round that slowed the API's commits", zap.String("measured", d.Detail), zap.Duration("wait", d.Wait))
+		} else if d.Reason != t.reason {
 			if t.reason == throttle.ReasonNone {
 				t.since = time.Now()
 			}

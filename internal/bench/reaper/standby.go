@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/reaper/throttle"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
@@ -355,19 +356,11 @@ func medianProbe(ctx context.Context, pool *pgxpool.Pool, window time.Duration) 
 			return 0, ctx.Err()
 		case <-tick.C:
 		}
-		tx, err := pool.Begin(ctx)
+		d, err := throttle.ProbeCommit(ctx, pool)
 		if err != nil {
 			return 0, fmt.Errorf("reaperbench: probe: %w", err)
 		}
-		if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
-			tx.Rollback(ctx) //nolint:errcheck
-			return 0, fmt.Errorf("reaperbench: probe: %w", err)
-		}
-		start := time.Now()
-		if err := tx.Commit(ctx); err != nil {
-			return 0, fmt.Errorf("reaperbench: probe: %w", err)
-		}
-		ds = append(ds, time.Since(start))
+		ds = append(ds, d)
 	}
 	slices.Sort(ds)
 	return ds[len(ds)/2], nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -133,23 +134,29 @@ func (r *Reader) Read(ctx context.Context) Signals {
 	return s
 }
 
-// probeCommit times the COMMIT of a transaction that has an xid, so its
-// commit writes a commit record and waits for the WAL flush (and for the
-// synchronous standbys, if any) like every API transaction that wrote a
-// key: it queues behind the same flushes, the reaper's among them, which is
-// what the API's commits feel. It writes no row: one commit record, a few
-// dozen bytes of WAL. The time includes one round trip to the server, which
-// the ceiling must allow for; pg_stat_statements was not used because it
-// is not always installed and its times are cumulative averages of other
-// statements, not the commit's wait now.
+// ProbeCommit times the COMMIT of a transaction that wrote WAL, so its
+// commit waits for the WAL flush (and for the synchronous standbys, if any)
+// like every API transaction that wrote a key: it queues behind the same
+// flushes, the reaper's among them, which is what the API's commits feel.
+// Its one WAL record is a transactional logical message
+// (pg_logical_emit_message, open to every role): a commit that wrote no
+// WAL, such as one that only took a transaction id, would not wait for
+// any flush, and measure nothing. It writes no row; logical decoding
+// clients receive the message (prefix idemd_reaper_probe) and pgoutput
+// ignores it unless asked for messages. The time includes one round trip
+// to the server, which a ceiling must allow for. pg_stat_statements was not
+// used: it is not always installed, and its times are averages since its
+// last reset, not the wait now.
+func ProbeCommit(ctx context.Context, db Querier) (time.Duration, error) { return probeCommit(ctx, db) }
+
 func probeCommit(ctx context.Context, db Querier) (time.Duration, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("commit probe: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	var xid string
-	if err := tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&xid); err != nil {
+	var lsn string
+	if err := tx.QueryRow(ctx, "SELECT pg_logical_emit_message(true, 'idemd_reaper_probe', '')::text").Scan(&lsn); err != nil {
 		return 0, fmt.Errorf("commit probe: %w", err)
 	}
 	start := time.Now()
@@ -157,6 +164,56 @@ func probeCommit(ctx context.Context, db Querier) (time.Duration, error) {
 		return 0, fmt.Errorf("commit probe: commit: %w", err)
 	}
 	return time.Since(start), nil
+}
+
+// roundProbeEvery is the pace of the probes while a round runs: a default
+// batch lasts a few hundred milliseconds, so it gets several.
+const roundProbeEvery = 20 * time.Millisecond
+
+// ProbeRound probes the commit latency while the reaper's round of batches
+// runs, on its own pooled connection, until the returned function is
+// called; that function returns the probes' median (0 when none
+// finished: the first always finishes unless it fails). It is what the
+// API's commits wait for because of the reaper's own WAL, which a probe
+// between rounds, after the batches' flushes, cannot see. Without
+// ProbeCommit it does nothing.
+func (r *Reader) ProbeRound(ctx context.Context) func() time.Duration {
+	if !r.ProbeCommit {
+		return func() time.Duration { return 0 }
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan []time.Duration, 1)
+	go func() {
+		var ds []time.Duration
+		t := time.NewTicker(roundProbeEvery)
+		defer t.Stop()
+		for first := true; ; first = false {
+			// The first probe is finished even when the round ends before
+			// it (a round that found nothing): a median is never of none.
+			pctx := ctx
+			if first {
+				pctx = context.WithoutCancel(ctx)
+			}
+			if d, err := probeCommit(pctx, r.Primary); err == nil {
+				ds = append(ds, d)
+			}
+			select {
+			case <-ctx.Done():
+				done <- ds
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() time.Duration {
+		cancel()
+		ds := <-done
+		if len(ds) == 0 {
+			return 0
+		}
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

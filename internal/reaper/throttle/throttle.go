@@ -214,6 +214,11 @@ type Signals struct {
 	HasWALRate bool
 	// CommitLatency is the probe's COMMIT time; 0 when it was not probed.
 	CommitLatency time.Duration
+	// RoundCommitLatency is the median COMMIT time of the probes taken
+	// while the previous round of batches ran: what the API's commits
+	// waited for because of the reaper's own batches. 0 when not measured
+	// (no commit_latency limit, or no round ran since the last decision).
+	RoundCommitLatency time.Duration
 	// Err is a signal that could not be read; the run waits rather than
 	// reap blind.
 	Err error
@@ -231,6 +236,10 @@ type Decision struct {
 	// Detail is the measurement behind the reason, for the log and the
 	// run's record.
 	Detail string
+	// AfterRound: the wait is for the reaper's own previous round, which
+	// slowed the API's commits; it recurs round after round while the
+	// reaper settles on its pause, so it is not logged as a stretch.
+	AfterRound bool
 }
 
 // Throttled reports whether the run waits.
@@ -241,6 +250,12 @@ func (d Decision) Throttled() bool { return d.Wait > 0 }
 type Throttle struct {
 	limits Limits
 	wait   time.Duration // the last wait of the current stretch; 0 outside one
+	// after is the wait after a round whose batches slowed the probe's
+	// commits past the commit_latency limit: it doubles (from --pause-min,
+	// up to --pause-max) after each such round and halves after each round
+	// that did not, so the reaper settles on the pause between batches
+	// that keeps the API's commits under the limit.
+	after time.Duration
 }
 
 // New returns a throttle for limits, which Check must have passed.
@@ -262,6 +277,9 @@ func (t *Throttle) Decide(s Signals) Decision {
 	reason, detail := t.pressure(s)
 	if reason == ReasonNone {
 		t.wait = 0
+		if d, ok := t.afterRound(s); ok {
+			return d
+		}
 		return Decision{}
 	}
 	if t.wait == 0 {
@@ -270,6 +288,24 @@ func (t *Throttle) Decide(s Signals) Decision {
 		t.wait = min(2*t.wait, l.PauseMax)
 	}
 	return Decision{Wait: t.wait, Reason: reason, Detail: detail}
+}
+
+// afterRound is the wait for a round that slowed the API's commits (see
+// after), when nothing else throttles; false when none is due.
+func (t *Throttle) afterRound(s Signals) (Decision, bool) {
+	limit := t.limits.MaxLoad.CommitLatency
+	if limit == 0 || s.RoundCommitLatency == 0 {
+		return Decision{}, false
+	}
+	if s.RoundCommitLatency <= limit {
+		if t.after /= 2; t.after < t.limits.PauseMin {
+			t.after = 0
+		}
+		return Decision{}, false
+	}
+	t.after = min(max(2*t.after, t.limits.PauseMin), t.limits.PauseMax)
+	return Decision{Wait: t.after, Reason: ReasonCommitLatency, AfterRound: true,
+		Detail: fmt.Sprintf("probe commit %s while the last round ran, over commit_latency=%s", s.RoundCommitLatency.Round(time.Microsecond), limit)}, true
 }
 
 // pressure is the first limit the signals cross.

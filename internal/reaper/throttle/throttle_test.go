@@ -154,3 +154,41 @@ func TestLimitsCheck(t *testing.T) {
 		}
 	}
 }
+
+// The wait after a round that slowed the API's commits past the limit
+// doubles from --pause-min to --pause-max round after round, halves after
+// each round that did not (to nothing below --pause-min), and never holds
+// the next reading of the same gap.
+func TestDecideAfterRound(t *testing.T) {
+	th := New(testLimits)
+	hurt := Signals{RoundCommitLatency: 30 * time.Millisecond}
+	fine := Signals{RoundCommitLatency: 5 * time.Millisecond}
+	var got []time.Duration
+	for _, s := range []Signals{hurt, {}, hurt, {}, hurt, hurt, hurt, hurt, fine, fine, fine, fine, fine} {
+		d := th.Decide(s)
+		if d.Throttled() && (!d.AfterRound || d.Reason != ReasonCommitLatency) {
+			t.Fatalf("Decide(%+v) = %+v", s, d)
+		}
+		got = append(got, d.Wait)
+	}
+	ms := time.Millisecond
+	want := []time.Duration{100 * ms, 0, 200 * ms, 0, 400 * ms, 800 * ms, time.Second, time.Second, 0, 0, 0, 0, 0}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("waits %v, want %v", got, want)
+		}
+	}
+	// Halved from 1s by the clean rounds: 500ms, 250ms, 125ms, then below
+	// --pause-min and gone, so a hurting round starts again at the floor.
+	if d := th.Decide(hurt); d.Wait != testLimits.PauseMin {
+		t.Fatalf("after clean rounds: %+v, want --pause-min", d)
+	}
+	// Another limit comes first, as a stretch of its own.
+	if d := th.Decide(Signals{Lag: time.Minute, RoundCommitLatency: time.Second / 2}); d.Reason != ReasonReplicaLag || d.AfterRound {
+		t.Fatalf("lag and a slow round: %+v", d)
+	}
+	// Without a commit_latency limit a round's probes are ignored.
+	if d := New(Limits{PauseMin: ms, PauseMax: ms}).Decide(hurt); d.Throttled() {
+		t.Fatalf("no limit: %+v", d)
+	}
+}
