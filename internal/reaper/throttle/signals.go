@@ -142,7 +142,7 @@ func (r *Reader) Read(ctx context.Context) Signals {
 // (pg_logical_emit_message, open to every role): a commit that wrote no
 // WAL, such as one that only took a transaction id, would not wait for
 // any flush, and measure nothing. It writes no row; logical decoding
-// clients receive the message (prefix idemd_reaper_probe) and pgoutput
+// clients receive the message (prefix idemd-reaper-probe) and pgoutput
 // ignores it unless asked for messages. The time includes one round trip
 // to the server, which a ceiling must allow for. pg_stat_statements was not
 // used: it is not always installed, and its times are averages since its
@@ -156,7 +156,7 @@ func probeCommit(ctx context.Context, db Querier) (time.Duration, error) {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 	var lsn string
-	if err := tx.QueryRow(ctx, "SELECT pg_logical_emit_message(true, 'idemd_reaper_probe', '')::text").Scan(&lsn); err != nil {
+	if err := tx.QueryRow(ctx, "SELECT pg_logical_emit_message(true, 'idemd-reaper-probe', '')::text").Scan(&lsn); err != nil {
 		return 0, fmt.Errorf("commit probe: %w", err)
 	}
 	start := time.Now()
