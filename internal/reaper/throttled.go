@@ -28,7 +28,7 @@ type runThrottle struct {
 	// at every wait.
 	reason throttle.Reason
 	since  time.Time
-	// roundCommit is the probes' slowest commit while the last round ran
+	// roundCommit is the probes' median commit while the last round ran
 	// (ProbeRound), for the next decision only.
 	roundCommit time.Duration
 }

@@ -12,7 +12,7 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 
 // On a server without replicas, as the runtime role: no replica and no
 // lag; the WAL rate is known from the second reading on; the probe times a
-// commit, and a round's probes give their slowest.
+// commit, and a round's probes give a median.
 func TestReadWithoutReplicas(t *testing.T) {
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
@@ -27,7 +27,7 @@ func TestReadWithoutReplicas(t *testing.T) {
 		t.Fatalf("second reading: %+v", second)
 	}
 	if d := r.ProbeRound(ctx)(); d <= 0 {
-		t.Fatalf("a round's slowest probe %s", d)
+		t.Fatalf("a round's probe median %s", d)
 	}
 	off := &Reader{Primary: pool}
 	if d := off.ProbeRound(ctx)(); d != 0 {

@@ -214,8 +214,8 @@ type Signals struct {
 	HasWALRate bool
 	// CommitLatency is the probe's COMMIT time; 0 when it was not probed.
 	CommitLatency time.Duration
-	// RoundCommitLatency is the slowest COMMIT of the probes taken while
-	// the previous round of batches ran: what the API's commits
+	// RoundCommitLatency is the median COMMIT time of the probes taken
+	// while the previous round of batches ran: what the API's commits
 	// waited for because of the reaper's own batches. 0 when not measured
 	// (no commit_latency limit, or no round ran since the last decision).
 	RoundCommitLatency time.Duration
