@@ -62,9 +62,9 @@ type waited struct {
 // row and idemd_reaper_throttled_seconds_total; the caller adds it to the
 // Result) until no limit is crossed. It returns a stop when the run must
 // end instead: the critical ceiling (critical_load, with the measurement),
-// the run's time being up (max_runtime) or a stop request (shutdown). The wait
-// happens between batches, with no transaction open, so a throttled run
-// holds nothing but its lease, which the heartbeat keeps renewed.
+// the run's time being up (max_runtime) or a stop request (shutdown). The
+// wait happens between batches, with no transaction open, so a throttled
+// run holds nothing but its lease, which the heartbeat keeps renewed.
 //
 // A signal that cannot be read makes the run wait (signal_error) when
 // waiting may help (a replica restarting, a timeout), and fails the run when
@@ -112,7 +112,13 @@ func (s *Service) throttleWait(soft context.Context, start time.Time, run int64,
 			if t.reason == throttle.ReasonNone {
 				t.since = time.Now()
 			}
-			s.logger.Info("reaper throttled: waiting before the next batch",
+			level := zap.InfoLevel
+			if d.Reason == throttle.ReasonSignalError {
+				// A signal it cannot read: degraded, not the throttle at
+				// work; the alert on a mostly throttled run covers it too.
+				level = zap.WarnLevel
+			}
+			s.logger.Log(level, "reaper throttled: waiting before the next batch",
 				zap.String("reason", string(d.Reason)), zap.String("measured", d.Detail), zap.Int("replicas", sig.Replicas))
 			t.reason = d.Reason
 		}
