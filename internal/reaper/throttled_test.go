@@ -2,6 +2,8 @@ package reaper
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -216,6 +218,21 @@ func TestThrottleReplicaLag(t *testing.T) {
 	holdsBatches(t, svc, pool, 3, throttle.ReasonReplicaBytes, throttle.ReasonReplicaLag)
 	if n := queryInt(t, pool, `SELECT count(*) FROM idempotency_keys`); n == 3000 || n == 0 {
 		t.Fatalf("%d keys left while throttled: want the first batch deleted and the rest waiting", n)
+	}
+	// The same standby read directly, as --replica-url-file gives it: it
+	// is counted beside the primary's view of it, and is behind too.
+	file := filepath.Join(t.TempDir(), "replicas")
+	if err := os.WriteFile(file, []byte("# the paused standby\n"+standby.URL()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reps, closeReps, err := OpenReplicas(ctx, &ThrottleSettings{ReplicaURLFile: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeReps()
+	direct := (&throttle.Reader{Primary: pool, Replicas: reps, WatchReplicas: true}).Read(ctx)
+	if direct.Err != nil || direct.Replicas != 2 || direct.LagBytes <= 0 || direct.Lag <= 0 {
+		t.Fatalf("reading the paused standby directly too: %+v", direct)
 	}
 	if _, err := spool.Exec(ctx, `SELECT pg_wal_replay_resume()`); err != nil {
 		t.Fatal(err)
