@@ -76,7 +76,9 @@ func TestFullRun(t *testing.T) {
 }
 
 // TestRunStandbySmall checks the benchmark with a standby works: every
-// configuration deletes exactly the old half, and the lag is sampled.
+// configuration deletes the keys past retention when it starts (and at
+// most the one or two that cross the horizon while it runs: at 20000 keys
+// over 144 hours, one every 26 s), and the lag is sampled.
 func TestRunStandbySmall(t *testing.T) {
 	r, err := RunStandby(context.Background(), StandbyOptions{Keys: 20000, BaselineDuration: 200 * time.Millisecond, Logf: t.Logf})
 	if err != nil {
@@ -86,8 +88,10 @@ func TestRunStandbySmall(t *testing.T) {
 		t.Fatalf("%d configurations measured, want 4", len(r.Rows))
 	}
 	for _, row := range r.Rows {
-		if row.Deleted != int64(r.PastRetention) || row.WALBytes <= 0 || len(row.Timeline) == 0 || row.During.N == 0 || row.Before.N == 0 {
-			t.Errorf("%s: deleted %d (want %d), %d bytes of WAL, %d lag samples, %d/%d inserts", row.Name, row.Deleted, r.PastRetention, row.WALBytes, len(row.Timeline), row.Before.N, row.During.N)
+		if row.Deleted < row.Eligible || row.Deleted > row.Eligible+2 || row.Eligible < int64(r.PastRetention) || !row.Complete ||
+			row.WALBytes <= 0 || len(row.Timeline) == 0 || row.During.N == 0 || row.Before.N == 0 {
+			t.Errorf("%s: deleted %d of %d eligible (%d at load), complete %v, %d bytes of WAL, %d lag samples, %d/%d inserts",
+				row.Name, row.Deleted, row.Eligible, r.PastRetention, row.Complete, row.WALBytes, len(row.Timeline), row.Before.N, row.During.N)
 		}
 	}
 	t.Log("\n" + r.String())
