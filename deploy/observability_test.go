@@ -229,6 +229,7 @@ func TestObservability(t *testing.T) {
 	// internal/dbstats, not by the reaper.
 	owners := map[string]string{
 		"idemd_reaper_history_last_success_timestamp_seconds": "dbstats",
+		"idemd_reaper_history_last_run_throttled_ratio":       "dbstats",
 	}
 	code := map[string]string{} // by package
 	for _, pkg := range pkgs {

@@ -99,9 +99,9 @@ completer_last_error = 'API answered 503 Service Unavailable' WHERE id = $1`, s.
 	s.dead = 880001
 	execSQL(t, pool, `INSERT INTO staged_jobs_dead (id, created_at, job_name, job_args, queue, reason, dead_at)
 VALUES ($1, now() - interval '1 hour', 'send_ride_receipt_v2', '{"ride_id": 3}', 'receipts', 'unknown_kind: send_ride_receipt_v2 is not registered', now() - interval '1 hour')`, s.dead)
-	execSQL(t, pool, `INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, flagged, error, holder) VALUES
-    (now() - interval '2 hours 10 seconds', now() - interval '2 hours 10 seconds' + interval '4 seconds', 'once', 'complete', 30, 10, NULL, 'reaper/pod-a/1/aa'),
-    (now() - interval '1 hour', now() - interval '1 hour' + interval '1 second', 'once', 'error', 0, 0, 'reaper: the --max-deletes cap', 'reaper/pod-b/1/bb')`)
+	execSQL(t, pool, `INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, flagged, error, holder, throttled_seconds, throttle_reason, stop_reason) VALUES
+    (now() - interval '2 hours 10 seconds', now() - interval '2 hours 10 seconds' + interval '4 seconds', 'once', 'complete', 30, 10, NULL, 'reaper/pod-a/1/aa', 1.25, 'replica_lag', NULL),
+    (now() - interval '1 hour', now() - interval '1 hour' + interval '1 second', 'once', 'error', 0, 0, 'reaper: the --max-deletes cap', 'reaper/pod-b/1/bb', 0, NULL, 'error')`)
 	execSQL(t, pool, `INSERT INTO river_job (args, kind, max_attempts, metadata, priority, queue, state, scheduled_at)
 VALUES ('{"ride_id": 9}', 'send_ride_receipt', 25, $1, 1, 'default', 'available', now())`, `{"idemd_key_id": `+strconv.FormatInt(s.gaveUp, 10)+`, "idemd_staged_id": 12}`)
 	return s
@@ -211,7 +211,8 @@ func TestPagesRender(t *testing.T) {
 	}{
 		{"/", []string{`id="staged-jobs">2<`, "oldest 1m3", `<a href="/dead">1</a>`, `<td>started</td><td>1</td>`,
 			"completer_gave_up", "acting as <strong>carol</strong>", "River jobs available",
-			`id="last-reaper-success">2h0m ago<`, `<td>once</td><td>complete</td><td>2h0m ago</td><td>4s</td><td>30</td><td>10</td>`,
+			`id="last-reaper-success">2h0m ago<`, `<td>once</td><td>complete</td><td>2h0m ago</td><td>4s</td><td>30</td><td>10</td><td>1.2s replica_lag</td><td>-</td>`,
+			`<td>0</td><td>0</td><td>-</td><td>error</td>`,
 			`<td>error</td>`, "the --max-deletes cap"}},
 		{"/reviews", []string{"review " + id(s.review), "ride-gave-up-7f3a", "completer gave up: 20 failed attempts",
 			"API answered 503", `action="/reviews/` + id(s.review) + `/resolve"`, `action="/keys/` + id(s.gaveUp) + `/retry"`}},

@@ -31,7 +31,7 @@ type CLI struct {
 	Review  ReviewCmd  `cmd:"" help:"List and resolve idempotency keys flagged for review."`
 	Keys    KeysCmd    `cmd:"" help:"Show one key, or hand a given-up key back to the completer."`
 	Dead    DeadCmd    `cmd:"" help:"List, show and requeue dead-lettered staged jobs."`
-	Reaper  ReaperCmd  `cmd:"" help:"The reaper's run history (reaper runs)."`
+	Reaper  ReaperCmd  `cmd:"" help:"The reaper's run history (reaper runs); pause and resume every reaper run (reaper pause|resume)."`
 	Console ConsoleCmd `cmd:"" help:"Serve the web console: status, review queue, key lookup, dead letters, River's UI (docs/console.md)."`
 
 	Conformance ConformanceCmd `cmd:"" help:"Check a running API against the idempotency-key protocol, scenario by scenario (docs/conformance.md)."`

@@ -103,6 +103,23 @@ func (c *ReaperRunsCmd) Help() string {
 }
 
 // Help implements kong.HelpProvider.
+func (c *ReaperPauseCmd) Help() string {
+	return `A running run stops before its next batch (the batch in progress commits
+first); runs that start while paused wait before their first. Each wait
+counts against --max-runtime. idemctl reaper runs shows the pause in force.
+
+Examples:
+  idemctl reaper pause --by alice --note "standby rebuild until 14:00"
+  IDEMD_OPERATOR=alice idemctl reaper pause --note "incident 42: primary overloaded"`
+}
+
+// Help implements kong.HelpProvider.
+func (c *ReaperResumeCmd) Help() string {
+	return `Examples:
+  idemctl reaper resume --by alice --note "standby rebuilt"`
+}
+
+// Help implements kong.HelpProvider.
 func (c *ConsoleCmd) Help() string {
 	return `Examples:
   idemctl console --operator alice         for one person, on 127.0.0.1:8080

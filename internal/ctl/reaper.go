@@ -6,12 +6,57 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemd/idemd/internal/operator"
+	"github.com/idemd/idemd/internal/reaperpause"
 	"github.com/idemd/idemd/internal/runhistory"
 )
 
 // ReaperCmd groups what idemctl tells about the reaper.
 type ReaperCmd struct {
-	Runs ReaperRunsCmd `cmd:"" help:"List the reaper's last runs from its run history (idemd_reaper_runs), whatever mode they ran in: CronJob, --schedule or by hand."`
+	Runs   ReaperRunsCmd   `cmd:"" help:"List the reaper's last runs from its run history (idemd_reaper_runs), whatever mode they ran in: CronJob, --schedule or by hand."`
+	Pause  ReaperPauseCmd  `cmd:"" help:"Pause every reaper run before its next batch (a running one and those to come) until reaper resume; recorded as an operator action."`
+	Resume ReaperResumeCmd `cmd:"" help:"Lift a reaper pause: runs go on with their next batch; recorded as an operator action."`
+}
+
+// ReaperPauseCmd pauses the reaper.
+type ReaperPauseCmd struct {
+	Operator `embed:""`
+}
+
+// Validate reports every problem with the flags (exit 2).
+func (c *ReaperPauseCmd) Validate() error { return problems(c.Operator.problems()) }
+
+// Run pauses the reaper. A running run sees the pause before its next
+// batch; the batch in progress, if any, commits first.
+func (c *ReaperPauseCmd) Run(ctx context.Context, g *Globals) error {
+	a := c.actor()
+	act, err := reaperpause.Pause(ctx, g.Pool, a.By, a.Via, c.Note)
+	if err != nil {
+		return fmt.Errorf("reaper pause: %w", err)
+	}
+	_, err = fmt.Fprintf(g.Stdout, "reaper paused by %s at %s (action %d): a running run waits before its next batch, and new runs before their first, until idemctl reaper resume\n",
+		a.By, act.At.UTC().Format(time.RFC3339), act.ID)
+	return err
+}
+
+// ReaperResumeCmd lifts a pause.
+type ReaperResumeCmd struct {
+	Operator `embed:""`
+}
+
+// Validate reports every problem with the flags (exit 2).
+func (c *ReaperResumeCmd) Validate() error { return problems(c.Operator.problems()) }
+
+// Run lifts the pause.
+func (c *ReaperResumeCmd) Run(ctx context.Context, g *Globals) error {
+	a := c.actor()
+	act, err := reaperpause.Resume(ctx, g.Pool, a.By, a.Via, c.Note)
+	if err != nil {
+		return fmt.Errorf("reaper resume: %w", err)
+	}
+	_, err = fmt.Fprintf(g.Stdout, "reaper resumed by %s at %s (action %d); it was paused by %s at %s: %s\n",
+		a.By, act.At.UTC().Format(time.RFC3339), act.ID, act.Was.PausedBy, act.Was.PausedAt.UTC().Format(time.RFC3339), oneLine(act.Was.Note))
+	return err
 }
 
 // ReaperRunsCmd lists the reaper's run history, newest first.
@@ -41,19 +86,27 @@ func (c *ReaperRunsCmd) Run(ctx context.Context, g *Globals) error {
 	if c.JSON() {
 		return writeJSON(g.Stdout, runs)
 	}
+	paused, err := operator.ReaperPause(ctx, g.Pool)
+	if err != nil {
+		return err
+	}
+	if paused != nil {
+		fmt.Fprintf(g.Stdout, "PAUSED by %s since %s (action %d): %s; idemctl reaper resume lifts it\n\n",
+			paused.PausedBy, paused.PausedAt.UTC().Format(time.RFC3339), paused.ActionID, oneLine(paused.Note))
+	}
 	if len(runs) == 0 {
 		fmt.Fprintln(g.Stdout, "no reaper run recorded yet")
 		return nil
 	}
 	tw := tabwriter.NewWriter(g.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTARTED (UTC)\tMODE\tRESULT\tTOOK\tDELETED\tFLAGGED\tHOLDER\tERROR")
+	fmt.Fprintln(tw, "ID\tSTARTED (UTC)\tMODE\tRESULT\tTOOK\tDELETED\tFLAGGED\tTHROTTLED\tSTOP\tHOLDER\tERROR")
 	for _, r := range runs {
 		took := "-"
 		if r.FinishedAt != nil {
 			took = r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.StartedAt.UTC().Format(time.RFC3339),
-			r.Mode, r.Result, took, r.Deleted, r.Flagged, r.Holder, r.Error)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", r.ID, r.StartedAt.UTC().Format(time.RFC3339),
+			r.Mode, r.Result, took, r.Deleted, r.Flagged, operator.Throttled(r), orDash(&r.StopReason), r.Holder, r.Error)
 	}
 	return tw.Flush()
 }

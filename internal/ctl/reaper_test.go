@@ -59,3 +59,54 @@ INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, f
 		t.Fatalf("-n 0: exit %d, want 2", code)
 	}
 }
+
+// reaper pause and resume: each needs who and why (exit 2 without), refuses
+// the wrong state, is recorded in idemd_operator_actions, and reaper runs
+// shows the pause in force and the runs' throttled time and stop reason.
+func TestReaperPauseResume(t *testing.T) {
+	url, pool := setup(t)
+	ctx := context.Background()
+	db := []string{"--database-url", url}
+
+	if code, _, _ := run(t, append(db, "reaper", "pause", "--by", "alice")...); code != 2 {
+		t.Fatalf("pause without --note: exit %d, want 2", code)
+	}
+	code, out, errs := run(t, append(db, "reaper", "pause", "--by", "alice", "--note", "standby rebuild")...)
+	if code != 0 || !strings.Contains(out, "reaper paused by alice") {
+		t.Fatalf("pause: exit %d\n%s%s", code, out, errs)
+	}
+	if code, out, errs := run(t, append(db, "reaper", "pause", "--by", "bob", "--note", "again")...); code == 0 || !strings.Contains(errs, "already paused, by alice") {
+		t.Fatalf("second pause: exit %d\n%s%s", code, out, errs)
+	}
+	if _, err := pool.Exec(ctx, `
+INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, flagged, error, holder, throttled_seconds, throttle_reason, stop_reason) VALUES
+  (now() - interval '1 hour', now(), 'once', 'incomplete', 5, 0, 'probe commit 300ms over commit_latency=200ms (critical)', 'reaper-a', 2.5, 'replica_lag', 'critical_load')`); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = run(t, append(db, "reaper", "runs")...)
+	if code != 0 || !strings.Contains(out, "PAUSED by alice") || !strings.Contains(out, "standby rebuild") ||
+		!strings.Contains(out, "2.5s replica_lag") || !strings.Contains(out, "critical_load") {
+		t.Fatalf("runs while paused: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, errs = run(t, append(db, "status")...)
+	if code != 0 || !strings.Contains(out, "throttled 2.5s replica_lag, stopped by critical_load") {
+		t.Fatalf("status: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, errs = run(t, append(db, "reaper", "resume", "--by", "bob", "--note", "rebuild done")...)
+	if code != 0 || !strings.Contains(out, "reaper resumed by bob") || !strings.Contains(out, "paused by alice") {
+		t.Fatalf("resume: exit %d\n%s%s", code, out, errs)
+	}
+	if code, out, errs := run(t, append(db, "reaper", "resume", "--by", "bob", "--note", "again")...); code == 0 || !strings.Contains(errs, "not paused") {
+		t.Fatalf("second resume: exit %d\n%s%s", code, out, errs)
+	}
+	if code, out, _ := run(t, append(db, "reaper", "runs")...); code != 0 || strings.Contains(out, "PAUSED") {
+		t.Fatalf("runs after the resume: exit %d\n%s", code, out)
+	}
+	var actions string
+	if err := pool.QueryRow(ctx, `SELECT string_agg(actor || ':' || action || ':' || via, ',' ORDER BY id) FROM idemd_operator_actions`).Scan(&actions); err != nil {
+		t.Fatal(err)
+	}
+	if actions != "alice:reaper_pause:idemctl,bob:reaper_resume:idemctl" {
+		t.Fatalf("operator actions %q", actions)
+	}
+}

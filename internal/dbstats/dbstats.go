@@ -88,7 +88,10 @@ type Result struct {
 	// ReaperLastSuccess is when the reaper's last complete run ended (the
 	// run history's, runhistory.LastSuccess); nil when it has none.
 	ReaperLastSuccess *time.Time
-	Duration          time.Duration
+	// ReaperThrottled is the share of its time the newest reaper run spent
+	// throttled (runhistory.LastThrottledShare); nil when there is none.
+	ReaperThrottled *float64
+	Duration        time.Duration
 }
 
 // Service is the exporter.
@@ -193,7 +196,7 @@ func (s *Service) exportPass(ctx context.Context, res *Result) error {
 	if a.TookOver(s.holder) {
 		res.TookOverFrom = a.PrevHolder
 	}
-	rows, lastSuccess, err := s.query(ctx)
+	rows, lastSuccess, throttled, err := s.query(ctx)
 	if err != nil {
 		// Numbers that can no longer be refreshed are not exported.
 		s.stopExporting("reading the stats failed", err)
@@ -207,10 +210,11 @@ func (s *Service) exportPass(ctx context.Context, res *Result) error {
 	res.Exporting = true
 	res.Queues = buildStats(rows, s.known)
 	res.ReaperLastSuccess = lastSuccess
+	res.ReaperThrottled = throttled
 	for _, q := range res.Queues {
 		s.known[q.Queue] = true
 	}
-	s.metrics.set(&snapshot{queues: res.Queues, reaperLastSuccess: lastSuccess})
+	s.metrics.set(&snapshot{queues: res.Queues, reaperLastSuccess: lastSuccess, reaperThrottled: throttled})
 	return nil
 }
 
@@ -237,9 +241,10 @@ type statsRow struct {
 
 // query reads a pass's stats in one transaction: River's jobs and the
 // reaper's last complete run.
-func (s *Service) query(ctx context.Context) ([]statsRow, *time.Time, error) {
+func (s *Service) query(ctx context.Context) ([]statsRow, *time.Time, *float64, error) {
 	var rows []statsRow
 	var lastSuccess *time.Time
+	var throttled *float64
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		// Local to the transaction, so nothing outlives it on a pooled
 		// server connection.
@@ -253,13 +258,16 @@ func (s *Service) query(ctx context.Context) ([]statsRow, *time.Time, error) {
 		if rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[statsRow]); err != nil {
 			return fmt.Errorf("count river_job: %w", err)
 		}
-		lastSuccess, err = runhistory.LastSuccess(ctx, tx)
+		if lastSuccess, err = runhistory.LastSuccess(ctx, tx); err != nil {
+			return err
+		}
+		throttled, err = runhistory.LastThrottledShare(ctx, tx)
 		return err
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("db-stats: %w", err)
+		return nil, nil, nil, fmt.Errorf("db-stats: %w", err)
 	}
-	return rows, lastSuccess, nil
+	return rows, lastSuccess, throttled, nil
 }
 
 // Querier is what CountJobs reads through: a pool, a connection or a

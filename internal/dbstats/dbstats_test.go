@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -316,6 +317,25 @@ RETURNING finished_at`).Scan(&cronJobEnd); err != nil {
 	}
 	if v, ok := value(reg); !ok || v != unix(*runs[0].FinishedAt) {
 		t.Fatalf("%s = %v (exported %v) after the scheduled run, want its end %v", gauge, v, ok, unix(*runs[0].FinishedAt))
+	}
+
+	// The newest run that took the lease was never throttled: 0. A run
+	// that waited 30 of its 40 seconds: 0.75. A later run that found the
+	// lease held does not count.
+	if res, err := svc.RunOnce(ctx); err != nil || res.ReaperThrottled == nil || *res.ReaperThrottled != 0 {
+		t.Fatalf("throttled share of an unthrottled run: %+v, %v", res, err)
+	}
+	if _, err := pool.Exec(ctx, `
+INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, holder, throttled_seconds, throttle_reason) VALUES
+    (now() - interval '1 minute', now() - interval '20 seconds', 'once', 'incomplete', 'reaper/cronjob-pod/1/ef', 30, 'replica_lag'),
+    (now() - interval '10 seconds', now() - interval '10 seconds', 'once', 'lock_held', 'reaper/cronjob-pod/1/gh', 0, NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := svc.RunOnce(ctx); err != nil || res.ReaperThrottled == nil || *res.ReaperThrottled != 0.75 {
+		t.Fatalf("throttled share of a run throttled 30s of 40s: %+v, %v", res, err)
+	}
+	if !slices.Contains(exported(t, reg), "idemd_reaper_history_last_run_throttled_ratio{} 0.75") {
+		t.Fatalf("exported %v, want the throttled ratio 0.75", exported(t, reg))
 	}
 
 	// A second replica stands by and exports none of it.

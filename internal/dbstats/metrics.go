@@ -23,6 +23,9 @@ type snapshot struct {
 	// reaperLastSuccess is nil while the reaper's run history has no
 	// complete run: the gauge is then absent, never 0.
 	reaperLastSuccess *time.Time
+	// reaperThrottled is the share of its time the newest reaper run spent
+	// throttled; nil while the history has none.
+	reaperThrottled *float64
 }
 
 // metrics holds the counter of passes and the collector of the stats,
@@ -31,7 +34,7 @@ type snapshot struct {
 type metrics struct {
 	passes *prometheus.CounterVec
 
-	jobs, oldest, reaperLastSuccess, exporter *prometheus.Desc
+	jobs, oldest, reaperLastSuccess, reaperThrottled, exporter *prometheus.Desc
 
 	mu   sync.Mutex
 	snap *snapshot // nil: not exporting
@@ -51,6 +54,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			[]string{"queue"}, nil),
 		reaperLastSuccess: prometheus.NewDesc("idemd_reaper_history_last_success_timestamp_seconds",
 			"Unix time of the end of the last complete reaper run in the run history (idemd_reaper_runs), whichever process ran it (CronJob, manual, --schedule); exported by the replica holding the db-stats lease, absent while the history has no complete run.",
+			nil, nil),
+		reaperThrottled: prometheus.NewDesc("idemd_reaper_history_last_run_throttled_ratio",
+			"Share (0 to 1) of its time the newest reaper run that took the lease spent waiting for its throttle (replica lag, load, an operator's pause), so far while it runs; from the run history, exported by the replica holding the db-stats lease, absent while the history has no such run.",
 			nil, nil),
 		exporter: prometheus.NewDesc("idemd_dbstats_exporter",
 			"1 when this replica holds the db-stats lease and exports the database-wide gauges (idemd_river_jobs, idemd_river_oldest_available_age_seconds, idemd_reaper_history_last_success_timestamp_seconds), 0 otherwise.",
@@ -82,6 +88,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.jobs
 	ch <- m.oldest
 	ch <- m.reaperLastSuccess
+	ch <- m.reaperThrottled
 	ch <- m.exporter
 }
 
@@ -105,5 +112,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	if t := m.snap.reaperLastSuccess; t != nil {
 		ch <- prometheus.MustNewConstMetric(m.reaperLastSuccess, prometheus.GaugeValue, float64(t.UnixNano())/1e9)
+	}
+	if r := m.snap.reaperThrottled; r != nil {
+		ch <- prometheus.MustNewConstMetric(m.reaperThrottled, prometheus.GaugeValue, *r)
 	}
 }

@@ -2,10 +2,12 @@ package operator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/internal/completer"
@@ -13,6 +15,7 @@ import (
 	"github.com/idemd/idemd/internal/enqueuer"
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/reaperpause"
 	"github.com/idemd/idemd/internal/review"
 	"github.com/idemd/idemd/internal/runhistory"
 )
@@ -167,8 +170,35 @@ func RunSummary(r *runhistory.Run, now time.Time) string {
 		s += ", took " + r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
 	}
 	s += fmt.Sprintf(", deleted %d, flagged %d", r.Deleted, r.Flagged)
+	if r.ThrottledSeconds > 0 {
+		s += ", throttled " + Throttled(*r)
+	}
+	if r.StopReason != "" {
+		s += ", stopped by " + r.StopReason
+	}
 	if r.Error != "" {
 		s += ": " + r.Error
 	}
 	return s
+}
+
+// Throttled renders a run's throttled time and the reason of its latest
+// wait: "12.5s replica_lag", "-" for none.
+func Throttled(r runhistory.Run) string {
+	if r.ThrottledSeconds <= 0 {
+		return "-"
+	}
+	d := time.Duration(r.ThrottledSeconds * float64(time.Second)).Round(time.Millisecond)
+	return d.String() + " " + r.ThrottleReason
+}
+
+// ReaperPause is the reaper's pause (nil when not paused), and nil on a
+// schema before migration 00030, which has no pause to show.
+func ReaperPause(ctx context.Context, db reaperpause.Querier) (*reaperpause.State, error) {
+	st, err := reaperpause.Get(ctx, db)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return nil, nil
+	}
+	return st, err
 }

@@ -37,11 +37,12 @@ func (c *Command) LongRunning() bool { return c.Schedule != "" }
 func (c *Command) OldestSchema() int64 { return OldestSchema }
 
 // OldestSchema is the lowest idemd migration the reaper runs on:
-// 00016_idemd_reaper_runs.sql, the run history every run writes; it also
-// needs idemd_leases (00011, the run lease) and the key_id index of
-// idempotency_key_reviews (00010), without which every flag check scans
-// the reviews.
-const OldestSchema = 16
+// 00030_idemd_reaper_throttle.sql, the throttle's columns of the run
+// history and the operator's pause every run reads; it also needs the run
+// history (00016), idemd_leases (00011, the run lease) and the key_id
+// index of idempotency_key_reviews (00010), without which every flag check
+// scans the reviews.
+const OldestSchema = 30
 
 // FlagDefaults implements config.Defaulter: the flags' defaults are the
 // service's.
@@ -58,12 +59,18 @@ func (c *Command) Check() []string {
 
 // Run does one run, or runs on the schedule until SIGTERM.
 func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
+	replicas, closeReplicas, err := OpenReplicas(ctx, &c.Throttle)
+	if err != nil {
+		return err
+	}
+	defer closeReplicas()
 	svc, err := New(Config{
 		Settings: c.Settings,
 		Pool:     env.Pool,
 		Logger:   env.Logger,
 		Registry: env.Registry,
 		Ready:    env.Ready,
+		Replicas: replicas,
 	})
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/robfig/cron/v3"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/opshttp"
+	"github.com/idemd/idemd/internal/reaper/throttle"
 )
 
 // Rules that are not defaults.
@@ -55,18 +57,66 @@ func (e *Eligibility) Check() []string {
 type Settings struct {
 	Eligibility `embed:""`
 
-	Schedule         string        `name:"schedule" default:"${schedule}" help:"Keep running and reap on this schedule: a robfig/cron spec (\"@every 1h\", \"@hourly\", \"15 * * * *\"). Empty: one run and exit."`
-	DryRun           bool          `name:"dry-run" default:"${dry_run}" help:"Change nothing: print how many keys would be deleted and which would be flagged for review."`
-	BatchSize        int           `name:"batch-size" default:"${batch_size}" help:"Keys deleted per batch; each batch is its own transaction."`
-	BatchPause       time.Duration `name:"batch-pause" default:"${batch_pause}" help:"Pause between batches (between rounds with --concurrency), giving the API's writes room on a busy table."`
-	Concurrency      int           `name:"concurrency" default:"${concurrency}" help:"Batches run at once, each in its own transaction on its own pooled connection, on consecutive ranges of keys: up to this many database cores. For catching up on a backlog, or a schema whose foreign keys make each deletion cost more; the pool needs as many connections (pool_max_conns)."`
-	StatementTimeout time.Duration `name:"statement-timeout" default:"${statement_timeout}" help:"statement_timeout of each batch (SET LOCAL). A batch that times out is retried at half the size."`
-	MaxRuntime       time.Duration `name:"max-runtime" default:"${max_runtime}" help:"Stop starting new batches after this long; the next run continues."`
-	MaxDeletes       int64         `name:"max-deletes" default:"${max_deletes}" help:"Refuse (exit 1) a run that would delete more keys than this. 0: no cap."`
-	MaxFlags         int64         `name:"max-flags" default:"${max_flags}" help:"Refuse (exit 1) a run that would flag more keys for review than this. 0: no cap."`
-	FlaggedBy        string        `name:"flagged-by" default:"${flagged_by}" help:"Recorded as flagged_by on the reviews this reaper creates."`
-	LeaseTTL         time.Duration `name:"lease-ttl" default:"${lease_ttl}" help:"A run's lease on the database (it keeps runs from overlapping) expires this long after its last renewal, so a run killed mid-run delays the next by at most this. Longer than --statement-timeout."`
-	WALCompression   string        `name:"wal-compression" default:"${wal_compression}" help:"wal_compression of the reaper's batch transactions (SET LOCAL): lz4, zstd, pglz, on, off, or server to keep the server's setting. Needs superuser or GRANT SET ON PARAMETER wal_compression (PostgreSQL 15+); without it the run says so once and keeps the server's setting."`
+	Schedule         string           `name:"schedule" default:"${schedule}" help:"Keep running and reap on this schedule: a robfig/cron spec (\"@every 1h\", \"@hourly\", \"15 * * * *\"). Empty: one run and exit."`
+	DryRun           bool             `name:"dry-run" default:"${dry_run}" help:"Change nothing: print how many keys would be deleted and which would be flagged for review."`
+	BatchSize        int              `name:"batch-size" default:"${batch_size}" help:"Keys deleted per batch; each batch is its own transaction."`
+	BatchPause       time.Duration    `name:"batch-pause" default:"${batch_pause}" help:"Pause between batches (between rounds with --concurrency), giving the API's writes room on a busy table."`
+	Concurrency      int              `name:"concurrency" default:"${concurrency}" help:"Batches run at once, each in its own transaction on its own pooled connection, on consecutive ranges of keys: up to this many database cores. For catching up on a backlog, or a schema whose foreign keys make each deletion cost more; the pool needs as many connections (pool_max_conns)."`
+	StatementTimeout time.Duration    `name:"statement-timeout" default:"${statement_timeout}" help:"statement_timeout of each batch (SET LOCAL). A batch that times out is retried at half the size."`
+	MaxRuntime       time.Duration    `name:"max-runtime" default:"${max_runtime}" help:"Stop starting new batches after this long; the next run continues."`
+	MaxDeletes       int64            `name:"max-deletes" default:"${max_deletes}" help:"Refuse (exit 1) a run that would delete more keys than this. 0: no cap."`
+	MaxFlags         int64            `name:"max-flags" default:"${max_flags}" help:"Refuse (exit 1) a run that would flag more keys for review than this. 0: no cap."`
+	FlaggedBy        string           `name:"flagged-by" default:"${flagged_by}" help:"Recorded as flagged_by on the reviews this reaper creates."`
+	LeaseTTL         time.Duration    `name:"lease-ttl" default:"${lease_ttl}" help:"A run's lease on the database (it keeps runs from overlapping) expires this long after its last renewal, so a run killed mid-run delays the next by at most this. Longer than --statement-timeout."`
+	Throttle         ThrottleSettings `embed:""`
+	WALCompression   string           `name:"wal-compression" default:"${wal_compression}" help:"wal_compression of the reaper's batch transactions (SET LOCAL): lz4, zstd, pglz, on, off, or server to keep the server's setting. Needs superuser or GRANT SET ON PARAMETER wal_compression (PostgreSQL 15+); without it the run says so once and keeps the server's setting."`
+}
+
+// ThrottleSettings are the throttle's flags (internal/reaper/throttle):
+// before every batch the run reads its replicas' lag and the primary's load
+// and waits, or stops, when they are over these limits. gh-ost's names.
+type ThrottleSettings struct {
+	MaxLag         time.Duration `name:"max-lag" default:"${max_lag}" help:"Wait before the next batch while a replica's replay lag is above this (pg_stat_replication's replay_lag on the primary, and each --replica-url). 0: do not watch the replicas' time lag."`
+	MaxLagBytes    string        `name:"max-lag-bytes" default:"${max_lag_bytes}" help:"Wait before the next batch while a replica's replay is more than this much WAL behind the primary (64MB, 512kB, bytes): it also sees a replica whose replay has stopped. 0: do not watch the distance."`
+	MaxLoad        string        `name:"max-load" default:"${max_load}" help:"Wait before the next batch while the primary's load is above this: comma-separated wal_rate=<bytes/s> (the server's WAL rate, the reaper's own included) and commit_latency=<duration> (the COMMIT time of a probe transaction, what the API's commits wait for). Empty: no load limit."`
+	CriticalLoad   string        `name:"critical-load" default:"${critical_load}" help:"Stop the run cleanly (stop_reason critical_load, recorded with the measurement) when the primary's load is above this, in --max-load's form; its values must be above --max-load's. The next run continues. Empty: never stop for load."`
+	PauseMin       time.Duration `name:"pause-min" default:"${pause_min}" help:"The first wait when a limit is crossed; each further wait of the same stretch doubles, up to --pause-max."`
+	PauseMax       time.Duration `name:"pause-max" default:"${pause_max}" help:"The longest wait between two readings of the limits while throttled."`
+	ReplicaURLs    []string      `name:"replica-url" sep:"none" help:"A standby to read the replay lag of directly (pg_last_wal_replay_lsn), for replicas the primary cannot report on: cascading standbys. Repeat for several. Its role needs only CONNECT."`
+	ReplicaURLFile string        `name:"replica-url-file" default:"${replica_url_file}" help:"A file of --replica-url values, one per line (# comments), read at start: keeps passwords out of the process's arguments."`
+}
+
+// limits returns the throttle's limits; Check must have passed.
+func (t *ThrottleSettings) limits() throttle.Limits {
+	l, _ := t.parse()
+	return l
+}
+
+// parse reads the flags into the throttle's limits, with every problem.
+func (t *ThrottleSettings) parse() (throttle.Limits, []string) {
+	var p []string
+	l := throttle.Limits{MaxLag: t.MaxLag, PauseMin: t.PauseMin, PauseMax: t.PauseMax}
+	if t.MaxLagBytes != "0" && strings.TrimSpace(t.MaxLagBytes) != "" {
+		b, err := throttle.ParseBytes(t.MaxLagBytes)
+		if err != nil {
+			p = append(p, fmt.Sprintf("--max-lag-bytes: %v", err))
+		}
+		l.MaxLagBytes = int64(b)
+	}
+	var err error
+	if l.MaxLoad, err = throttle.ParseLoad(t.MaxLoad); err != nil {
+		p = append(p, fmt.Sprintf("--max-load %q: %v", t.MaxLoad, err))
+	}
+	if l.CriticalLoad, err = throttle.ParseLoad(t.CriticalLoad); err != nil {
+		p = append(p, fmt.Sprintf("--critical-load %q: %v", t.CriticalLoad, err))
+	}
+	for _, u := range t.ReplicaURLs {
+		if _, err := pgconn.ParseConfig(u); err != nil {
+			// The URL itself may hold a password: say which one by position.
+			p = append(p, fmt.Sprintf("--replica-url: a value does not parse as a connection URL (%d characters)", len(u)))
+		}
+	}
+	return l, append(p, l.Check()...)
 }
 
 // DefaultSettings returns the settings with every default filled in: the
@@ -102,6 +152,31 @@ func DefaultSettings() Settings {
 		// (docs/reaper.md): fewer bytes for every WAL flush, every replica
 		// and the archive.
 		WALCompression: "lz4",
+		Throttle:       DefaultThrottle(),
+	}
+}
+
+// DefaultThrottle is the throttle's defaults (docs/reaper.md, "The
+// throttle"): on for replicas, off for load, whose ceilings depend on the
+// hardware.
+func DefaultThrottle() ThrottleSettings {
+	return ThrottleSettings{
+		// One second: a read replica serving the API's reads shows data at
+		// most about a second old because of the reaper, and a failover
+		// loses no more than a second of replay to wait for. A healthy
+		// streaming standby replays a batch's WAL well within it.
+		MaxLag: time.Second,
+		// About five default batches of uncompressed WAL (13 MB each, about
+		// 6 MB with lz4): a standby further behind than that is not keeping
+		// up whatever its replay_lag says, and when its replay has stopped
+		// (pg_wal_replay_pause, a conflict with a query) replay_lag stops
+		// being updated while the distance keeps growing.
+		MaxLagBytes: "64MB",
+		// 100 ms, doubling to 5 s: a lag that clears at once costs one
+		// short wait, and a replica minutes behind is asked about a dozen
+		// times a minute.
+		PauseMin: 100 * time.Millisecond,
+		PauseMax: 5 * time.Second,
 	}
 }
 
@@ -147,6 +222,8 @@ func (s *Settings) Check() []string {
 	if !slices.Contains(walCompressionValues, s.WALCompression) {
 		p = append(p, fmt.Sprintf("--wal-compression %q must be one of %s", s.WALCompression, strings.Join(walCompressionValues, ", ")))
 	}
+	_, tp := s.Throttle.parse()
+	p = append(p, tp...)
 	if s.Schedule != "" {
 		if _, err := cronParser.Parse(s.Schedule); err != nil {
 			p = append(p, fmt.Sprintf("--schedule %q: %v", s.Schedule, err))
@@ -170,6 +247,9 @@ type Config struct {
 	// (or found another run doing it), so /readyz reflects a stuck
 	// schedule; Start sets how old that may be from the schedule.
 	Ready *opshttp.Readiness
+	// Replicas are the standbys of --replica-url, opened by the command
+	// (OpenReplicas), read for their lag before every batch.
+	Replicas []throttle.Replica
 }
 
 func (c *Config) check() error {

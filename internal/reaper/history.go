@@ -84,5 +84,6 @@ func (s *Service) recordUnleasedRun(ctx context.Context, start time.Time, res *R
 
 // runOutcome is a run's end as the history records it.
 func runOutcome(res *Result, runErr error) runhistory.Outcome {
-	return runhistory.Outcome{Result: runResult(res, runErr), Deleted: res.Deleted, Flagged: res.Flagged, Err: runErr}
+	return runhistory.Outcome{Result: runResult(res, runErr), Deleted: res.Deleted, Flagged: res.Flagged, Err: runErr,
+		StopReason: res.StopReason, StopDetail: res.StopDetail}
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemd/idemd/internal/reaper/throttle"
 	"github.com/idemd/idemd/internal/review"
 	"github.com/idemd/idemd/internal/runhistory"
 )
@@ -38,6 +39,8 @@ type metrics struct {
 	batchDuration     prometheus.Histogram
 	lastSuccess       *unsetGauge
 	leaseTakeovers    prometheus.Counter
+	// throttled: seconds runs waited between batches, by reason.
+	throttled *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -88,6 +91,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_reaper_lease_takeovers_total",
 			Help: "Runs that took over the lease of a run that ended without releasing it (killed, or cut off from the database).",
 		}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_reaper_throttled_seconds_total",
+			Help: "Seconds reaper runs waited between batches for their throttle, by reason: operator, replica_lag, replica_bytes, wal_rate, commit_latency, signal_error.",
+		}, []string{"reason"}),
 		lastSuccess: newUnsetGauge(prometheus.GaugeOpts{
 			Name: "idemd_reaper_last_success_timestamp_seconds",
 			Help: "Unix time of the end of the last run that completed; absent until one has (alert when it grows old).",
@@ -99,10 +106,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range review.Reasons() {
 		m.flagged.WithLabelValues(r)
 	}
+	for _, r := range throttle.Reasons() {
+		m.throttled.WithLabelValues(string(r))
+	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.concurrentBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers} {
+	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.concurrentBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers, m.throttled} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("reaper: register metrics: %w", err)
 		}

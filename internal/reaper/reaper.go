@@ -32,6 +32,7 @@ import (
 
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/reaper/throttle"
 	"github.com/idemd/idemd/internal/review"
 	"github.com/idemd/idemd/internal/testing/testsignal"
 )
@@ -80,7 +81,13 @@ type Result struct {
 	FinalBatchSize int
 	Duration       time.Duration
 	Complete       bool   // nothing eligible was left when the run ended
-	StopReason     string // why an incomplete run stopped: max_runtime, shutdown, error
+	StopReason     string // why an incomplete run stopped: max_runtime, shutdown, critical_load, error
+	// StopDetail is the measurement that crossed --critical-load.
+	StopDetail string
+	// Throttled is the time the run waited between batches for its
+	// throttle; ThrottleReason the reason of its latest wait.
+	Throttled      time.Duration
+	ThrottleReason string
 }
 
 // BlockedError is a batch that a foreign key with ON DELETE RESTRICT or NO
@@ -99,6 +106,25 @@ func (e *BlockedError) Error() string {
 }
 
 func (e *BlockedError) Unwrap() error { return e.Err }
+
+// Stop reasons of an incomplete or failed run (Result.StopReason, the run
+// history's stop_reason).
+const (
+	stopShutdown   = "shutdown"    // SIGTERM, Stop, or ctx ended
+	stopMaxRuntime = "max_runtime" // --max-runtime passed
+	stopError      = "error"       // a failure ended the run
+	// stopCriticalLoad: the load crossed --critical-load (throttled.go).
+	stopCriticalLoad = "critical_load"
+)
+
+// stop is why a run ended before it was complete: what the run's steps
+// (a round, a failed batch, the throttle) return, and only reapWithLease
+// writes into the Result. The zero value: the run goes on, or completed.
+type stop struct {
+	reason string
+	// detail is the measurement that crossed --critical-load.
+	detail string
+}
 
 // ErrCapExceeded is returned (wrapped) when a run would delete or flag more
 // than --max-deletes or --max-flags.
@@ -125,8 +151,9 @@ type Service struct {
 // testSignals tell tests that a run reached a point; tests only wait on
 // them (internal/testing/testsignal). Free in production.
 type testSignals struct {
-	passed testsignal.Signal[*Result]       // a scheduled run ended
-	next   testsignal.Signal[time.Duration] // the schedule's wait before the next run
+	passed  testsignal.Signal[*Result]           // a scheduled run ended
+	next    testsignal.Signal[time.Duration]     // the schedule's wait before the next run
+	decided testsignal.Signal[throttle.Decision] // the throttle decided before a round
 }
 
 // testHooks are the points where a test must act inside a run while the
@@ -259,7 +286,7 @@ func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start ti
 	run, err := s.startRun(ctx, start)
 	defer func() { s.endRun(ctx, run, res, err) }()
 	if err != nil {
-		res.StopReason = "error"
+		res.StopReason = stopError
 		return err
 	}
 	defer lifecycle.Beside(soft, s.heartbeat())()
@@ -271,10 +298,12 @@ func (s *Service) reapWithLease(ctx, soft context.Context, res *Result, start ti
 		res.WALCompression = s.cfg.WALCompression
 	}
 	if err := s.checkCaps(soft); err != nil {
-		res.StopReason = "error"
+		res.StopReason = stopError
 		return err
 	}
-	return s.reap(ctx, soft, res, start, run)
+	st, err := s.reap(ctx, soft, res, start, run)
+	res.StopReason, res.StopDetail = st.reason, st.detail
+	return err
 }
 
 // probeWALCompression reports whether --wal-compression can be set in this
@@ -318,25 +347,33 @@ func (s *Service) probeWALCompression(ctx context.Context) bool {
 // reap deletes keys round by round (round.go) until a batch comes back
 // short (nothing eligible left), the run's time is up, the run is asked to
 // stop (soft), or a batch fails for good. Batches run on ctx: only it cuts
-// one short.
-func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, run int64) error {
+// one short. It returns why the run stopped (the zero stop when it is
+// complete); the Result's counts are the committed batches' (account).
+func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, run int64) (stop, error) {
 	batchSize := s.cfg.BatchSize
 	var cursor *batchCursor
 	alone := false // the next round redoes a batch of a concurrent round
+	thr := s.newRunThrottle()
 	for {
 		if soft.Err() != nil {
-			res.StopReason = "shutdown"
-			return nil
+			return stop{reason: stopShutdown}, nil
 		}
 		if time.Since(start) >= s.cfg.MaxRuntime {
-			res.StopReason = "max_runtime"
-			return nil
+			return stop{reason: stopMaxRuntime}, nil
+		}
+		w := s.throttleWait(soft, start, run, thr, res.Batches)
+		res.Throttled += w.waited
+		if w.reason != "" {
+			res.ThrottleReason = string(w.reason)
+		}
+		if w.stop.reason != "" || w.err != nil {
+			return w.stop, w.err
 		}
 		// The round's batches only fence the lease, so renew it now: they
 		// run under an expiry that outlasts any of them (--lease-ttl is
 		// longer than --statement-timeout).
 		if err := s.renewLease(ctx); err != nil {
-			return s.roundFailed(ctx, err, res)
+			return s.roundFailed(ctx, err, res.Batches)
 		}
 		job := batchJob{
 			run:            run,
@@ -352,9 +389,11 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		}
 		jobs, err := s.planRound(ctx, job, width)
 		if err != nil {
-			return s.roundFailed(ctx, err, res)
+			return s.roundFailed(ctx, err, res.Batches)
 		}
+		probed := thr.read.ProbeRound(ctx)
 		end := s.runRound(ctx, jobs)
+		thr.roundCommit = probed()
 		for _, b := range end.committed {
 			s.account(res, b)
 		}
@@ -367,11 +406,11 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 				// The batch was cut (SIGTERM in a one-shot run, Stop's
 				// deadline) and rolled back: the run was stopped, not
 				// failed, and the next run deletes those keys.
-				res.StopReason = "shutdown"
-				return nil
+				return stop{reason: stopShutdown}, nil
 			}
-			if batchSize, err = s.batchFailed(soft, end.err, batchSize, res); err != nil {
-				return err
+			var st stop
+			if batchSize, st, err = s.batchFailed(soft, end.err, batchSize, res); err != nil {
+				return st, err
 			}
 			continue
 		}
@@ -380,7 +419,7 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		}
 		if !end.more {
 			res.Complete = true
-			return nil
+			return stop{}, nil
 		}
 		s.pause(soft)
 	}
@@ -396,14 +435,12 @@ func (s *Service) renewLease(ctx context.Context) error {
 }
 
 // roundFailed ends the run for a failure outside the batches (the lease's
-// renewal, the round's ranges).
-func (s *Service) roundFailed(ctx context.Context, err error, res *Result) error {
+// renewal, the round's ranges), after batches committed ones.
+func (s *Service) roundFailed(ctx context.Context, err error, batches int) (stop, error) {
 	if ctx.Err() != nil {
-		res.StopReason = "shutdown"
-		return nil
+		return stop{reason: stopShutdown}, nil
 	}
-	res.StopReason = "error"
-	return fmt.Errorf("reaper: before batch %d: %w", res.Batches+1, err)
+	return stop{reason: stopError}, fmt.Errorf("reaper: before batch %d: %w", batches+1, err)
 }
 
 // batchLimit is how many keys the next batch may take: the batch size, or
@@ -422,9 +459,10 @@ func (s *Service) batchLimit(batchSize int, deleted int64) int {
 
 // batchFailed decides what a failed batch means for the run: a statement
 // timeout is retried at half the size (the new size comes back, with a nil
-// error); anything else ends the run with the error returned. soft ended:
-// the run was stopping, and a timeout is no reason to go on.
-func (s *Service) batchFailed(soft context.Context, err error, batchSize int, res *Result) (int, error) {
+// error); anything else ends the run with the error returned, and the
+// stop it is. soft ended: the run was stopping, and a timeout is no reason
+// to go on.
+func (s *Service) batchFailed(soft context.Context, err error, batchSize int, res *Result) (int, stop, error) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "57014" && soft.Err() == nil {
 		// statement_timeout: the database is slower than the batch size
@@ -433,27 +471,26 @@ func (s *Service) batchFailed(soft context.Context, err error, batchSize int, re
 		s.metrics.batchTimeouts.Inc()
 		res.BatchTimeouts++
 		if batchSize <= minBatchSize {
-			res.StopReason = "error"
-			return batchSize, fmt.Errorf("reaper: batch %d timed out after %s even at %d keys: %w", res.Batches+1, s.cfg.StatementTimeout, batchSize, err)
+			return batchSize, stop{reason: stopError}, fmt.Errorf("reaper: batch %d timed out after %s even at %d keys: %w", res.Batches+1, s.cfg.StatementTimeout, batchSize, err)
 		}
 		batchSize = max(batchSize/2, minBatchSize)
 		res.FinalBatchSize = batchSize
 		s.logger.Warn("batch hit the statement timeout; halving the batch batchSize",
 			zap.Duration("statement_timeout", s.cfg.StatementTimeout), zap.Int("batch_size", batchSize))
-		return batchSize, nil
+		return batchSize, stop{}, nil
 	}
-	res.StopReason = "error"
+	failed := stop{reason: stopError}
 	switch {
 	case errors.Is(err, ErrCapExceeded):
-		return batchSize, fmt.Errorf("reaper: batch %d rolled back: %w; the %d keys deleted by earlier batches stay deleted", res.Batches+1, err, res.Deleted)
+		return batchSize, failed, fmt.Errorf("reaper: batch %d rolled back: %w; the %d keys deleted by earlier batches stay deleted", res.Batches+1, err, res.Deleted)
 	case errors.As(err, &pgErr) && pgErr.Code == "23503":
 		blocked := &BlockedError{Constraint: pgErr.ConstraintName, Table: pgErr.TableName, Detail: pgErr.Detail, Err: err}
-		return batchSize, fmt.Errorf("reaper: batch %d: %w; the %d keys deleted by earlier batches of this run stay deleted", res.Batches+1, blocked, res.Deleted)
+		return batchSize, failed, fmt.Errorf("reaper: batch %d: %w; the %d keys deleted by earlier batches of this run stay deleted", res.Batches+1, blocked, res.Deleted)
 	default:
 		if soft.Err() != nil {
-			res.StopReason = "shutdown"
+			failed.reason = stopShutdown
 		}
-		return batchSize, fmt.Errorf("reaper: batch %d: %w", res.Batches+1, err)
+		return batchSize, failed, fmt.Errorf("reaper: batch %d: %w", res.Batches+1, err)
 	}
 }
 
@@ -552,6 +589,12 @@ func (s *Service) summarize(res *Result, err error) ([]zap.Field, bool) {
 	}
 	if res.StopReason != "" {
 		fields = append(fields, zap.String("stop_reason", res.StopReason))
+	}
+	if res.StopDetail != "" {
+		fields = append(fields, zap.String("stop_detail", res.StopDetail))
+	}
+	if res.Throttled > 0 {
+		fields = append(fields, zap.Duration("throttled", res.Throttled), zap.String("throttle_reason", res.ThrottleReason))
 	}
 	if res.LeaseHolder != "" {
 		fields = append(fields, zap.String("lease_holder", res.LeaseHolder))

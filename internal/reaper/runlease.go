@@ -101,7 +101,7 @@ func (s *Service) takeLease(ctx context.Context, res *Result) (bool, error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			res.StopReason = "shutdown"
+			res.StopReason = stopShutdown
 			return false, fmt.Errorf("reaper: waiting for the lease of %s: %w", w.firstHolder, ctx.Err())
 		case <-t.C:
 		}

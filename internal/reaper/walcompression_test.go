@@ -77,6 +77,7 @@ func TestWALCompression(t *testing.T) {
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON idemd_leases TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON idemd_reaper_runs TO " + r,
 		"GRANT USAGE ON SEQUENCE idemd_reaper_runs_id_seq TO " + r,
+		"GRANT SELECT ON idemd_reaper_pause TO " + r,
 	} {
 		if _, err := admin.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)

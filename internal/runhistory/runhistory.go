@@ -17,6 +17,7 @@ package runhistory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -71,6 +72,14 @@ type Run struct {
 	Error   string `json:"error,omitempty"`
 	// Holder is the process that ran it, as in the lease table.
 	Holder string `json:"holder"`
+	// ThrottledSeconds is the time the run waited between batches for
+	// its throttle (internal/reaper/throttle), ThrottleReason the reason of
+	// its latest wait ("" when it never waited).
+	ThrottledSeconds float64 `json:"throttled_seconds"`
+	ThrottleReason   string  `json:"throttle_reason,omitempty"`
+	// StopReason is why an incomplete or failed run stopped: max_runtime,
+	// shutdown, critical_load, error ("" for the others).
+	StopReason string `json:"stop_reason,omitempty"`
 }
 
 // Querier runs the history's read queries: a pool, a connection or a
@@ -88,7 +97,9 @@ type Execer interface {
 
 // lastRunsSQL lists the newest runs. A run without an end is running while
 // its holder holds a live lease and has begun no later run; otherwise it
-// was interrupted.
+// was interrupted. The throttle's columns (migration 00030) are read
+// through to_jsonb, which has no such key on an older schema, so idemctl
+// reads a history its oldest supported schema wrote as well.
 const lastRunsSQL = `
 SELECT r.id, r.started_at, r.finished_at, r.mode,
        COALESCE(r.result, CASE WHEN EXISTS (
@@ -96,7 +107,10 @@ SELECT r.id, r.started_at, r.finished_at, r.mode,
                 WHERE l.name = @lease AND l.holder = r.holder AND l.expires_at > clock_timestamp())
             AND NOT EXISTS (SELECT 1 FROM idemd_reaper_runs n WHERE n.holder = r.holder AND n.id > r.id)
             THEN '` + ResultRunning + `' ELSE '` + ResultInterrupted + `' END),
-       r.deleted, r.flagged, COALESCE(r.error, ''), r.holder
+       r.deleted, r.flagged, COALESCE(r.error, ''), r.holder,
+       COALESCE((to_jsonb(r)->>'throttled_seconds')::float8, 0),
+       COALESCE(to_jsonb(r)->>'throttle_reason', ''),
+       COALESCE(to_jsonb(r)->>'stop_reason', '')
 FROM idemd_reaper_runs r
 ORDER BY r.id DESC
 LIMIT @n`
@@ -109,7 +123,8 @@ func LastRuns(ctx context.Context, db Querier, n int) ([]Run, error) {
 	}
 	runs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Run, error) {
 		var run Run
-		err := r.Scan(&run.ID, &run.StartedAt, &run.FinishedAt, &run.Mode, &run.Result, &run.Deleted, &run.Flagged, &run.Error, &run.Holder)
+		err := r.Scan(&run.ID, &run.StartedAt, &run.FinishedAt, &run.Mode, &run.Result, &run.Deleted, &run.Flagged, &run.Error, &run.Holder,
+			&run.ThrottledSeconds, &run.ThrottleReason, &run.StopReason)
 		return run, err
 	})
 	if err != nil {
@@ -134,6 +149,36 @@ func LastSuccess(ctx context.Context, db Querier) (*time.Time, error) {
 		return nil, fmt.Errorf("reaper run history: last success: %w", err)
 	}
 	return t, nil
+}
+
+// lastThrottledShareSQL is the share of its time the newest run that took
+// the lease spent throttled: its throttled_seconds over its duration so far
+// (to its end, or to now while it runs). Through to_jsonb, like
+// lastRunsSQL, so it reads an older schema's history as never throttled.
+const lastThrottledShareSQL = `
+SELECT COALESCE((to_jsonb(r)->>'throttled_seconds')::float8, 0)
+       / greatest(extract(epoch FROM COALESCE(r.finished_at, clock_timestamp()) - r.started_at)::float8, 1)
+FROM idemd_reaper_runs r
+WHERE r.result IS DISTINCT FROM @lock_held
+ORDER BY r.id DESC
+LIMIT 1`
+
+// LastThrottledShare returns the share (0 to 1) of its time the newest
+// run that took the lease spent waiting for its throttle, so far if it
+// runs; nil when the history has no such run. The database-wide exporter
+// exports it: a CronJob run throttled most of its window is visible
+// without scraping it.
+func LastThrottledShare(ctx context.Context, db Querier) (*float64, error) {
+	var share float64
+	err := db.QueryRow(ctx, lastThrottledShareSQL, pgx.NamedArgs{"lock_held": ResultLockHeld}).Scan(&share)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reaper run history: throttled share: %w", err)
+	}
+	share = min(share, 1)
+	return &share, nil
 }
 
 // startSQL records a run that took the lease. @elapsed is how long ago it
@@ -168,6 +213,17 @@ func RecordBatch(ctx context.Context, tx pgx.Tx, run, deleted, flagged int64) er
 	return nil
 }
 
+// RecordThrottle adds a wait of the run's throttle to its row, as the run
+// waits, so a running run shows it and a killed one keeps it.
+func RecordThrottle(ctx context.Context, db Execer, run int64, waited time.Duration, reason string) error {
+	_, err := db.Exec(ctx, `UPDATE idemd_reaper_runs SET throttled_seconds = throttled_seconds + @waited, throttle_reason = @reason WHERE id = @run`,
+		pgx.NamedArgs{"run": run, "waited": waited.Seconds(), "reason": reason})
+	if err != nil {
+		return fmt.Errorf("record the run's throttled time in idemd_reaper_runs: %w", err)
+	}
+	return nil
+}
+
 // Outcome is a run's end as the history records it.
 type Outcome struct {
 	// Result is ResultComplete, ResultIncomplete, ResultLockHeld or
@@ -176,21 +232,32 @@ type Outcome struct {
 	Deleted, Flagged int64
 	// Err is the run's error, recorded as its text; nil for none.
 	Err error
+	// StopReason is why an incomplete or failed run stopped; "" for none.
+	// StopDetail, when set and Err is nil, is recorded as the row's error:
+	// the measurement that crossed --critical-load.
+	StopReason, StopDetail string
 }
 
 func (o Outcome) args() pgx.NamedArgs {
-	var msg *string
-	if o.Err != nil {
+	var msg, stop *string
+	switch {
+	case o.Err != nil:
 		m := o.Err.Error()
 		msg = &m
+	case o.StopDetail != "":
+		msg = &o.StopDetail
 	}
-	return pgx.NamedArgs{"result": o.Result, "deleted": o.Deleted, "flagged": o.Flagged, "error": msg}
+	if o.StopReason != "" {
+		stop = &o.StopReason
+	}
+	return pgx.NamedArgs{"result": o.Result, "deleted": o.Deleted, "flagged": o.Flagged, "error": msg, "stop_reason": stop}
 }
 
 // endSQL records a run's end.
 const endSQL = `
 UPDATE idemd_reaper_runs
-SET finished_at = clock_timestamp(), result = @result, deleted = @deleted, flagged = @flagged, error = @error
+SET finished_at = clock_timestamp(), result = @result, deleted = @deleted, flagged = @flagged, error = @error,
+    stop_reason = @stop_reason
 WHERE id = @run`
 
 // pruneSQL keeps the history bounded: the newest @keep runs of the last
@@ -222,8 +289,8 @@ func RecordUnleased(ctx context.Context, db Execer, elapsed time.Duration, mode,
 	args := o.args()
 	args["elapsed"], args["mode"], args["holder"] = elapsed, mode, holder
 	_, err := db.Exec(ctx, `
-INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, flagged, error, holder)
-VALUES (clock_timestamp() - @elapsed::interval, clock_timestamp(), @mode, @result, @deleted, @flagged, @error, @holder)`, args)
+INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, flagged, error, holder, stop_reason)
+VALUES (clock_timestamp() - @elapsed::interval, clock_timestamp(), @mode, @result, @deleted, @flagged, @error, @holder, @stop_reason)`, args)
 	if err != nil {
 		return fmt.Errorf("record the run in idemd_reaper_runs: %w", err)
 	}

@@ -74,3 +74,42 @@ func TestFullRun(t *testing.T) {
 	}
 	t.Log("\n" + r.String())
 }
+
+// TestRunStandbySmall checks the benchmark with a standby works: every
+// configuration deletes the keys past retention when it starts (and at
+// most the one or two that cross the horizon while it runs: at 20000 keys
+// over 144 hours, one every 26 s), and the lag is sampled.
+func TestRunStandbySmall(t *testing.T) {
+	r, err := RunStandby(context.Background(), StandbyOptions{Keys: 20000, BaselineDuration: 200 * time.Millisecond, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Rows) != 4 {
+		t.Fatalf("%d configurations measured, want 4", len(r.Rows))
+	}
+	for _, row := range r.Rows {
+		if row.Deleted < row.Eligible || row.Deleted > row.Eligible+2 || row.Eligible < int64(r.PastRetention) || !row.Complete ||
+			row.WALBytes <= 0 || len(row.Timeline) == 0 || row.During.N == 0 || row.Before.N == 0 {
+			t.Errorf("%s: deleted %d of %d eligible (%d at load), complete %v, %d bytes of WAL, %d lag samples, %d/%d inserts",
+				row.Name, row.Deleted, row.Eligible, r.PastRetention, row.Complete, row.WALBytes, len(row.Timeline), row.Before.N, row.During.N)
+		}
+	}
+	t.Log("\n" + r.String())
+}
+
+// TestStandbyFullRun runs the benchmark with a standby at the size
+// REAPERBENCH_STANDBY_KEYS (skipped when unset; 2000000 reaps 1M keys,
+// 20000000 the full suite's 10M):
+//
+//	REAPERBENCH_STANDBY_KEYS=2000000 go test -run TestStandbyFullRun -v -timeout 2h ./internal/bench/reaper
+func TestStandbyFullRun(t *testing.T) {
+	keys, _ := strconv.Atoi(os.Getenv("REAPERBENCH_STANDBY_KEYS"))
+	if keys == 0 {
+		t.Skip("REAPERBENCH_STANDBY_KEYS not set")
+	}
+	r, err := RunStandby(context.Background(), StandbyOptions{Keys: keys, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + r.String())
+}

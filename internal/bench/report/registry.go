@@ -11,4 +11,5 @@ var Suites = map[string]func(ctx context.Context, adminURL string, scale Scale, 
 	"staging":    Staging,
 	"migrations": Migrations,
 	"adoption":   Adoption,
+	"standby":    ReaperStandby,
 }

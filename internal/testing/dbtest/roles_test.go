@@ -86,7 +86,17 @@ SELECT c.relname, pg_get_userbyid(c.relowner),
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"idempotency_keys", "staged_jobs", "staged_jobs_dead", "idempotency_key_reviews", "idemd_leases", "idemd_replay_nonces", "idemd_reaper_runs", "idemd_operator_actions", "river_job"} {
+	// The one predefined role it is given: pg_read_all_stats, so the
+	// reaper's throttle sees its replicas in pg_stat_replication. Not
+	// pg_monitor, which also reads every setting.
+	var stats, monitor bool
+	if err := conn.QueryRow(ctx, `SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'), pg_has_role(current_user, 'pg_monitor', 'USAGE')`).Scan(&stats, &monitor); err != nil {
+		t.Fatal(err)
+	}
+	if !stats || monitor {
+		t.Errorf("%s: pg_read_all_stats %v, pg_monitor %v; want only pg_read_all_stats", dbtest.RuntimeRole, stats, monitor)
+	}
+	for _, want := range []string{"idempotency_keys", "staged_jobs", "staged_jobs_dead", "idempotency_key_reviews", "idemd_leases", "idemd_replay_nonces", "idemd_reaper_runs", "idemd_reaper_pause", "idemd_operator_actions", "river_job"} {
 		if !seen[want] {
 			t.Errorf("table %s missing from the migrated database", want)
 		}

@@ -1,0 +1,407 @@
+package reaperbench
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/reaper"
+	"github.com/idemd/idemd/internal/reaper/throttle"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/scratchdb"
+)
+
+// StandbyOptions size the benchmark with a streaming standby. Zero values
+// take the defaults.
+type StandbyOptions struct {
+	// Keys in the table, half of them past retention. Default 2,000,000
+	// (the reaper deletes 1,000,000).
+	Keys int
+	// InsertRate of the API's insert workload, inserts per second.
+	// Default 500.
+	InsertRate int
+	// BaselineDuration of the workload before each run. Default 5s.
+	BaselineDuration time.Duration
+	// Logf, when set, receives progress lines.
+	Logf func(format string, args ...any)
+}
+
+// StandbyRow is one reaper configuration measured under the insert load
+// with the standby streaming.
+type StandbyRow struct {
+	Name string
+	// Eligible keys were past retention just before the run; Deleted is
+	// a few more: keys cross the horizon while it runs (one every 0.26 s
+	// with 2M keys spread over 144 hours).
+	Eligible   int64
+	Deleted    int64
+	Duration   time.Duration
+	KeysPerSec float64
+	// WALBytes the server wrote during the run, the workload's included.
+	WALBytes int64
+	// Before and During are the inserts' latencies in the baseline window
+	// and while the run deleted; P99Ratio is During.P99 over Before.P99.
+	Before, During Latency
+	P99Ratio       float64
+	// The standby's replay lag, sampled on the primary every lagEvery
+	// during the run: the worst, and the share of samples over 1 s
+	// (replay_lag) and over 64 MB (the distance).
+	LagMax      time.Duration
+	LagMaxBytes int64
+	LagOver1s   float64
+	LagOver64MB float64
+	// Timeline is the sampled lag, condensed to about a dozen points.
+	Timeline []LagSample
+	// Throttled is the time the run waited for its throttle, and the
+	// reason of its latest wait.
+	Throttled      time.Duration
+	ThrottleReason string
+	// Complete: the run deleted everything eligible within its
+	// --max-runtime (standbyMaxRuntime); otherwise StopReason says why.
+	Complete   bool
+	StopReason string
+}
+
+// standbyMaxRuntime bounds each run: a configuration that throttles most
+// of the time shows as incomplete rather than holding the suite for the
+// default hour.
+const standbyMaxRuntime = 10 * time.Minute
+
+// LagSample is one reading of the standby's lag, At from the run's start.
+type LagSample struct {
+	At    time.Duration
+	Lag   time.Duration
+	Bytes int64
+}
+
+// StandbyReport is the outcome of RunStandby.
+type StandbyReport struct {
+	Keys, PastRetention int
+	InsertRate          int
+	// ProbeCommit is the median COMMIT time of the throttle's probe on the
+	// primary under the API's inserts alone (the first round's baseline
+	// window), and CommitLimit the commit_latency the load-throttled run
+	// was given (3× it).
+	ProbeCommit, CommitLimit time.Duration
+	Rows                     []StandbyRow
+}
+
+// lagEvery is how often the standby's lag is sampled during a run.
+const lagEvery = 200 * time.Millisecond
+
+// RunStandby starts a private, durable PostgreSQL cluster (fsync and
+// synchronous_commit on, as in production) with a streaming standby made by
+// pg_basebackup, and measures four reaper configurations on a fresh load
+// each, under the API's insert load: the defaults before the throttle
+// existed (no replica limits), the throttled defaults, the throttled
+// defaults with a commit_latency ceiling of 3× the idle probe, and
+// pt-archiver-style fixed sleeps (small batches, a fixed pause, no
+// throttle).
+func RunStandby(ctx context.Context, opts StandbyOptions) (*StandbyReport, error) {
+	opts.Keys = cmp.Or(opts.Keys, 2_000_000)
+	opts.InsertRate = cmp.Or(opts.InsertRate, 500)
+	opts.BaselineDuration = cmp.Or(opts.BaselineDuration, 5*time.Second)
+	logf := opts.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	primary, err := dbtest.NewClusterWith(dbtest.ClusterOptions{Durable: true})
+	if err != nil {
+		return nil, fmt.Errorf("reaperbench: primary: %w", err)
+	}
+	defer primary.Remove()
+	standby, err := primary.NewStandby()
+	if err != nil {
+		return nil, fmt.Errorf("reaperbench: standby: %w", err)
+	}
+	defer standby.Remove()
+
+	dbURL, drop, err := scratchdb.Create(ctx, primary.URL(), "idemd_reaperbench_standby")
+	if err != nil {
+		return nil, fmt.Errorf("reaperbench: %w", err)
+	}
+	defer drop(context.WithoutCancel(ctx)) //nolint:errcheck
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("reaperbench: parse url: %w", err)
+	}
+	cfg.MaxConns = 32
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("reaperbench: pool: %w", err)
+	}
+	defer pool.Close()
+	if _, err := migrate.Up(ctx, pool, migrate.Options{}); err != nil {
+		return nil, fmt.Errorf("reaperbench: migrate: %w", err)
+	}
+
+	def := reaper.DefaultSettings()
+	def.Retention = retention
+	b := &bench{pool: pool, logf: logf, opts: Options{Keys: opts.Keys, InsertRate: opts.InsertRate, BaselineDuration: opts.BaselineDuration, Reaper: &def}}
+	base := &Report{Keys: opts.Keys}
+	if err := b.prepare(ctx, base); err != nil {
+		return nil, err
+	}
+	def.MaxRuntime = standbyMaxRuntime
+	rep := &StandbyReport{Keys: opts.Keys, PastRetention: base.PastRetention, InsertRate: opts.InsertRate}
+
+	configs := []struct {
+		name   string
+		mutate func(*reaper.Settings)
+	}{
+		{"default without throttle (batch 30000, pause 10ms)", func(s *reaper.Settings) {
+			s.Throttle.MaxLag, s.Throttle.MaxLagBytes = 0, "0"
+		}},
+		{"throttled defaults (--max-lag 1s, --max-lag-bytes 64MB)", nil},
+		{"throttled defaults + --max-load commit_latency=3× the probe under the inserts alone", func(s *reaper.Settings) {
+			s.Throttle.MaxLoad = "commit_latency=" + rep.CommitLimit.String()
+		}},
+		{"fixed sleeps, pt-archiver style (batch 5000, pause 250ms, no throttle)", func(s *reaper.Settings) {
+			s.BatchSize, s.BatchPause = 5000, 250*time.Millisecond
+			s.Throttle.MaxLag, s.Throttle.MaxLagBytes = 0, "0"
+		}},
+	}
+	for i, c := range configs {
+		s := def
+		if c.mutate != nil {
+			c.mutate(&s)
+		}
+		var probe *time.Duration
+		if i == 0 {
+			// The probe's commit under the API's inserts alone, read in the
+			// first round's baseline window, sets the ceiling of the third.
+			probe = &rep.ProbeCommit
+		}
+		row, err := b.standbyRound(ctx, base, c.name, s, probe)
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			rep.CommitLimit = (3 * rep.ProbeCommit).Round(time.Microsecond)
+			logf("probe commit under the inserts alone %s; commit_latency ceiling %s", rep.ProbeCommit, rep.CommitLimit)
+		}
+		rep.Rows = append(rep.Rows, row)
+	}
+	return rep, nil
+}
+
+// standbyRound loads the table, lets the standby catch up, then runs the
+// insert workload alone (after a warm-up) and while the reaper deletes,
+// sampling the standby's lag.
+// With probe set, the baseline window also measures the throttle's probe
+// commit (its median goes into *probe).
+func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reaper.Settings, probe *time.Duration) (StandbyRow, error) {
+	if err := b.load(ctx, r, false); err != nil {
+		return StandbyRow{}, err
+	}
+	if err := b.standbyCaughtUp(ctx); err != nil {
+		return StandbyRow{}, err
+	}
+	idle := func(d time.Duration) func(context.Context) error {
+		return func(ctx context.Context) error {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			return nil
+		}
+	}
+	// The warm-up, as in insertLatency: the first inserts into a freshly
+	// loaded table read its index pages and build cached plans.
+	if _, err := b.workload(ctx, idle(min(3*time.Second, 3*b.opts.BaselineDuration))); err != nil {
+		return StandbyRow{}, err
+	}
+	window := idle(b.opts.BaselineDuration)
+	if probe != nil {
+		window = func(ctx context.Context) error {
+			d, err := medianProbe(ctx, b.pool, b.opts.BaselineDuration)
+			*probe = d
+			return err
+		}
+	}
+	before, err := b.workload(ctx, window)
+	if err != nil {
+		return StandbyRow{}, err
+	}
+	svc, err := reaper.New(reaper.Config{Settings: s, Pool: b.pool, Logger: zap.NewNop()})
+	if err != nil {
+		return StandbyRow{}, err
+	}
+	var eligible int64
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE created_at < now() - $1::interval`, s.Retention).Scan(&eligible); err != nil {
+		return StandbyRow{}, fmt.Errorf("reaperbench: count eligible: %w", err)
+	}
+	lsn, err := b.walLSN(ctx)
+	if err != nil {
+		return StandbyRow{}, err
+	}
+	var res *reaper.Result
+	var samples []LagSample
+	during, err := b.workload(ctx, func(ctx context.Context) error {
+		sctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var serr error
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			samples, serr = b.sampleLag(sctx)
+		}()
+		var err error
+		res, err = svc.RunOnce(ctx)
+		stop()
+		wg.Wait()
+		if err != nil {
+			return err
+		}
+		return serr
+	})
+	if err != nil {
+		return StandbyRow{}, fmt.Errorf("reaperbench: %s: %w", name, err)
+	}
+	row := StandbyRow{Name: name, Eligible: eligible, Deleted: res.Deleted, Duration: res.Duration, KeysPerSec: float64(res.Deleted) / res.Duration.Seconds(),
+		Before: newLatency(before), During: newLatency(during), Throttled: res.Throttled, ThrottleReason: res.ThrottleReason,
+		Complete: res.Complete, StopReason: res.StopReason}
+	row.P99Ratio = float64(row.During.P99) / float64(row.Before.P99)
+	if row.WALBytes, err = b.walSince(ctx, lsn); err != nil {
+		return StandbyRow{}, err
+	}
+	var over1s, over64 int
+	for _, x := range samples {
+		row.LagMax = max(row.LagMax, x.Lag)
+		row.LagMaxBytes = max(row.LagMaxBytes, x.Bytes)
+		if x.Lag > time.Second {
+			over1s++
+		}
+		if x.Bytes > 64<<20 {
+			over64++
+		}
+	}
+	if n := len(samples); n > 0 {
+		row.LagOver1s, row.LagOver64MB = float64(over1s)/float64(n), float64(over64)/float64(n)
+		step := max(n/12, 1)
+		for i := 0; i < n; i += step {
+			row.Timeline = append(row.Timeline, samples[i])
+		}
+	}
+	b.logf("%s: %s", name, row.line())
+	return row, nil
+}
+
+// standbyCaughtUp waits (polling, bounded) until the standby has replayed
+// everything the primary wrote.
+func (b *bench) standbyCaughtUp(ctx context.Context) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var behind int64
+		err := b.pool.QueryRow(ctx, `SELECT COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), -1)::int8 FROM pg_stat_replication WHERE state = 'streaming'`).Scan(&behind)
+		if err != nil {
+			return fmt.Errorf("reaperbench: standby position: %w", err)
+		}
+		if behind == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("reaperbench: the standby is still %d bytes behind after 5 minutes", behind)
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// sampleLag reads the standby's lag every lagEvery until ctx ends.
+func (b *bench) sampleLag(ctx context.Context) ([]LagSample, error) {
+	start := time.Now()
+	var out []LagSample
+	tick := time.NewTicker(lagEvery)
+	defer tick.Stop()
+	for {
+		var x LagSample
+		var secs float64
+		err := b.pool.QueryRow(ctx, `
+SELECT COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), 0)::int8,
+       COALESCE(EXTRACT(epoch FROM max(replay_lag)), 0)::float8
+FROM pg_stat_replication WHERE state <> 'backup'`).Scan(&x.Bytes, &secs)
+		if err != nil {
+			if ctx.Err() != nil {
+				return out, nil
+			}
+			return out, fmt.Errorf("sample the standby's lag: %w", err)
+		}
+		x.At, x.Lag = time.Since(start), time.Duration(secs*float64(time.Second))
+		out = append(out, x)
+		select {
+		case <-ctx.Done():
+			return out, nil
+		case <-tick.C:
+		}
+	}
+}
+
+// medianProbe is the median of the throttle's probe commits, one every
+// 50 ms for window: what commit_latency measures meanwhile.
+func medianProbe(ctx context.Context, pool *pgxpool.Pool, window time.Duration) (time.Duration, error) {
+	var ds []time.Duration
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(window); len(ds) == 0 || time.Now().Before(end); {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-tick.C:
+		}
+		d, err := throttle.ProbeCommit(ctx, pool)
+		if err != nil {
+			return 0, fmt.Errorf("reaperbench: probe: %w", err)
+		}
+		ds = append(ds, d)
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], nil
+}
+
+func (r StandbyRow) line() string {
+	done := ""
+	if !r.Complete {
+		done = " INCOMPLETE (" + r.StopReason + ")"
+	}
+	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL; inserts before: %s; during: %s; p99 %.2fx; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s",
+		r.Deleted, r.Duration.Round(time.Millisecond), r.KeysPerSec, done, mb(r.WALBytes), r.Before, r.During, r.P99Ratio,
+		r.LagMax.Round(time.Millisecond), float64(r.LagMaxBytes)/1e6, 100*r.LagOver1s, 100*r.LagOver64MB, r.Throttled.Round(time.Millisecond), r.ThrottleReason)
+}
+
+// String renders the report for docs/benchmarks/reaper.md.
+func (r *StandbyReport) String() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "reaper with a streaming standby: %d keys, %d past retention, %d inserts/s; probe commit under the inserts alone %s (ceiling %s)\n\n",
+		r.Keys, r.PastRetention, r.InsertRate, r.ProbeCommit.Round(time.Microsecond), r.CommitLimit)
+	for _, row := range r.Rows {
+		fmt.Fprintf(&sb, "%s\n  %s\n  lag over time (s: lag, MB behind):", row.Name, row.line())
+		for _, x := range row.Timeline {
+			fmt.Fprintf(&sb, " %.1f: %s, %.1f;", x.At.Seconds(), x.Lag.Round(time.Millisecond), float64(x.Bytes)/1e6)
+		}
+		sb.WriteString("\n")
+	}
+	if len(r.Rows) > 1 && r.Rows[0].KeysPerSec > 0 {
+		fmt.Fprintf(&sb, "\nvs the default without throttle:")
+		for _, row := range r.Rows[1:] {
+			fmt.Fprintf(&sb, "\n  %s: keys/s %.2fx, insert p99 ratio %.2fx vs %.2fx", row.Name, row.KeysPerSec/r.Rows[0].KeysPerSec, row.P99Ratio, r.Rows[0].P99Ratio)
+		}
+		sb.WriteString("\n")
+	}
+	return sb.String()
+}

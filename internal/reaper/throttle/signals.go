@@ -1,0 +1,228 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Querier runs the primary's read queries: a pool or a connection.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Replica is a standby the primary cannot report on (a cascading replica,
+// one behind a proxy) read directly: --replica-url.
+type Replica struct {
+	// Name is the replica's host and port, for logs (never the URL: it may
+	// carry a password).
+	Name string
+	Pool *pgxpool.Pool
+}
+
+// Reader reads the signals (Signals) from the database. One run owns one:
+// the WAL rate is the difference from its previous reading.
+type Reader struct {
+	Primary  Querier
+	Replicas []Replica
+	// ProbeCommit: measure a writing transaction's COMMIT (a limit on
+	// commit_latency is set). Without it no probe transaction runs.
+	ProbeCommit bool
+	// WatchReplicas: a replica limit is set, so replicas the role cannot
+	// see are an error (ErrHiddenReplicas) rather than ignored.
+	WatchReplicas bool
+	// Timeout bounds each reading, so a replica that does not answer makes
+	// the run wait (signal_error) rather than hang.
+	Timeout time.Duration
+
+	prevLSN uint64
+	prevAt  time.Time
+}
+
+// primarySQL reads the replicas the primary streams to, in one statement
+// on pg_stat_replication: the worst replay lag (replay_lag, PostgreSQL's
+// own measure of the time from a WAL record's flush on the primary to its
+// replay) and the worst distance in bytes from the primary's WAL position
+// to a replica's replay position, and that position itself for the WAL
+// rate. A role without pg_read_all_stats sees only the walsenders' pids,
+// every other column NULL: hidden counts them, so the run says what is
+// missing rather than believe there is no lag. Walsenders of a base backup
+// are not replicas.
+const primarySQL = `
+SELECT count(*) FILTER (WHERE state IS NULL),
+       count(*) FILTER (WHERE state <> 'backup'),
+       COALESCE(EXTRACT(epoch FROM max(replay_lag) FILTER (WHERE state <> 'backup')), 0)::float8,
+       COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)) FILTER (WHERE state <> 'backup'), 0)::int8,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8
+FROM pg_stat_replication`
+
+// replicaSQL reads a standby's replay position and lag. A standby that has
+// replayed everything it received is not behind, however old its last
+// replayed transaction is (an idle primary writes none); otherwise its lag
+// is the age of the last transaction it replayed, which keeps growing
+// while its replay is stopped.
+const replicaSQL = `
+SELECT pg_is_in_recovery(),
+       CASE WHEN pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn() THEN 0
+            ELSE COALESCE(EXTRACT(epoch FROM now() - pg_last_xact_replay_timestamp()), 0) END::float8,
+       COALESCE(pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0'), 0)::int8`
+
+// ErrHiddenReplicas: the role cannot see the replicas' positions.
+var ErrHiddenReplicas = errors.New("pg_stat_replication hides the replicas' positions from this role: " +
+	"GRANT pg_read_all_stats TO the reaper's role (deploy/sql/roles.sql does), or set --max-lag 0 and --max-lag-bytes 0 to reap without watching replicas")
+
+// Read reads every signal. A signal that cannot be read is returned in
+// Signals.Err with what was read; the caller waits rather than reap blind.
+func (r *Reader) Read(ctx context.Context) Signals {
+	timeout := r.Timeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var s Signals
+	var hidden, seen int64
+	var lagSeconds float64
+	var lsn int64
+	err := r.Primary.QueryRow(ctx, primarySQL).Scan(&hidden, &seen, &lagSeconds, &s.LagBytes, &lsn)
+	if err != nil {
+		s.Err = fmt.Errorf("read pg_stat_replication: %w", err)
+		return s
+	}
+	now := time.Now()
+	s.Replicas = int(seen)
+	s.Lag = seconds(lagSeconds)
+	if !r.prevAt.IsZero() && uint64(lsn) >= r.prevLSN {
+		if dt := now.Sub(r.prevAt).Seconds(); dt > 0 {
+			s.WALRate, s.HasWALRate = float64(uint64(lsn)-r.prevLSN)/dt, true
+		}
+	}
+	r.prevLSN, r.prevAt = uint64(lsn), now
+	if hidden > 0 && r.WatchReplicas {
+		s.Err = ErrHiddenReplicas
+		return s
+	}
+	for _, rep := range r.Replicas {
+		var standby bool
+		var lag float64
+		var replayed int64
+		if err := rep.Pool.QueryRow(ctx, replicaSQL).Scan(&standby, &lag, &replayed); err != nil {
+			s.Err = fmt.Errorf("read replica %s: %w", rep.Name, err)
+			return s
+		}
+		if !standby {
+			s.Err = fmt.Errorf("replica %s is not in recovery (a promoted standby, or a primary): --replica-url names standbys only", rep.Name)
+			return s
+		}
+		s.Replicas++
+		s.Lag = max(s.Lag, seconds(lag))
+		if behind := lsn - replayed; replayed > 0 && behind > s.LagBytes {
+			s.LagBytes = behind
+		}
+	}
+	if r.ProbeCommit {
+		if s.CommitLatency, err = probeCommit(ctx, r.Primary); err != nil {
+			s.Err = err
+		}
+	}
+	return s
+}
+
+// ProbeCommit times the COMMIT of a transaction that wrote WAL, so its
+// commit waits for the WAL flush (and for the synchronous standbys, if any)
+// like every API transaction that wrote a key: it queues behind the same
+// flushes, the reaper's among them, which is what the API's commits feel.
+// Its one WAL record is a transactional logical message
+// (pg_logical_emit_message, open to every role): a commit that wrote no
+// WAL, such as one that only took a transaction id, would not wait for
+// any flush, and measure nothing. It writes no row; logical decoding
+// clients receive the message (prefix idemd-reaper-probe) and pgoutput
+// ignores it unless asked for messages. The time includes one round trip
+// to the server, which a ceiling must allow for. pg_stat_statements was not
+// used: it is not always installed, and its times are averages since its
+// last reset, not the wait now.
+func ProbeCommit(ctx context.Context, db Querier) (time.Duration, error) { return probeCommit(ctx, db) }
+
+func probeCommit(ctx context.Context, db Querier) (time.Duration, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("commit probe: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	var lsn string
+	if err := tx.QueryRow(ctx, "SELECT pg_logical_emit_message(true, 'idemd-reaper-probe', '')::text").Scan(&lsn); err != nil {
+		return 0, fmt.Errorf("commit probe: %w", err)
+	}
+	start := time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("commit probe: commit: %w", err)
+	}
+	return time.Since(start), nil
+}
+
+// roundProbeEvery is the pace of the probes while a round runs: a default
+// batch lasts a few hundred milliseconds, so it gets several.
+const roundProbeEvery = 20 * time.Millisecond
+
+// ProbeRound probes the commit latency while the reaper's round of batches
+// runs, on its own pooled connection, until the returned function is
+// called; that function returns the probes' median (0 when none
+// finished: the first always finishes unless it fails). It is what the
+// API's commits wait for because of the reaper's own WAL, which a probe
+// between rounds, after the batches' flushes, cannot see. The median, not
+// the slowest: the slowest of a round's handful of probes is over a
+// ceiling of a few times the quiet commit whenever the machine stalls,
+// reaper or not, and judged by it the run waited most of its time without
+// bettering the API's tail (docs/benchmarks/reaper.md).
+func (r *Reader) ProbeRound(ctx context.Context) func() time.Duration {
+	if !r.ProbeCommit {
+		return func() time.Duration { return 0 }
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan []time.Duration, 1)
+	go func() {
+		var ds []time.Duration
+		t := time.NewTicker(roundProbeEvery)
+		defer t.Stop()
+		for first := true; ; first = false {
+			// The first probe is finished even when the round ends before
+			// it (a round that found nothing): the result is never of none.
+			pctx := ctx
+			if first {
+				pctx = context.WithoutCancel(ctx)
+			}
+			if d, err := probeCommit(pctx, r.Primary); err == nil {
+				ds = append(ds, d)
+			}
+			select {
+			case <-ctx.Done():
+				done <- ds
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() time.Duration {
+		cancel()
+		ds := <-done
+		if len(ds) == 0 {
+			return 0
+		}
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// ReplicaName is a replica's host and port, for logs: never its URL, which
+// may carry a password.
+func ReplicaName(host string, port uint16) string {
+	return fmt.Sprintf("%s:%d", host, port)
+}
