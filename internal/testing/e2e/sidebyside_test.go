@@ -24,6 +24,7 @@ import (
 	"github.com/idemd/idemd/internal/completer"
 	"github.com/idemd/idemd/internal/enqueuer"
 	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/reaper"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/e2e/alertcheck"
 	"github.com/idemd/idemd/internal/testing/e2e/overlap"
@@ -367,11 +368,11 @@ func (s *sideBySide) upgrade(ctx context.Context) {
 		}
 	}
 	s.waitReady(ctx, s.cur.All()...)
-	// Each current daemon but the completer would have been ready on the
-	// previous schema too: its floor is at most the previous release's
-	// newest migration, so a replica that starts before the migrate Job
-	// ends is not stuck. The completer needs 00019 (CHANGELOG: it is not
-	// ready until migrate has run, which is why it starts after it here).
+	// Each current daemon's floor is the previous release's newest
+	// migration or older, but for those the CHANGELOG names: the
+	// completer needs 00019, the enqueuer 00021 and the reaper 00030, and
+	// each is not ready until migrate has run (the completer and the
+	// reaper start after it here; the enqueuer above showed it).
 	for _, p := range s.cur.All() {
 		floor := s.gauge(ctx, p, "idemd_schema_version", "binary_oldest")
 		want := floor >= 1 && floor <= float64(s.prevSchema)
@@ -380,10 +381,12 @@ func (s *sideBySide) upgrade(ctx context.Context) {
 			want = floor == completer.OldestSchema
 		case slices.Contains(s.cur.Enqueuers, p):
 			want = floor == enqueuer.OldestSchema
+		case p == s.cur.Reaper:
+			want = floor == reaper.OldestSchema
 		}
 		if !want {
-			t.Errorf("%s: schema floor %v, want 1..%d (the completer: %d, the enqueuer: %d, as the CHANGELOG says)",
-				p.Name, floor, s.prevSchema, completer.OldestSchema, enqueuer.OldestSchema)
+			t.Errorf("%s: schema floor %v, want 1..%d (the completer: %d, the enqueuer: %d, the reaper: %d, as the CHANGELOG says)",
+				p.Name, floor, s.prevSchema, completer.OldestSchema, enqueuer.OldestSchema, reaper.OldestSchema)
 		}
 	}
 	s.logf("current enqueuer, completer and reaper beside the previous ones")
