@@ -23,7 +23,7 @@
 // statement-level trigger on staged_jobs sends it at commit, with the
 // lowest id the statement inserted; listen.go) on the one replica that
 // is the drainer (the others stand by; drainer.go) and by the sweep, which
-// every PollInterval looks for rows no notification told it about
+// every SweepInterval looks for rows no notification told it about
 // (sweep.go); both run beside the loop, with the backlog gauges
 // (backlog.go). The decisions are pure functions beside the
 // I/O: where a drain starts and the sweep's low-water mark (floor.go),
@@ -217,7 +217,7 @@ func New(cfg Config) (*Service, error) {
 		Name:       "enqueuer",
 		Logger:     cfg.Logger,
 		Ready:      cfg.Ready,
-		MaxPassAge: func() time.Duration { return max(3*cfg.PollInterval, 30*time.Second) },
+		MaxPassAge: func() time.Duration { return max(3*cfg.SweepInterval, 30*time.Second) },
 		Pass:       s.pass,
 		Next:       s.nextPass,
 		Retry:      passRetry,
@@ -248,7 +248,7 @@ type loopState struct {
 
 // Start runs the enqueuer in the background until Stop or until ctx ends:
 // a full pass at once, then a pass whenever a notification or the sweep
-// wakes the loop, and every --poll-interval (a backoff after a failed
+// wakes the loop, and every --sweep-interval (a backoff after a failed
 // pass, then a full pass). The listener, the sweep and the backlog gauges
 // run beside the loop. Either stop request lets the current batch commit.
 func (s *Service) Start(ctx context.Context) error { return s.skel.Start(ctx) }
@@ -281,14 +281,14 @@ func (s *Service) loopStopped(context.Context) {
 }
 
 // nextPass is how long the loop waits for a wake-up after a successful
-// pass: --poll-interval (a pass then takes whatever the floor holds; the
+// pass: --sweep-interval (a pass then takes whatever the floor holds; the
 // sweep beside the loop wakes it as soon as it finds rows), or the poll's
 // wait while the drainer polls (poll.go).
 func (s *Service) nextPass(*Result) time.Duration {
 	if s.loop.poll.polling {
 		return s.loop.poll.wait
 	}
-	return s.cfg.PollInterval
+	return s.cfg.SweepInterval
 }
 
 // trigger asks the loop for a full pass: a drain from the start of

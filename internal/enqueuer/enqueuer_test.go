@@ -299,7 +299,7 @@ func TestExactlyOnceWithConcurrentWritersAndReplicas(t *testing.T) {
 	var services []*Service
 	for range 3 {
 		// A long poll interval: the services must be woken by NOTIFY.
-		s := newService(t, pool, func(s *Settings) { s.BatchSize, s.PollInterval = 1000, time.Hour })
+		s := newService(t, pool, func(s *Settings) { s.BatchSize, s.SweepInterval = 1000, time.Hour })
 		if err := s.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -382,7 +382,7 @@ func TestExactlyOnceWithConcurrentWritersAndReplicas(t *testing.T) {
 func TestWakesOnNotifyWithoutPolling(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, func(s *Settings) { s.PollInterval = time.Hour })
+	s := newService(t, pool, func(s *Settings) { s.SweepInterval = time.Hour })
 	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -424,7 +424,7 @@ func TestSurvivesTerminatedConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer svcPool.Close()
-	s := newService(t, svcPool, func(s *Settings) { s.BatchSize, s.PollInterval = 200, 50*time.Millisecond })
+	s := newService(t, svcPool, func(s *Settings) { s.BatchSize, s.SweepInterval = 200, 50*time.Millisecond })
 	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -529,7 +529,7 @@ func TestStopFinishesTheCurrentBatch(t *testing.T) {
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', '{}' FROM generate_series(1, 20000)`); err != nil {
 		t.Fatal(err)
 	}
-	s := newService(t, pool, func(s *Settings) { s.BatchSize, s.PollInterval = 500, time.Hour })
+	s := newService(t, pool, func(s *Settings) { s.BatchSize, s.SweepInterval = 500, time.Hour })
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -566,8 +566,8 @@ func TestNewChecksTheSettings(t *testing.T) {
 		{func(s *Settings) { s.BatchSize = 0 }, "--batch-size must be between 1 and 100000, got 0"},
 		{func(s *Settings) { s.BatchSize = 1_000_000 }, "--batch-size must be between 1 and 100000, got 1000000"},
 		{func(s *Settings) { s.Workers = 0 }, "--workers must be between 1 and 64, got 0"},
-		{func(s *Settings) { s.PollInterval = -time.Second }, "--poll-interval must be positive"},
-		{func(s *Settings) { s.PollInterval = 0 }, "--poll-interval must be positive"},
+		{func(s *Settings) { s.SweepInterval = -time.Second }, "--sweep-interval must be positive"},
+		{func(s *Settings) { s.SweepInterval = 0 }, "--sweep-interval must be positive"},
 		{func(s *Settings) { s.MaxArgsBytes = 0 }, "--max-args-bytes must be positive"},
 		{func(s *Settings) { s.StatsInterval = 0 }, "--stats-interval must be positive"},
 		{func(s *Settings) { s.ListenerCheckInterval = 0 }, "--listener-check-interval must be positive"},
