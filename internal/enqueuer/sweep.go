@@ -80,7 +80,7 @@ func (s *Service) sweep(ctx context.Context, regular bool) error {
 		return err
 	}
 	if low == nil {
-		s.skel.MarkReady(time.Now())
+		s.MarkReady(time.Now())
 		return nil
 	}
 	if s.hooks.sweepMarkOnly {

@@ -63,3 +63,76 @@ func TestServicesAreBuiltOnTheSkeleton(t *testing.T) {
 		}
 	}
 }
+
+// Every service embeds the Skeleton (as River's services embed
+// BaseStartStop), so its Start, Stop and RunOnce are the Skeleton's and
+// mean the same for all: no service declares them itself.
+func TestServicesEmbedTheSkeleton(t *testing.T) {
+	for _, svc := range services {
+		files, err := filepath.Glob(filepath.Join("..", svc, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		embeds := false
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			file, err := parser.ParseFile(token.NewFileSet(), f, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range file.Decls {
+				switch d := d.(type) {
+				case *ast.GenDecl:
+					for _, spec := range d.Specs {
+						ts, ok := spec.(*ast.TypeSpec)
+						if !ok || ts.Name.Name != "Service" {
+							continue
+						}
+						st, ok := ts.Type.(*ast.StructType)
+						if !ok {
+							continue
+						}
+						for _, field := range st.Fields.List {
+							if len(field.Names) == 0 && isSkeleton(field.Type) {
+								embeds = true
+							}
+						}
+					}
+				case *ast.FuncDecl:
+					if d.Recv == nil || len(d.Recv.List) != 1 {
+						continue
+					}
+					recv := d.Recv.List[0].Type
+					if star, ok := recv.(*ast.StarExpr); ok {
+						recv = star.X
+					}
+					if id, ok := recv.(*ast.Ident); ok && id.Name == "Service" {
+						switch d.Name.Name {
+						case "Start", "Stop", "RunOnce", "runOnce":
+							t.Errorf("%s: Service declares %s; it is the embedded Skeleton's", f, d.Name.Name)
+						}
+					}
+				}
+			}
+		}
+		if !embeds {
+			t.Errorf("%s: Service does not embed lifecycle.Skeleton", svc)
+		}
+	}
+}
+
+// isSkeleton reports whether a field's type is lifecycle.Skeleton[...].
+func isSkeleton(e ast.Expr) bool {
+	idx, ok := e.(*ast.IndexExpr)
+	if !ok {
+		return false
+	}
+	sel, ok := idx.X.(*ast.SelectorExpr)
+	if !ok {
+		return false
+	}
+	x, ok := sel.X.(*ast.Ident)
+	return ok && x.Name == "lifecycle" && sel.Sel.Name == "Skeleton"
+}
