@@ -30,7 +30,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/idemd/idemd/internal/lifecycle"
-	"github.com/idemd/idemd/internal/testing/testsignal"
+	"github.com/idemd/idemd/internal/lifecycle/testsignal"
 )
 
 // FlaggedBy is recorded in idempotency_key_reviews.flagged_by.
@@ -158,7 +158,7 @@ type Service struct {
 }
 
 // testSignals tell tests that the completer reached a point; tests only
-// wait on them (internal/testing/testsignal). Free in production.
+// wait on them (internal/lifecycle/testsignal). Free in production.
 type testSignals struct {
 	breakerOpened testsignal.Signal[struct{}] // the breaker opened (or re-opened)
 }

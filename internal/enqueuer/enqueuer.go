@@ -46,7 +46,7 @@ import (
 
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
-	"github.com/idemd/idemd/internal/testing/testsignal"
+	"github.com/idemd/idemd/internal/lifecycle/testsignal"
 )
 
 // NotifyChannel is the channel the staged_jobs trigger notifies.
@@ -150,7 +150,7 @@ type Service struct {
 }
 
 // testSignals tell tests that the enqueuer reached a point; tests only
-// wait on them (internal/testing/testsignal). Free in production.
+// wait on them (internal/lifecycle/testsignal). Free in production.
 type testSignals struct {
 	listenerUp          testsignal.Signal[struct{}] // the listener is the drainer and its first self-check came back: notifications arrive and wake it
 	listenerChecked     testsignal.Signal[int]      // a self-check came back (its sequence number on this connection)

@@ -32,9 +32,9 @@ import (
 
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/lifecycle/testsignal"
 	"github.com/idemd/idemd/internal/reaper/throttle"
 	"github.com/idemd/idemd/internal/review"
-	"github.com/idemd/idemd/internal/testing/testsignal"
 )
 
 // Result is what one run did. Counts are of committed work: a batch that
@@ -158,7 +158,7 @@ type Service struct {
 }
 
 // testSignals tell tests that a run reached a point; tests only wait on
-// them (internal/testing/testsignal). Free in production.
+// them (internal/lifecycle/testsignal). Free in production.
 type testSignals struct {
 	passed  testsignal.Signal[*Result]           // a scheduled run ended
 	next    testsignal.Signal[time.Duration]     // the schedule's wait before the next run
