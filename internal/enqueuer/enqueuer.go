@@ -168,6 +168,10 @@ type testHooks struct {
 	// drainStarted sees every drain's spec before it starts: tests look
 	// at the drains after a given moment (those a notification caused).
 	drainStarted func(drainSpec)
+	// drainStop sees every drain's stop: a test that must act only once
+	// a stop is requested waits on its Done (a signal carries values, not
+	// the moment a channel closes).
+	drainStop func(lifecycle.Stop)
 	// dropNotification, when it returns true, loses a staged_jobs
 	// notification: the listener asks the test which one.
 	dropNotification func(payload string) bool
@@ -404,6 +408,9 @@ func endPass(window time.Duration, taken int) bool {
 func (s *Service) drain(ctx context.Context, stop lifecycle.Stop, spec drainSpec) (*Result, error) {
 	if s.hooks.drainStarted != nil {
 		s.hooks.drainStarted(spec)
+	}
+	if s.hooks.drainStop != nil {
+		s.hooks.drainStop(stop)
 	}
 	total := &Result{}
 	cur := &cursor{next: spec.from}
