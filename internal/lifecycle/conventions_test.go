@@ -136,3 +136,81 @@ func isSkeleton(e ast.Expr) bool {
 	x, ok := sel.X.(*ast.Ident)
 	return ok && x.Name == "lifecycle" && sel.Sel.Name == "Skeleton"
 }
+
+// A batch never sees the pass's Result (docs/architecture.md): runBatch,
+// and every function of the service it calls, takes no *Result; the pass
+// adds what a batch returns in one place. (The completer's runBatch
+// returns a Result of its own, for one batch, which the pass adds.)
+func TestBatchesNeverSeeThePassResult(t *testing.T) {
+	for _, svc := range services {
+		files, err := filepath.Glob(filepath.Join("..", svc, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		funcs := map[string]*ast.FuncDecl{} // the package's functions and Service's methods, by name
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			file, err := parser.ParseFile(token.NewFileSet(), f, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range file.Decls {
+				if fn, ok := d.(*ast.FuncDecl); ok && (fn.Recv == nil || receiverIs(fn, "Service")) {
+					funcs[fn.Name.Name] = fn
+				}
+			}
+		}
+		if funcs["runBatch"] == nil {
+			continue // dbstats: a pass of one unit, no batches
+		}
+		seen := map[string]bool{}
+		var visit func(name string)
+		visit = func(name string) {
+			fn := funcs[name]
+			if fn == nil || seen[name] {
+				return
+			}
+			seen[name] = true
+			for _, p := range fn.Type.Params.List {
+				if star, ok := p.Type.(*ast.StarExpr); ok {
+					if id, ok := star.X.(*ast.Ident); ok && id.Name == "Result" {
+						t.Errorf("%s: %s, below runBatch, takes the pass's *Result", svc, name)
+					}
+				}
+			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				switch f := call.Fun.(type) {
+				case *ast.Ident:
+					visit(f.Name)
+				case *ast.SelectorExpr:
+					if x, ok := f.X.(*ast.Ident); ok && x.Name == "s" {
+						visit(f.Sel.Name)
+					}
+				}
+				return true
+			})
+		}
+		visit("runBatch")
+		if len(seen) < 2 {
+			t.Errorf("%s: runBatch calls nothing of the service: the check would see nothing", svc)
+		}
+	}
+}
+
+func receiverIs(fn *ast.FuncDecl, name string) bool {
+	if len(fn.Recv.List) != 1 {
+		return false
+	}
+	typ := fn.Recv.List[0].Type
+	if star, ok := typ.(*ast.StarExpr); ok {
+		typ = star.X
+	}
+	id, ok := typ.(*ast.Ident)
+	return ok && id.Name == name
+}
