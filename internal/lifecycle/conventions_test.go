@@ -214,3 +214,54 @@ func receiverIs(fn *ast.FuncDecl, name string) bool {
 	id, ok := typ.(*ast.Ident)
 	return ok && id.Name == name
 }
+
+// Every service creates its collectors in metrics.go with
+// newMetrics(reg prometheus.Registerer) (*metrics, error), and has a
+// TestStartStopStress (docs/architecture.md).
+func TestServicesHaveMetricsAndAStressTest(t *testing.T) {
+	for _, svc := range services {
+		metrics, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", svc, "metrics.go"), nil, 0)
+		if err != nil {
+			t.Errorf("%s: metrics.go: %v", svc, err)
+			continue
+		}
+		ok := false
+		for _, d := range metrics.Decls {
+			fn, isFn := d.(*ast.FuncDecl)
+			if !isFn || fn.Recv != nil || fn.Name.Name != "newMetrics" || len(fn.Type.Params.List) != 1 || fn.Type.Results == nil || len(fn.Type.Results.List) != 2 {
+				continue
+			}
+			param, _ := fn.Type.Params.List[0].Type.(*ast.SelectorExpr)
+			res, _ := fn.Type.Results.List[0].Type.(*ast.StarExpr)
+			errType, _ := fn.Type.Results.List[1].Type.(*ast.Ident)
+			if param != nil && param.Sel.Name == "Registerer" && res != nil && errType != nil && errType.Name == "error" {
+				if id, isID := res.X.(*ast.Ident); isID && id.Name == "metrics" {
+					ok = true
+				}
+			}
+		}
+		if !ok {
+			t.Errorf("%s: metrics.go has no newMetrics(reg prometheus.Registerer) (*metrics, error)", svc)
+		}
+
+		tests, err := filepath.Glob(filepath.Join("..", svc, "*_test.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stress := false
+		for _, f := range tests {
+			file, err := parser.ParseFile(token.NewFileSet(), f, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range file.Decls {
+				if fn, isFn := d.(*ast.FuncDecl); isFn && fn.Recv == nil && fn.Name.Name == "TestStartStopStress" {
+					stress = true
+				}
+			}
+		}
+		if !stress {
+			t.Errorf("%s: no TestStartStopStress", svc)
+		}
+	}
+}
