@@ -16,7 +16,21 @@ var (
 	archQualified = regexp.MustCompile("`([a-z][a-z0-9]*)\\.([A-Za-z_][A-Za-z0-9_]*)")
 	// internal/... and cmd/... paths the page names.
 	archPath = regexp.MustCompile(`\b(?:internal|cmd)/[A-Za-z0-9_./-]*[A-Za-z0-9_]`)
+	archTest = regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9]*`)
+	testFunc = regexp.MustCompile(`(?m)^func (Test[A-Z][A-Za-z0-9]*)\(`)
 )
+
+// testSources are the repository's _test.go files' contents.
+func testSources(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for p, src := range goSources(t) {
+		if strings.HasSuffix(p, "_test.go") {
+			out = append(out, src)
+		}
+	}
+	return out
+}
 
 // TestArchitectureNamesExist: docs/architecture.md is a list of claims
 // about the code, and the names it gives as evidence must exist. Every
@@ -58,7 +72,20 @@ func TestArchitectureNamesExist(t *testing.T) {
 			t.Errorf("docs/architecture.md names %s.%s, which package %s does not declare", m[1], m[2], m[1])
 		}
 	}
-	if paths < 10 || checked < 10 {
+	// Every test the page cites as a rule's check exists.
+	tests := map[string]bool{}
+	for _, src := range testSources(t) {
+		for _, m := range testFunc.FindAllStringSubmatch(src, -1) {
+			tests[m[1]] = true
+		}
+	}
+	cited := archTest.FindAllString(text, -1)
+	for _, name := range cited {
+		if !tests[name] {
+			t.Errorf("docs/architecture.md cites %s, which no test file declares", name)
+		}
+	}
+	if paths < 10 || checked < 10 || len(cited) < 5 {
 		t.Fatalf("checked %d paths and %d qualified names: the patterns are broken", paths, checked)
 	}
 }
