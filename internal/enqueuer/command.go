@@ -147,13 +147,18 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 		return err
 	}
 	if c.Once {
-		// The pass logged its failure, if any.
+		// The pass logged its failure, if any. Its summary line is at
+		// debug level, for the loop's many passes; --once says at info
+		// what its one pass did, unless the pass's own line was written
+		// (rows moved, debug on): one line either way.
 		start := time.Now()
 		res, err := svc.RunOnce(ctx)
 		if err != nil {
 			return daemon.AlreadyLogged(err)
 		}
-		env.Logger.Info("drained", append(res.fields(), zap.Duration("duration", time.Since(start)))...)
+		if res.taken() == 0 || !env.Logger.Core().Enabled(zap.DebugLevel) {
+			env.Logger.Info("enqueuer pass", append(res.fields(), zap.Duration("duration", time.Since(start)))...)
+		}
 		return nil
 	}
 	env.Logger.Info("enqueuer started", zap.Int("batch_size", settings.BatchSize), zap.Duration("sweep_interval", settings.SweepInterval),
