@@ -265,3 +265,31 @@ func TestServicesHaveMetricsAndAStressTest(t *testing.T) {
 		}
 	}
 }
+
+// The services use the shared pieces, never each other
+// (docs/architecture.md, "Packages").
+func TestServicesNeverImportEachOther(t *testing.T) {
+	daemons := []string{"enqueuer", "completer", "reaper"}
+	for _, svc := range daemons {
+		files, err := filepath.Glob(filepath.Join("..", svc, "*.go"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("%s: no files (%v)", svc, err)
+		}
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			file, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range file.Imports {
+				for _, other := range daemons {
+					if other != svc && strings.Trim(imp.Path.Value, `"`) == "github.com/idemd/idemd/internal/"+other {
+						t.Errorf("%s imports internal/%s: services share pieces, never each other", f, other)
+					}
+				}
+			}
+		}
+	}
+}
