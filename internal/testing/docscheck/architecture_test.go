@@ -15,9 +15,10 @@ var (
 	// `pkg.Name` or `pkg.Name(...)`/`pkg.Name[T]` in code spans.
 	archQualified = regexp.MustCompile("`([a-z][a-z0-9]*)\\.([A-Za-z_][A-Za-z0-9_]*)")
 	// internal/... and cmd/... paths the page names.
-	archPath = regexp.MustCompile(`\b(?:internal|cmd)/[A-Za-z0-9_./-]*[A-Za-z0-9_]`)
-	archTest = regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9]*`)
-	testFunc = regexp.MustCompile(`(?m)^func (Test[A-Z][A-Za-z0-9]*)\(`)
+	archPath      = regexp.MustCompile(`\b(?:internal|cmd)/[A-Za-z0-9_./-]*[A-Za-z0-9_]`)
+	archShortPath = regexp.MustCompile("`([a-z]+/[a-z_]+\\.go)`")
+	archTest      = regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9]*`)
+	testFunc      = regexp.MustCompile(`(?m)^func (Test[A-Z][A-Za-z0-9]*)\(`)
 )
 
 // testSources are the repository's _test.go files' contents.
@@ -57,6 +58,14 @@ func TestArchitectureNamesExist(t *testing.T) {
 		paths++
 		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
 			t.Errorf("docs/architecture.md names %s, which is not in the tree", p)
+		}
+	}
+
+	// Short paths (`enqueuer/backlog.go`) are under internal/.
+	for _, m := range archShortPath.FindAllStringSubmatch(text, -1) {
+		paths++
+		if _, err := os.Stat(filepath.Join(root, "internal", m[1])); err != nil {
+			t.Errorf("docs/architecture.md names %s, which is not internal/%s", m[1], m[1])
 		}
 	}
 
