@@ -7,8 +7,9 @@
 //
 // The shape is docs/architecture.md's: New(Config) fills in a
 // lifecycle.Skeleton with the completer's pass (claim and process batches
-// until nothing is due right now) and when the next is due; Start, Stop
-// and runOnce (RunOnce, --once, what tests call) are the skeleton's. The
+// until nothing is due right now) and when the next is due; Service embeds the
+// skeleton, so Start, Stop and RunOnce (--once, and what tests call) are
+// the skeleton's own. The
 // decisions are pure functions beside the
 // I/O: the outcome of a replay (outcome.go), the circuit breaker
 // (breaker.go), the adaptive limit on replays in flight (congestion.go),
@@ -29,7 +30,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/idemd/idemd/internal/lifecycle"
-	"github.com/idemd/idemd/internal/testing/testsignal"
+	"github.com/idemd/idemd/internal/lifecycle/testsignal"
 )
 
 // FlaggedBy is recorded in idempotency_key_reviews.flagged_by.
@@ -115,6 +116,16 @@ func (r *Result) fields() []zap.Field {
 
 // Service is the completer.
 type Service struct {
+	// Skeleton gives the Service its Start (a pass at once, then one per
+	// --poll-interval, sooner when the breaker's cool-down ends first; a
+	// backoff after a failed pass), Stop (stop claiming, let the current
+	// batch finish until ctx's deadline, then abort what is left: those
+	// keys are released or their leases expire) and RunOnce (--once: claim
+	// and process batches until no key is due or the breaker is open; when
+	// ctx ends replays in flight are aborted and their keys released; the
+	// Result is never nil, even with an error).
+	lifecycle.Skeleton[*Result]
+
 	cfg     Config
 	pool    *pgxpool.Pool
 	log     *zap.Logger
@@ -143,12 +154,11 @@ type Service struct {
 	retries retrySchedule
 
 	mu        sync.Mutex
-	skel      lifecycle.Skeleton[*Result]
 	lastPrune time.Time
 }
 
 // testSignals tell tests that the completer reached a point; tests only
-// wait on them (internal/testing/testsignal). Free in production.
+// wait on them (internal/lifecycle/testsignal). Free in production.
 type testSignals struct {
 	breakerOpened testsignal.Signal[struct{}] // the breaker opened (or re-opened)
 }
@@ -195,7 +205,7 @@ func New(cfg Config) (*Service, error) {
 		now:     time.Now,
 		jitter:  rand.Int64N,
 	}
-	s.skel = lifecycle.Skeleton[*Result]{
+	s.Skeleton = lifecycle.Skeleton[*Result]{
 		Name:   "completer",
 		Logger: cfg.Logger,
 		Ready:  cfg.Ready,
@@ -247,28 +257,6 @@ func (s *Service) breakerChanged(from, to BreakerState) {
 	s.log.Info("circuit breaker state changed", zap.Stringer("from", from), zap.Stringer("to", to))
 }
 
-// Start runs passes in the background until Stop or until ctx ends: one at
-// once, then one per --poll-interval (sooner when the breaker's cool-down
-// ends first; a backoff from --poll-interval after a failed pass). Either
-// stop request lets the current batch finish; only Stop's deadline aborts
-// in-flight replays.
-func (s *Service) Start(ctx context.Context) error { return s.skel.Start(ctx) }
-
-// Stop stops claiming, lets the current batch finish until ctx's deadline,
-// then aborts what is left (those keys are released, or their leases
-// simply expire) and returns when nothing of the completer runs.
-func (s *Service) Stop(ctx context.Context) error { return s.skel.Stop(ctx) }
-
-// RunOnce is one pass (--once): claim and process batches until no key is
-// due right now or the breaker is open. When ctx ends (SIGTERM) replays in
-// flight are aborted and their keys released. The Result is never nil,
-// even with an error, so the keys already processed are counted.
-func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
-	return s.runOnce(ctx)
-}
-
-func (s *Service) runOnce(ctx context.Context) (*Result, error) { return s.skel.RunOnce(ctx) }
-
 // pass is one pass: prune idemd_unfinished_keys (at most once per poll
 // interval) and read the low-water mark the walks start at (startWalks,
 // mark.go; a one-shot pass reads it from the start of the index: it has
@@ -293,7 +281,7 @@ func (s *Service) runBatches(ctx context.Context, stop lifecycle.Stop, res *Resu
 		}
 		// Draining a backlog at --rate can take longer than /readyz
 		// allows a pass.
-		s.skel.MarkReady(time.Now())
+		s.MarkReady(time.Now())
 		if !passGoesOn(b, s.cfg.BatchSize, s.breaker.State() == BreakerOpen) {
 			return nil
 		}

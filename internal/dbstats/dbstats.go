@@ -96,11 +96,18 @@ type Result struct {
 
 // Service is the exporter.
 type Service struct {
+	// Skeleton gives the Service its Start (a pass now, then every
+	// --db-stats-interval until Stop or ctx ends), Stop (the current pass
+	// finishes until ctx's deadline, the lease is released for another
+	// replica's next pass; on return nothing of the exporter runs) and
+	// RunOnce (one pass: take or renew the lease, read the stats if it is
+	// ours).
+	lifecycle.Skeleton[*Result]
+
 	cfg     Config
 	logger  *zap.Logger
 	holder  string
 	metrics *metrics
-	skel    lifecycle.Skeleton[*Result]
 
 	// pinnedNow replaces the database's now() in the River query; tests
 	// use it for exact ages. Production leaves it nil.
@@ -130,7 +137,7 @@ func New(cfg Config) (*Service, error) {
 		holder: lease.Holder(LeaseName), metrics: m,
 		known: map[string]bool{},
 	}
-	s.skel = lifecycle.Skeleton[*Result]{
+	s.Skeleton = lifecycle.Skeleton[*Result]{
 		Name:   "db-stats",
 		Logger: s.logger,
 		Pass:   s.pass,
@@ -148,21 +155,6 @@ func New(cfg Config) (*Service, error) {
 	}
 	return s, nil
 }
-
-// Start runs a pass now and then every --db-stats-interval until Stop or
-// until ctx ends.
-func (s *Service) Start(ctx context.Context) error { return s.skel.Start(ctx) }
-
-// Stop lets the current pass finish until ctx's deadline, releases the
-// lease (another replica takes it at its next pass) and returns when
-// nothing of the exporter runs.
-func (s *Service) Stop(ctx context.Context) error { return s.skel.Stop(ctx) }
-
-// RunOnce does one pass: take or renew the lease, and read the stats if it
-// is ours.
-func (s *Service) RunOnce(ctx context.Context) (*Result, error) { return s.runOnce(ctx) }
-
-func (s *Service) runOnce(ctx context.Context) (*Result, error) { return s.skel.RunOnce(ctx) }
 
 // pass is one pass: the lease, then the stats when it is ours. A pass has
 // one unit, so it has no stop to look at.

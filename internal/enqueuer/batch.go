@@ -71,7 +71,7 @@ func (s *Service) runBatch(ctx context.Context, cur *cursor, spec drainSpec) (*b
 	}
 	// Every committed batch is progress: a drain of a huge backlog must not
 	// look stale to /readyz while it is working.
-	s.skel.MarkReady(time.Now())
+	s.MarkReady(time.Now())
 	return res, nil
 }
 

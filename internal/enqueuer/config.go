@@ -27,20 +27,20 @@ const listenerApplicationName = "idemd-enqueuer-listener"
 // Settings are the operator-facing knobs. The command parses them from
 // flags (each has an IDEMD_ environment variable through kong's
 // DefaultEnvars); their defaults are DefaultSettings. Zero is a value, and
-// for every number here but --wake-coalesce and --polling-interval (0: off) a refused one: there
-// is no "0 means the default".
+// for every number here but --wake-coalesce and --busy-poll-interval (0:
+// off) a refused one: there is no "0 means the default".
 type Settings struct {
-	BatchSize       int           `name:"batch-size" default:"${batch_size}" help:"Most staged rows moved per transaction."`
-	Workers         int           `name:"workers" default:"${workers}" help:"Batches moved at once while draining, each on its own connection."`
-	PollInterval    time.Duration `name:"poll-interval" default:"${poll_interval}" help:"How often the sweep looks for staged rows no notification reported (the only wake-up with --poll-only; notifications are the normal wake-up)."`
-	AllowedKinds    []string      `name:"allowed-kinds" sep:"," help:"Comma-separated job kinds to accept; others are dead-lettered. Empty accepts any kind."`
-	MaxArgsBytes    int           `name:"max-args-bytes" default:"${max_args_bytes}" help:"Dead-letter staged rows whose job_args exceed this many bytes."`
-	StatsInterval   time.Duration `name:"stats-interval" default:"${stats_interval}" help:"How often the backlog gauges are refreshed."`
-	PollingInterval time.Duration `name:"polling-interval" default:"${polling_interval}" help:"Under a stream of commits (20 notifications a second or more) the drainer stops being notified and polls staged_jobs this often instead (backing off to 50ms while polls come back empty), so the API's commits skip their NOTIFY, which would make them wait for one another's WAL flush; it goes back to notifications when the stream ebbs. 0 turns polling off: every commit notifies."`
-	WakeCoalesce    time.Duration `name:"wake-coalesce" default:"${wake_coalesce}" help:"Under a stream of commits (50 a second or more), start a pass no sooner than this after the previous one (when it took few rows) or once 4 notifications wait, so one pass moves the rows of several; below that rate a commit is moved at once. 0 turns it off."`
+	BatchSize        int           `name:"batch-size" default:"${batch_size}" help:"Most staged rows moved per transaction."`
+	Workers          int           `name:"workers" default:"${workers}" help:"Batches moved at once while draining, each on its own connection."`
+	SweepInterval    time.Duration `name:"sweep-interval" default:"${sweep_interval}" help:"How often the sweep looks for staged rows no notification reported (the only wake-up with --poll-only; notifications are the normal wake-up)."`
+	AllowedKinds     []string      `name:"allowed-kinds" sep:"," help:"Comma-separated job kinds to accept; others are dead-lettered. Empty accepts any kind."`
+	MaxArgsBytes     int           `name:"max-args-bytes" default:"${max_args_bytes}" help:"Dead-letter staged rows whose job_args exceed this many bytes."`
+	StatsInterval    time.Duration `name:"stats-interval" default:"${stats_interval}" help:"How often the backlog gauges are refreshed."`
+	BusyPollInterval time.Duration `name:"busy-poll-interval" default:"${busy_poll_interval}" help:"Under a stream of commits (20 notifications a second or more) the drainer stops being notified and polls staged_jobs this often instead (backing off to 50ms while polls come back empty), so the API's commits skip their NOTIFY, which would make them wait for one another's WAL flush; it goes back to notifications when the stream ebbs. 0 turns polling off: every commit notifies."`
+	WakeCoalesce     time.Duration `name:"wake-coalesce" default:"${wake_coalesce}" help:"Under a stream of commits (50 a second or more), start a pass no sooner than this after the previous one (when it took few rows) or once 4 notifications wait, so one pass moves the rows of several; below that rate a commit is moved at once. 0 turns it off."`
 
-	ListenDatabaseURL     string        `name:"listen-database-url" help:"Connection URL for LISTEN only: a direct or session-mode URL when --database-url goes through a transaction-mode pooler. Empty: the --database-url connection (with --pooler transaction, no listening: wake every --poll-interval)."`
-	PollOnly              bool          `name:"poll-only" help:"Do not LISTEN; wake every --poll-interval. For setups where no connection can LISTEN."`
+	ListenDatabaseURL     string        `name:"listen-database-url" help:"Connection URL for LISTEN only: a direct or session-mode URL when --database-url goes through a transaction-mode pooler. Empty: the --database-url connection (with --pooler transaction, no listening: wake every --sweep-interval)."`
+	PollOnly              bool          `name:"poll-only" help:"Do not LISTEN; wake every --sweep-interval. For setups where no connection can LISTEN."`
 	ListenerCheckInterval time.Duration `name:"listener-check-interval" default:"${listener_check_interval}" help:"How often the listener sends itself a NOTIFY through the pool to prove notifications arrive; one that does not come back within --listener-check-timeout marks the listener down and reconnects it."`
 	ListenerCheckTimeout  time.Duration `name:"listener-check-timeout" default:"${listener_check_timeout}" help:"How long the listener waits for its own NOTIFY before it counts as deaf and reconnects."`
 }
@@ -53,7 +53,7 @@ func DefaultSettings() Settings {
 	return Settings{
 		BatchSize:     5000,
 		Workers:       2,
-		PollInterval:  2 * time.Second,
+		SweepInterval: 2 * time.Second,
 		MaxArgsBytes:  256 << 10,
 		StatsInterval: 5 * time.Second,
 		// Wake-up coalescing (coalesce.go): at most this much added
@@ -66,7 +66,7 @@ func DefaultSettings() Settings {
 		// commit-to-River p99 at 1,000 jobs/s 5.4 against 7.5 ms, for
 		// about as many move transactions as the coalesced notifications
 		// ran (docs/benchmarks/enqueuer.md).
-		PollingInterval: 3 * time.Millisecond,
+		BusyPollInterval: 3 * time.Millisecond,
 		// The listener's self-check: frequent enough that a deaf listener
 		// is found within a scrape or two, rare enough to cost nothing.
 		ListenerCheckInterval: 30 * time.Second,
@@ -91,7 +91,7 @@ func (s *Settings) Check() []string {
 			p = append(p, name+" must be positive")
 		}
 	}
-	pos("--poll-interval", s.PollInterval)
+	pos("--sweep-interval", s.SweepInterval)
 	if s.MaxArgsBytes < 1 {
 		p = append(p, "--max-args-bytes must be positive")
 	}
@@ -99,8 +99,8 @@ func (s *Settings) Check() []string {
 	if s.WakeCoalesce < 0 || s.WakeCoalesce > maxWakeCoalesce {
 		p = append(p, fmt.Sprintf("--wake-coalesce must be between 0 and %s, got %s", maxWakeCoalesce, s.WakeCoalesce))
 	}
-	if s.PollingInterval < 0 || s.PollingInterval > maxPollingInterval {
-		p = append(p, fmt.Sprintf("--polling-interval must be between 0 and %s, got %s", maxPollingInterval, s.PollingInterval))
+	if s.BusyPollInterval < 0 || s.BusyPollInterval > maxBusyPollInterval {
+		p = append(p, fmt.Sprintf("--busy-poll-interval must be between 0 and %s, got %s", maxBusyPollInterval, s.BusyPollInterval))
 	}
 	pos("--listener-check-interval", s.ListenerCheckInterval)
 	pos("--listener-check-timeout", s.ListenerCheckTimeout)
@@ -131,7 +131,7 @@ type Config struct {
 	Registry prometheus.Registerer // nil: metrics are not registered
 	// Ready, when set, is marked after every committed batch and by a sweep
 	// that finds nothing staged, so /readyz reflects a stuck loop; Start
-	// sets how old that may be from --poll-interval.
+	// sets how old that may be from --sweep-interval.
 	Ready *opshttp.Readiness
 }
 

@@ -15,7 +15,7 @@ import (
 // replicas answered 0.72× the requests of the API inserting into River
 // itself where one replica answered 0.98× (docs/benchmarks/load.md). So
 // exactly one replica, the drainer, listens and drains when notified; the
-// others stand by, not listening, and sweep every --poll-interval as
+// others stand by, not listening, and sweep every --sweep-interval as
 // before (moving whatever the drainer leaves, as a poll-only replica
 // would).
 //
@@ -39,7 +39,7 @@ import (
 // one session means the drainer is always a replica that hears
 // notifications. No drainer while replicas stand by (the lock held by a
 // session no running replica owns) is the degraded mode: jobs then move
-// only by the sweep, within --poll-interval, and IdemdEnqueuerNoDrainer
+// only by the sweep, within --sweep-interval, and IdemdEnqueuerNoDrainer
 // fires.
 
 // drainerLockSQL waits for the drainer lock; drainerTryLockSQL takes it if
@@ -81,7 +81,7 @@ func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err 
 	}
 	s.metrics.standby.Set(1)
 	s.signals.standby.Signal(struct{}{})
-	s.logger.Info("standing by: another replica is the drainer; this one sweeps every --poll-interval and takes over when the drainer goes")
+	s.logger.Info("standing by: another replica is the drainer; this one sweeps every --sweep-interval and takes over when the drainer goes")
 	defer s.metrics.standby.Set(0)
 	if _, err := conn.Exec(ctx, drainerLockSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
 		return "", fmt.Errorf("enqueuer listen: wait for the drainer lock: %w", err)

@@ -44,7 +44,7 @@ func startReplicas(t *testing.T, pool *pgxpool.Pool, n int, change func(*Setting
 	var reps []*Service
 	for range n {
 		s := newService(t, pool, func(st *Settings) {
-			st.PollInterval = time.Hour
+			st.SweepInterval = time.Hour
 			if change != nil {
 				change(st)
 			}
@@ -150,7 +150,7 @@ WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_datab
 // polls, as before.
 func TestPollOnlyHasNoDrainer(t *testing.T) {
 	pool := dbtest.NewPool(t)
-	s := newService(t, pool, func(st *Settings) { st.PollOnly, st.PollInterval = true, 20*time.Millisecond })
+	s := newService(t, pool, func(st *Settings) { st.PollOnly, st.SweepInterval = true, 20*time.Millisecond })
 	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestPollOnlyHasNoDrainer(t *testing.T) {
 // Two enqueuer processes; the drainer is SIGKILLed. The kernel closes its
 // sockets, the server ends its session and releases the lock, and the
 // other process drains from then on: a row staged after the kill reaches
-// River by notification, with --poll-interval an hour.
+// River by notification, with --sweep-interval an hour.
 func TestSIGKILLedDrainerIsReplaced(t *testing.T) {
 	dbURL := dbtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dbURL)
@@ -184,7 +184,7 @@ func TestSIGKILLedDrainerIsReplaced(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(bin, "--http-addr="+addr, "--poll-interval=1h", "--log-format=console")
+		cmd := exec.Command(bin, "--http-addr="+addr, "--sweep-interval=1h", "--log-format=console")
 		cmd.Env = append(cleanEnv(), "DATABASE_URL="+dbURL)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -18,12 +18,12 @@
 // The shape is docs/architecture.md's: New(Config) fills in a
 // lifecycle.Skeleton with the enqueuer's pass (drain from wherever the
 // floor says rows are, until it says nothing more is due) and when the
-// next is due; Start, Stop and runOnce (RunOnce, --once, what tests call)
-// are the skeleton's. The loop is woken by LISTEN idemd_staged_jobs (a
+// next is due; Service embeds the skeleton, so Start, Stop and RunOnce
+// (--once, and what tests call) are the skeleton's own. The loop is woken by LISTEN idemd_staged_jobs (a
 // statement-level trigger on staged_jobs sends it at commit, with the
 // lowest id the statement inserted; listen.go) on the one replica that
 // is the drainer (the others stand by; drainer.go) and by the sweep, which
-// every PollInterval looks for rows no notification told it about
+// every SweepInterval looks for rows no notification told it about
 // (sweep.go); both run beside the loop, with the backlog gauges
 // (backlog.go). The decisions are pure functions beside the
 // I/O: where a drain starts and the sweep's low-water mark (floor.go),
@@ -46,7 +46,7 @@ import (
 
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
-	"github.com/idemd/idemd/internal/testing/testsignal"
+	"github.com/idemd/idemd/internal/lifecycle/testsignal"
 )
 
 // NotifyChannel is the channel the staged_jobs trigger notifies.
@@ -90,6 +90,16 @@ func (r *Result) fields() []zap.Field {
 
 // Service is the enqueuer.
 type Service struct {
+	// Skeleton gives the Service its Start (a full pass at once, then a
+	// pass whenever a notification or the sweep wakes the loop, and every
+	// --sweep-interval; a backoff after a failed pass, then a full pass;
+	// the listener, the sweep and the backlog gauges beside the loop),
+	// Stop (the current batch commits; past ctx's end it is abandoned and
+	// rolls back, nothing is lost) and RunOnce (--once: drain until a full
+	// pass takes nothing; when ctx ends the batch in progress rolls back
+	// whole; the Result is never nil, even with an error).
+	lifecycle.Skeleton[*Result]
+
 	cfg       Config
 	pool      *pgxpool.Pool
 	listenCfg *pgx.ConnConfig // the listener's connection (config.go)
@@ -129,7 +139,6 @@ type Service struct {
 	markWanted       atomic.Bool // the drainer would poll once the sweep has a low-water mark
 	pollingErrLogged sync.Once
 
-	skel lifecycle.Skeleton[*Result]
 	// listenFailures counts the listener's failed connections since it
 	// last heard (its loop logs the first of an outage as a warning).
 	listenFailures int
@@ -141,7 +150,7 @@ type Service struct {
 }
 
 // testSignals tell tests that the enqueuer reached a point; tests only
-// wait on them (internal/testing/testsignal). Free in production.
+// wait on them (internal/lifecycle/testsignal). Free in production.
 type testSignals struct {
 	listenerUp          testsignal.Signal[struct{}] // the listener is the drainer and its first self-check came back: notifications arrive and wake it
 	listenerChecked     testsignal.Signal[int]      // a self-check came back (its sequence number on this connection)
@@ -159,6 +168,10 @@ type testHooks struct {
 	// drainStarted sees every drain's spec before it starts: tests look
 	// at the drains after a given moment (those a notification caused).
 	drainStarted func(drainSpec)
+	// drainStop sees every drain's stop: a test that must act only once
+	// a stop is requested waits on its Done (a signal carries values, not
+	// the moment a channel closes).
+	drainStop func(lifecycle.Stop)
 	// dropNotification, when it returns true, loses a staged_jobs
 	// notification: the listener asks the test which one.
 	dropNotification func(payload string) bool
@@ -213,11 +226,11 @@ func New(cfg Config) (*Service, error) {
 	if cfg.PollOnly {
 		s.metrics.pollOnly.Set(1)
 	}
-	s.skel = lifecycle.Skeleton[*Result]{
+	s.Skeleton = lifecycle.Skeleton[*Result]{
 		Name:       "enqueuer",
 		Logger:     cfg.Logger,
 		Ready:      cfg.Ready,
-		MaxPassAge: func() time.Duration { return max(3*cfg.PollInterval, 30*time.Second) },
+		MaxPassAge: func() time.Duration { return max(3*cfg.SweepInterval, 30*time.Second) },
 		Pass:       s.pass,
 		Next:       s.nextPass,
 		Retry:      passRetry,
@@ -246,18 +259,6 @@ type loopState struct {
 	handoff bool // the pass after a handoff: polling ends with it
 }
 
-// Start runs the enqueuer in the background until Stop or until ctx ends:
-// a full pass at once, then a pass whenever a notification or the sweep
-// wakes the loop, and every --poll-interval (a backoff after a failed
-// pass, then a full pass). The listener, the sweep and the backlog gauges
-// run beside the loop. Either stop request lets the current batch commit.
-func (s *Service) Start(ctx context.Context) error { return s.skel.Start(ctx) }
-
-// Stop lets the current batch finish and stops; if ctx ends first, the
-// batch is abandoned (its transaction rolls back: nothing is lost). It
-// returns when nothing of the enqueuer runs any more.
-func (s *Service) Stop(ctx context.Context) error { return s.skel.Stop(ctx) }
-
 // besideLoop is what runs beside the main loop: the listener (not with
 // --poll-only), the sweep and the backlog gauges. They have nothing to
 // finish, so they are cancelled as soon as the main loop has let its
@@ -281,14 +282,14 @@ func (s *Service) loopStopped(context.Context) {
 }
 
 // nextPass is how long the loop waits for a wake-up after a successful
-// pass: --poll-interval (a pass then takes whatever the floor holds; the
+// pass: --sweep-interval (a pass then takes whatever the floor holds; the
 // sweep beside the loop wakes it as soon as it finds rows), or the poll's
 // wait while the drainer polls (poll.go).
 func (s *Service) nextPass(*Result) time.Duration {
 	if s.loop.poll.polling {
 		return s.loop.poll.wait
 	}
-	return s.cfg.PollInterval
+	return s.cfg.SweepInterval
 }
 
 // trigger asks the loop for a full pass: a drain from the start of
@@ -311,25 +312,15 @@ func (s *Service) signal(cause string) {
 	}
 }
 
-// RunOnce is --once: it drains staged_jobs until a full pass (batches
-// from the start of the table until one comes back short) takes nothing.
-// A pass moves past rows another transaction holds locked; the next takes
-// those it has released meanwhile (a killed enqueuer's batch, rolled back
-// once the server notices). When ctx ends (SIGTERM) the batch in progress
-// rolls back whole. The Result is never nil, even with an error, so the
-// committed batches are counted.
-func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
-	return s.runOnce(ctx)
-}
-
-func (s *Service) runOnce(ctx context.Context) (*Result, error) { return s.skel.RunOnce(ctx) }
-
 // pass is one pass. Run alone (one-shot), nothing says where rows are, so
 // everything staged is due: it asks the floor for full passes until one
 // takes nothing. In the loop it first waits for company (coalesce.go) or,
 // while polling, drains from the low-water mark (poll.go), and after the
 // drain steers polling. A failed pass makes the next one a full pass: the
-// failed drain's rows may lie anywhere from its floor on.
+// failed drain's rows may lie anywhere from its floor on. A pass moves
+// past rows another transaction holds locked; the next takes those it has
+// released meanwhile (a killed enqueuer's batch, rolled back once the
+// server notices).
 func (s *Service) pass(ctx context.Context, stop lifecycle.Stop) (*Result, error) {
 	if stop.OneShot() {
 		s.floor.lowerUntilEmpty()
@@ -417,6 +408,9 @@ func endPass(window time.Duration, taken int) bool {
 func (s *Service) drain(ctx context.Context, stop lifecycle.Stop, spec drainSpec) (*Result, error) {
 	if s.hooks.drainStarted != nil {
 		s.hooks.drainStarted(spec)
+	}
+	if s.hooks.drainStop != nil {
+		s.hooks.drainStop(stop)
 	}
 	total := &Result{}
 	cur := &cursor{next: spec.from}

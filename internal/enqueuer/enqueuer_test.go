@@ -19,6 +19,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/lifecycle/testsignal"
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/testwait"
@@ -299,7 +301,7 @@ func TestExactlyOnceWithConcurrentWritersAndReplicas(t *testing.T) {
 	var services []*Service
 	for range 3 {
 		// A long poll interval: the services must be woken by NOTIFY.
-		s := newService(t, pool, func(s *Settings) { s.BatchSize, s.PollInterval = 1000, time.Hour })
+		s := newService(t, pool, func(s *Settings) { s.BatchSize, s.SweepInterval = 1000, time.Hour })
 		if err := s.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -382,7 +384,7 @@ func TestExactlyOnceWithConcurrentWritersAndReplicas(t *testing.T) {
 func TestWakesOnNotifyWithoutPolling(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, func(s *Settings) { s.PollInterval = time.Hour })
+	s := newService(t, pool, func(s *Settings) { s.SweepInterval = time.Hour })
 	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -424,7 +426,7 @@ func TestSurvivesTerminatedConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer svcPool.Close()
-	s := newService(t, svcPool, func(s *Settings) { s.BatchSize, s.PollInterval = 200, 50*time.Millisecond })
+	s := newService(t, svcPool, func(s *Settings) { s.BatchSize, s.SweepInterval = 200, 50*time.Millisecond })
 	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -523,32 +525,80 @@ func TestRiverWorkerWorksMovedJobs(t *testing.T) {
 	})
 }
 
+// Stop lets the batch in flight when it is called commit: the batch is
+// held on the server (a lock on river_job blocks its insert) until the
+// stop has been requested, and after Stop returns its rows are in River.
+// A Stop that cancelled the batch would leave River empty: no batch could
+// commit before it.
 func TestStopFinishesTheCurrentBatch(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', '{}' FROM generate_series(1, 20000)`); err != nil {
+	const total, batch = 20000, 500
+	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) SELECT 'k', '{}' FROM generate_series(1, $1)`, total); err != nil {
 		t.Fatal(err)
 	}
-	s := newService(t, pool, func(s *Settings) { s.BatchSize, s.PollInterval = 500, time.Hour })
+	hold, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(ctx) //nolint:errcheck
+	// Reads of river_job go on; the move's insert waits.
+	if _, err := hold.Exec(ctx, `LOCK TABLE river_job IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	s := newService(t, pool, func(s *Settings) { s.BatchSize, s.SweepInterval = batch, time.Hour })
+	stops := make(chan lifecycle.Stop, 1)
+	s.hooks.drainStop = func(st lifecycle.Stop) {
+		select {
+		case stops <- st:
+		default:
+		}
+	}
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, 2*time.Minute, "some progress", func() bool { return testutil.ToFloat64(s.metrics.moved) > 0 })
-	if err := s.Stop(ctx); err != nil {
+	var stop lifecycle.Stop
+	select {
+	case stop = <-stops:
+	case <-time.After(testsignal.Timeout):
+		t.Fatal("no drain started")
+	}
+	testwait.Until(t, 2*time.Minute, "the batch waits for river_job's lock", func() bool {
+		return count(t, pool, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'river_job'::regclass`) > 0
+	})
+
+	stopCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Stop(stopCtx) }()
+	select {
+	case <-stop.Done():
+	case <-time.After(testsignal.Timeout):
+		t.Fatal("Stop did not request the stop")
+	}
+	// The stop is requested while the batch is in flight; let it go on.
+	if err := hold.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Whatever moved, moved whole: staged + River == 20000 and the moved
-	// count is a whole number of batches.
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+
 	inRiver := count(t, pool, "SELECT count(*) FROM river_job")
 	left := count(t, pool, "SELECT count(*) FROM staged_jobs")
-	if inRiver+left != 20000 || inRiver%500 != 0 || inRiver != int64(testutil.ToFloat64(s.metrics.moved)) {
-		t.Fatalf("after stop: %d in River, %d staged", inRiver, left)
+	if inRiver < batch {
+		t.Fatalf("after Stop, %d jobs in River: the batch in flight when Stop was called did not commit", inRiver)
+	}
+	// Whatever moved, moved whole: a whole number of batches, nothing lost.
+	if inRiver+left != total || inRiver%batch != 0 || inRiver != int64(testutil.ToFloat64(s.metrics.moved)) {
+		t.Fatalf("after Stop: %d in River, %d staged, %v counted", inRiver, left, testutil.ToFloat64(s.metrics.moved))
 	}
 	// Started again, it finishes the job.
+	s.hooks.drainStop = nil
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Until(t, 2*time.Minute, "drain after restart", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 20000 })
+	testwait.Until(t, 2*time.Minute, "drain after restart", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == total })
 	if err := s.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -566,8 +616,8 @@ func TestNewChecksTheSettings(t *testing.T) {
 		{func(s *Settings) { s.BatchSize = 0 }, "--batch-size must be between 1 and 100000, got 0"},
 		{func(s *Settings) { s.BatchSize = 1_000_000 }, "--batch-size must be between 1 and 100000, got 1000000"},
 		{func(s *Settings) { s.Workers = 0 }, "--workers must be between 1 and 64, got 0"},
-		{func(s *Settings) { s.PollInterval = -time.Second }, "--poll-interval must be positive"},
-		{func(s *Settings) { s.PollInterval = 0 }, "--poll-interval must be positive"},
+		{func(s *Settings) { s.SweepInterval = -time.Second }, "--sweep-interval must be positive"},
+		{func(s *Settings) { s.SweepInterval = 0 }, "--sweep-interval must be positive"},
 		{func(s *Settings) { s.MaxArgsBytes = 0 }, "--max-args-bytes must be positive"},
 		{func(s *Settings) { s.StatsInterval = 0 }, "--stats-interval must be positive"},
 		{func(s *Settings) { s.ListenerCheckInterval = 0 }, "--listener-check-interval must be positive"},

@@ -40,7 +40,7 @@ import (
 //     while the listener was down (it begins after LISTEN is back, so
 //     anything committed later notifies again); a retry's finds the rows
 //     of the failed drain.
-//   - The sweep, every PollInterval on its own connection (sweep.go): a
+//   - The sweep, every SweepInterval on its own connection (sweep.go): a
 //     plain read of the lowest committed id (it sees rows other
 //     transactions hold locked, too). It lowers the floor to that id and
 //     wakes the loop. It covers everything a notification can miss while
@@ -48,7 +48,7 @@ import (
 //     drain skipped them) and then rolled back, a replica killed
 //     mid-batch, a notification lost for any other reason; and, with no
 //     listener (--poll-only, or a listener that is down), it is the only
-//     wake-up, so a row waits at most about one PollInterval, as before.
+//     wake-up, so a row waits at most about one SweepInterval, as before.
 //     The sweep reads from a low-water mark below which no row can exist
 //     or appear, so it too skips the dead entries; every
 //     lowwater.FullEvery-th sweep reads from the start of the index, off the move path (it holds
@@ -348,7 +348,7 @@ func (s *Service) gap(reason string, n int, fields ...zap.Field) {
 	}
 	s.metrics.notificationGaps.WithLabelValues(reason).Add(float64(n))
 	once := &s.gapLogged[0]
-	msg := "rows were moved that no notification had reported: a notification was lost, or another replica rolled back or died holding them; the sweep moves such rows within --poll-interval (logged once; idemd_enqueuer_notification_gaps_total{reason=\"swept\"} counts them)"
+	msg := "rows were moved that no notification had reported: a notification was lost, or another replica rolled back or died holding them; the sweep moves such rows within --sweep-interval (logged once; idemd_enqueuer_notification_gaps_total{reason=\"swept\"} counts them)"
 	if reason == GapNoFloor {
 		once = &s.gapLogged[1]
 		msg = "a notification on idemd_staged_jobs carries no lowest id (is migration 00015 applied?): drains woken by such notifications start at the beginning of staged_jobs and slow down while old snapshots keep dead rows (logged once; idemd_enqueuer_notification_gaps_total{reason=\"notification_without_floor\"} counts them)"

@@ -312,7 +312,7 @@ func lateLowID(t *testing.T, pool *pgxpool.Pool) (int64, pgx.Tx) {
 func TestLateLowIDIsMovedByItsNotification(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, func(s *Settings) { s.PollInterval = time.Hour })
+	s := newService(t, pool, func(s *Settings) { s.SweepInterval = time.Hour })
 	drains := recordDrains(s)
 	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
@@ -350,7 +350,7 @@ func TestLateLowIDIsMovedByItsNotification(t *testing.T) {
 func TestLateLowIDIsMovedWithoutNotifications(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, func(s *Settings) { s.PollOnly, s.PollInterval = true, 50*time.Millisecond })
+	s := newService(t, pool, func(s *Settings) { s.PollOnly, s.SweepInterval = true, 50*time.Millisecond })
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +380,7 @@ func TestLateLowIDIsMovedWithoutNotifications(t *testing.T) {
 func TestLostNotificationIsSweptAndCounted(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, func(s *Settings) { s.PollInterval = 100 * time.Millisecond })
+	s := newService(t, pool, func(s *Settings) { s.SweepInterval = 100 * time.Millisecond })
 	var lost sync.Map // payloads to lose
 	s.hooks.dropNotification = func(p string) bool { _, ok := lost.Load(p); return ok }
 	s.signals.listenerUp.Init(t)
@@ -450,7 +450,7 @@ func TestRowsAnotherReplicaRolledBackAreSwept(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s := newService(t, pool, func(s *Settings) { s.PollInterval = 100 * time.Millisecond })
+	s := newService(t, pool, func(s *Settings) { s.SweepInterval = 100 * time.Millisecond })
 	s.signals.listenerUp.Init(t)
 	s.signals.swept.Init(t)
 	if err := s.Start(ctx); err != nil {
@@ -483,7 +483,7 @@ func TestRowsAnotherReplicaRolledBackAreSwept(t *testing.T) {
 func TestNotificationWithoutFloorIsAFullPass(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, func(s *Settings) { s.PollInterval = time.Hour })
+	s := newService(t, pool, func(s *Settings) { s.SweepInterval = time.Hour })
 	drains := recordDrains(s)
 	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {

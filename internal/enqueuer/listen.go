@@ -45,7 +45,7 @@ func (s *Service) listenLoop() lifecycle.Loop {
 			if s.listenFailures == 1 {
 				log = s.logger.Warn
 			}
-			log("listener lost; waking by polling until it is back", zap.Error(err), zap.Int("failed_attempts", s.listenFailures), zap.Duration("poll_interval", s.cfg.PollInterval))
+			log("listener lost; waking by polling until it is back", zap.Error(err), zap.Int("failed_attempts", s.listenFailures), zap.Duration("sweep_interval", s.cfg.SweepInterval))
 			if heard {
 				// A connection that worked ends the outage's backoff: the
 				// next attempt comes within the first retry's delay.
@@ -91,7 +91,7 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 	// (its snapshot is taken after LISTEN, so anything committed later
 	// notifies).
 	connected()
-	if s.cfg.PollingInterval > 0 {
+	if s.cfg.BusyPollInterval > 0 {
 		// The polling lock's session (poll.go) lives as long as this
 		// replica is the drainer.
 		if err := s.gate.open(ctx, s.listenCfg, s.listenAuth); err != nil {

@@ -12,11 +12,11 @@ import (
 	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
-// After a pass the loop waits --poll-interval for a wake-up, or the poll's
+// After a pass the loop waits --sweep-interval for a wake-up, or the poll's
 // wait while the drainer polls; after failed passes the skeleton backs off
 // from 200 ms up to 10 s.
 func TestNextPass(t *testing.T) {
-	s := &Service{cfg: Config{Settings: Settings{PollInterval: 2 * time.Second}}}
+	s := &Service{cfg: Config{Settings: Settings{SweepInterval: 2 * time.Second}}}
 	if d := s.nextPass(&Result{}); d != 2*time.Second {
 		t.Fatalf("after a pass: %s, want the poll interval", d)
 	}

@@ -104,7 +104,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_enqueuer_listener_up", Help: "1 while this replica is the drainer and notifications are known to arrive: the listener is connected, holds the drainer lock and its last self-NOTIFY round trip came back.",
 		}),
 		pollOnly: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "idemd_enqueuer_poll_only", Help: "1 when the enqueuer does not listen and wakes only every --poll-interval (--poll-only, or --pooler transaction without --listen-database-url).",
+			Name: "idemd_enqueuer_poll_only", Help: "1 when the enqueuer does not listen and wakes only every --sweep-interval (--poll-only, or --pooler transaction without --listen-database-url).",
 		}),
 		listenerCheckFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemd_enqueuer_listener_check_failures_total", Help: "Self-NOTIFY round trips that did not reach the listener in time (it then reconnects).",
@@ -115,17 +115,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "idemd_enqueuer_sweep_duration_seconds",
-			Help:    "Duration of the sweep's probe for the lowest staged id, every --poll-interval; it grows with the dead rows old snapshots keep in staged_jobs, off the move path.",
+			Help:    "Duration of the sweep's probe for the lowest staged id, every --sweep-interval; it grows with the dead rows old snapshots keep in staged_jobs, off the move path.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		standby: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "idemd_enqueuer_standby", Help: "1 while this replica stands by: another replica is the drainer (listens and drains when notified); this one does not listen, sweeps every --poll-interval and waits to take over.",
+			Name: "idemd_enqueuer_standby", Help: "1 while this replica stands by: another replica is the drainer (listens and drains when notified); this one does not listen, sweeps every --sweep-interval and waits to take over.",
 		}),
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemd_enqueuer_drainer_takeovers_total", Help: "Times this replica stopped standing by and became the drainer because the previous drainer's session ended.",
 		}),
 		polling: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "idemd_enqueuer_polling", Help: "1 while this replica, the drainer, polls staged_jobs every --polling-interval under a stream of commits instead of being notified (the API's commits then skip their NOTIFY).",
+			Name: "idemd_enqueuer_polling", Help: "1 while this replica, the drainer, polls staged_jobs every --busy-poll-interval under a stream of commits instead of being notified (the API's commits then skip their NOTIFY).",
 		}),
 		pollingStarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemd_enqueuer_polling_starts_total", Help: "Times the drainer started polling under a stream of commits.",

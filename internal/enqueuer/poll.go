@@ -22,7 +22,7 @@ import (
 // and holds it until its commit record is flushed, so commits that notify
 // cannot share a WAL flush: an API whose every request stages a job would
 // commit at the rate of one flush at a time, whatever its client count. So
-// while commits stream in (--polling-interval, from pollStartRate
+// while commits stream in (--busy-poll-interval, from pollStartRate
 // notifications a second) the drainer polls staged_jobs instead, and the
 // API's commits skip their notification. The staged_jobs trigger
 // (migration 00018) decides at commit with two advisory locks keyed on the
@@ -76,7 +76,7 @@ const pollStartRate = 20.0
 const pollStopRate = 5.0
 
 // maxPollBackoff: while polls come back empty the drainer doubles its wait
-// between them, from --polling-interval up to this, so a stream that ebbs
+// between them, from --busy-poll-interval up to this, so a stream that ebbs
 // costs no more passes than rows; one that takes a row resets it.
 const maxPollBackoff = 50 * time.Millisecond
 
@@ -92,8 +92,8 @@ const handoffTimeout = 100 * time.Millisecond
 // so it must follow the moves closely.
 const pollingSweepInterval = 50 * time.Millisecond
 
-// maxPollingInterval bounds --polling-interval.
-const maxPollingInterval = time.Second
+// maxBusyPollInterval bounds --busy-poll-interval.
+const maxBusyPollInterval = time.Second
 
 // pollAction is what the drainer does about polling after a pass.
 type pollAction int
@@ -135,7 +135,7 @@ type pollState struct {
 }
 
 // nextPollWait is the wait before the next poll after one that took taken
-// rows: --polling-interval after a poll that took rows, otherwise the last
+// rows: --busy-poll-interval after a poll that took rows, otherwise the last
 // wait doubled, at most maxPollBackoff (and never less than interval).
 func nextPollWait(last, interval time.Duration, taken int) time.Duration {
 	if taken > 0 || last < interval {
@@ -339,10 +339,10 @@ func (g *gate) release(ctx context.Context, pool *pgxpool.Pool, held uint64) (ok
 func (s *Service) steerPolling(ctx context.Context, p *pollState, taken int, now time.Time) (handedOff bool) {
 	p.rowRate = decayedRate(p.rowRate, p.last, now, float64(taken))
 	p.last = now
-	p.wait = nextPollWait(p.wait, s.cfg.PollingInterval, taken)
+	p.wait = nextPollWait(p.wait, s.cfg.BusyPollInterval, taken)
 	gen := s.gate.current()
 	notifyRate := s.floor.rate(now)
-	if gen == 0 && s.cfg.PollingInterval > 0 && s.listening.Load() && notifyRate >= pollStartRate {
+	if gen == 0 && s.cfg.BusyPollInterval > 0 && s.listening.Load() && notifyRate >= pollStartRate {
 		// The gate's session could not be opened with the listener's:
 		// every commit notifies meanwhile, so keep trying (and counting).
 		if err := s.gate.reopen(ctx, now); err != nil {
@@ -357,8 +357,8 @@ func (s *Service) steerPolling(ctx context.Context, p *pollState, taken int, now
 	hasMark := s.lw.mark.Load() != fullPass
 	// Would poll but has no mark: the sweep establishes one at its polling
 	// cadence (two sweeps).
-	s.markWanted.Store(!p.polling && !hasMark && nextPollAction(false, listening, s.cfg.PollingInterval, notifyRate, 0) == pollStart)
-	switch nextPollAction(p.polling, listening && hasMark, s.cfg.PollingInterval, notifyRate, p.rowRate) {
+	s.markWanted.Store(!p.polling && !hasMark && nextPollAction(false, listening, s.cfg.BusyPollInterval, notifyRate, 0) == pollStart)
+	switch nextPollAction(p.polling, listening && hasMark, s.cfg.BusyPollInterval, notifyRate, p.rowRate) {
 	case pollStart:
 		p.polling = true
 		// The notifications' rate is the rows' until polls measure them.

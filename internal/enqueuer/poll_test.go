@@ -48,7 +48,7 @@ func TestNextPollAction(t *testing.T) {
 }
 
 // nextPollWait, without a database: a poll that took rows is followed
-// after --polling-interval; empty ones back off to maxPollBackoff.
+// after --busy-poll-interval; empty ones back off to maxPollBackoff.
 func TestNextPollWait(t *testing.T) {
 	const iv = 5 * time.Millisecond
 	w := nextPollWait(0, iv, 0)
@@ -336,7 +336,7 @@ func streamPool(t *testing.T, setup func(migrator *pgxpool.Pool)) *pgxpool.Pool 
 func streamsLoseNothing(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	s := newService(t, pool, func(s *Settings) { s.PollInterval = 20 * time.Millisecond })
+	s := newService(t, pool, func(s *Settings) { s.SweepInterval = 20 * time.Millisecond })
 	s.hooks.sweepMarkOnly = true
 	s.signals.polling.Init(t)
 	s.signals.listenerUp.Init(t)

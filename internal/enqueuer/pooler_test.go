@@ -37,7 +37,7 @@ func TestDeafListenerIsDetected(t *testing.T) {
 	pool, b, db, _ := pooledPool(t)
 	ctx := context.Background()
 	s := newService(t, pool, func(s *Settings) {
-		s.PollInterval, s.ListenDatabaseURL = 200*time.Millisecond, b.URL(db, "postgres")
+		s.SweepInterval, s.ListenDatabaseURL = 200*time.Millisecond, b.URL(db, "postgres")
 		s.ListenerCheckInterval, s.ListenerCheckTimeout = 100*time.Millisecond, 300*time.Millisecond
 	})
 	s.signals.listenerCheckFailed.Init(t)
@@ -68,7 +68,7 @@ func TestDeafListenerIsDetected(t *testing.T) {
 func TestListenOnDirectURLBehindPooler(t *testing.T) {
 	pool, b, db, dbURL := pooledPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, func(s *Settings) { s.PollInterval, s.ListenDatabaseURL = time.Hour, dbURL })
+	s := newService(t, pool, func(s *Settings) { s.SweepInterval, s.ListenDatabaseURL = time.Hour, dbURL })
 	s.signals.listenerUp.Init(t)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestListenOnDirectURLBehindPooler(t *testing.T) {
 func TestPollOnlyGauge(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
-	s := newService(t, pool, func(s *Settings) { s.PollOnly, s.PollInterval = true, 100*time.Millisecond })
+	s := newService(t, pool, func(s *Settings) { s.PollOnly, s.SweepInterval = true, 100*time.Millisecond })
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

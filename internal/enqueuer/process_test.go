@@ -44,7 +44,7 @@ func TestSIGKILLDuringDrainLosesAndDuplicatesNothing(t *testing.T) {
 		if before == total {
 			break
 		}
-		cmd := exec.Command(bin, "--http-addr=", "--batch-size=1000", "--poll-interval=100ms", "--log-format=console")
+		cmd := exec.Command(bin, "--http-addr=", "--batch-size=1000", "--sweep-interval=100ms", "--log-format=console")
 		cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
 		var logs bytes.Buffer
 		cmd.Stderr = &logs
@@ -101,9 +101,9 @@ func TestBadConfigExitsTwoListingEveryProblem(t *testing.T) {
 		want []string
 	}{
 		{"missing database url", nil, nil, []string{"--database-url (or DATABASE_URL) is required"}},
-		{"everything wrong at once", []string{"--poll-interval=soon", "--batch-size=0", "--stats-interval=-1s", "--max-args-bytes=lots"}, nil,
-			[]string{"--poll-interval", "--batch-size must be between 1 and 100000", "--stats-interval must be positive", "--max-args-bytes", "--database-url"}},
-		{"bad env duration", nil, []string{"IDEMD_POLL_INTERVAL=never", "DATABASE_URL=postgres://x@127.0.0.1/x"}, []string{"--poll-interval"}},
+		{"everything wrong at once", []string{"--sweep-interval=soon", "--batch-size=0", "--stats-interval=-1s", "--max-args-bytes=lots"}, nil,
+			[]string{"--sweep-interval", "--batch-size must be between 1 and 100000", "--stats-interval must be positive", "--max-args-bytes", "--database-url"}},
+		{"bad env duration", nil, []string{"IDEMD_SWEEP_INTERVAL=never", "DATABASE_URL=postgres://x@127.0.0.1/x"}, []string{"--sweep-interval"}},
 		{"unknown flag", []string{"--batchsize=10"}, []string{"DATABASE_URL=postgres://x@127.0.0.1/x"}, []string{"unknown flag --batchsize"}},
 		{"bad log format", []string{"--log-format=xml"}, []string{"DATABASE_URL=postgres://x@127.0.0.1/x"}, []string{"--log-format"}},
 	}

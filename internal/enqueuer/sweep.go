@@ -13,7 +13,7 @@ import (
 	"github.com/idemd/idemd/internal/lowwater"
 )
 
-// The sweep, every PollInterval, finds the lowest committed staged id with
+// The sweep, every SweepInterval, finds the lowest committed staged id with
 // a plain read (no lock taken, rows other transactions hold locked
 // included) and has the loop drain from there (floor.go). It is the poll of
 // --poll-only and the safety net under notifications.
@@ -28,22 +28,22 @@ type lowWater struct {
 	// mark is state.mark, published for the stats loop.
 	mark  atomic.Int64
 	state markState // only the sweep reads and writes it
-	// reads counts the regular sweeps (those PollInterval apart), which
+	// reads counts the regular sweeps (those SweepInterval apart), which
 	// decide the full ones.
 	reads lowwater.Reads
 }
 
-// sweepLoop runs the sweep every PollInterval, and every
+// sweepLoop runs the sweep every SweepInterval, and every
 // pollingSweepInterval while the drainer polls or would poll but has no
 // low-water mark yet (poll.go: each poll drains from the mark, so the mark
-// must follow the moves closely). Only the sweeps PollInterval apart count
+// must follow the moves closely). Only the sweeps SweepInterval apart count
 // towards the full ones.
 func (s *Service) sweepLoop() lifecycle.Loop {
 	lastRegular := time.Now()
 	return lifecycle.Loop{
-		First: s.cfg.PollInterval,
+		First: s.cfg.SweepInterval,
 		Pass: func(ctx context.Context) error {
-			regular := time.Since(lastRegular) >= s.cfg.PollInterval
+			regular := time.Since(lastRegular) >= s.cfg.SweepInterval
 			if regular {
 				lastRegular = time.Now()
 			}
@@ -57,9 +57,9 @@ func (s *Service) sweepLoop() lifecycle.Loop {
 			if s.polling.Load() || s.markWanted.Load() && s.lw.mark.Load() == fullPass {
 				// Polling, or the drainer would poll but has no mark yet
 				// (it takes two sweeps).
-				return min(s.cfg.PollInterval, pollingSweepInterval)
+				return min(s.cfg.SweepInterval, pollingSweepInterval)
 			}
-			return s.cfg.PollInterval
+			return s.cfg.SweepInterval
 		},
 	}
 }
@@ -80,7 +80,7 @@ func (s *Service) sweep(ctx context.Context, regular bool) error {
 		return err
 	}
 	if low == nil {
-		s.skel.MarkReady(time.Now())
+		s.MarkReady(time.Now())
 		return nil
 	}
 	if s.hooks.sweepMarkOnly {

@@ -18,7 +18,9 @@ import (
 // Start, Stop and RunOnce, the main loop and the loops beside it,
 // readiness, the backoff after a failed pass and the pass's summary line.
 // A service fills in what is its own (its pass, when the next one is due,
-// how old a pass may be) in New and forwards its Start, Stop and runOnce.
+// how old a pass may be) in New, and embeds the Skeleton (as River's
+// services embed BaseStartStop), so Start, Stop and RunOnce are the
+// Skeleton's own: one meaning of each for every service.
 type Skeleton[R any] struct {
 	// Name prefixes the Runner's errors.
 	Name   string
@@ -48,6 +50,10 @@ type Skeleton[R any] struct {
 	// Finally, optional, runs once the main loop and the loops beside it
 	// have stopped: what the service gives back (a lease, a lock's state).
 	Finally func(ctx context.Context)
+	// CanStart, optional, is asked first by Start: a service that can
+	// only run once in some configuration (the reaper without --schedule)
+	// refuses Start with its error.
+	CanStart func() error
 	// ReadyAfter, optional, says whether a successful pass proves the
 	// service works (a pass that read nothing proves nothing).
 	ReadyAfter func(last R) bool
@@ -76,6 +82,11 @@ type Skeleton[R any] struct {
 func (k *Skeleton[R]) Start(ctx context.Context) error {
 	if err := k.check(true); err != nil {
 		return err
+	}
+	if k.CanStart != nil {
+		if err := k.CanStart(); err != nil {
+			return err
+		}
 	}
 	k.setup.Do(func() {
 		k.runner.Name = k.Name

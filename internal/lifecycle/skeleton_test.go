@@ -169,3 +169,27 @@ func TestSkeletonChecksRequiredCallbacks(t *testing.T) {
 		t.Fatalf("RunOnce: %v, want the missing Summarize named (RunOnce needs no Next)", err)
 	}
 }
+
+// A service that cannot run on a loop in its configuration (the reaper
+// without --schedule) refuses Start with CanStart's error, before any
+// pass; RunOnce still runs.
+func TestSkeletonCanStartRefusesStart(t *testing.T) {
+	stops := make(chan Stop, 1)
+	k, _ := skeletonFor(t, []error{nil}, stops)
+	refusal := errors.New("svc: needs a schedule")
+	k.CanStart = func() error { return refusal }
+	if err := k.Start(context.Background()); !errors.Is(err, refusal) {
+		t.Fatalf("Start = %v, want %v", err, refusal)
+	}
+	select {
+	case <-stops:
+		t.Fatal("a refused Start ran a pass")
+	default:
+	}
+	if _, err := k.RunOnce(context.Background()); err != nil {
+		t.Fatalf("RunOnce after a refused Start: %v", err)
+	}
+	if len(stops) != 1 {
+		t.Fatalf("RunOnce ran %d passes, want 1", len(stops))
+	}
+}

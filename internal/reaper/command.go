@@ -7,6 +7,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/daemon"
 )
@@ -76,6 +78,7 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 		return err
 	}
 	if c.Schedule != "" {
+		env.Logger.Info("reaper scheduled", zap.String("schedule", c.Schedule))
 		return daemon.RunService(ctx, svc, c.ShutdownTimeout)
 	}
 	// RunOnce logged the run's summary line, with the error if any.

@@ -39,7 +39,7 @@ func TestRunHistoryRecordsARun(t *testing.T) {
 	before := dbNow(t, pool)
 
 	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 7 })
-	if _, err := svc.runOnce(ctx); err != nil {
+	if _, err := svc.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	deleted := keysBefore - queryInt(t, pool, "SELECT count(*) FROM idempotency_keys")
@@ -72,7 +72,7 @@ func TestRunHistoryRecordsFailures(t *testing.T) {
 	ids := insertOldKeys(t, pool, 12)
 
 	capped := newService(t, pool, func(s *Settings) { s.MaxDeletes = 5 })
-	if _, err := capped.runOnce(ctx); !errors.Is(err, ErrCapExceeded) {
+	if _, err := capped.RunOnce(ctx); !errors.Is(err, ErrCapExceeded) {
 		t.Fatalf("capped run: %v", err)
 	}
 	if r := lastRun(t, pool); r.Result != runhistory.ResultError || !strings.Contains(r.Error, "--max-deletes") || r.Deleted != 0 || r.FinishedAt == nil {
@@ -81,7 +81,7 @@ func TestRunHistoryRecordsFailures(t *testing.T) {
 
 	createRides(t, pool, "RESTRICT", ids[7])
 	blocked := newService(t, pool, func(s *Settings) { s.BatchSize = 5 })
-	if _, err := blocked.runOnce(ctx); err == nil {
+	if _, err := blocked.RunOnce(ctx); err == nil {
 		t.Fatal("the blocked run succeeded")
 	}
 	if r := lastRun(t, pool); r.Result != runhistory.ResultError || !strings.Contains(r.Error, "rides_idempotency_key_id_fkey") || r.Deleted != 5 || r.Flagged != 1 {
@@ -103,13 +103,13 @@ func TestRunHistoryWhileARunHoldsTheLease(t *testing.T) {
 	locked, release := make(chan struct{}), make(chan struct{})
 	first.hooks.afterLock = func(context.Context) { close(locked); <-release }
 	done := make(chan error, 1)
-	go func() { _, err := first.runOnce(ctx); done <- err }()
+	go func() { _, err := first.RunOnce(ctx); done <- err }()
 	<-locked
 	if r := lastRun(t, pool); r.Result != runhistory.ResultRunning || r.FinishedAt != nil || r.Holder != first.holder {
 		t.Fatalf("the run holding the lease reads as %+v", r)
 	}
 	second := newService(t, pool, nil)
-	if res, err := second.runOnce(ctx); err != nil || !res.LockHeld {
+	if res, err := second.RunOnce(ctx); err != nil || !res.LockHeld {
 		t.Fatalf("second run: %+v, %v", res, err)
 	}
 	if r := lastRun(t, pool); r.Result != runhistory.ResultLockHeld || r.Holder != second.holder || r.Deleted != 0 || r.FinishedAt == nil {

@@ -13,9 +13,9 @@
 // the work of the batches before it, and nothing outlives a batch on a
 // server connection.
 //
-// The service has the shape of docs/architecture.md: runOnce is one run
-// (a pass), a batch is its unit, Start runs passes on --schedule through
-// lifecycle.Loop.
+// The service has the shape of docs/architecture.md: a run is a pass of
+// the lifecycle.Skeleton the Service embeds (RunOnce is one run), a batch
+// is its unit, and Start runs passes on --schedule.
 package reaper
 
 import (
@@ -32,9 +32,9 @@ import (
 
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/lifecycle/testsignal"
 	"github.com/idemd/idemd/internal/reaper/throttle"
 	"github.com/idemd/idemd/internal/review"
-	"github.com/idemd/idemd/internal/testing/testsignal"
 )
 
 // Result is what one run did. Counts are of committed work: a batch that
@@ -132,6 +132,16 @@ var ErrCapExceeded = errors.New("per-run cap exceeded")
 
 // Service runs the reaper, once (RunOnce) or on a schedule (Start/Stop).
 type Service struct {
+	// Skeleton gives the Service its Start (runs on --schedule until Stop
+	// or ctx ends; refused without a schedule), Stop (asks the run in
+	// progress to stop after its current batch, waits until ctx ends, then
+	// cuts the batch, which rolls back; on return no run of this process
+	// goes on and its lease is released) and RunOnce (one run: take the
+	// lease, reap or plan, log the summary; when ctx ends the batch in
+	// progress rolls back and the run ends incomplete, stop_reason
+	// shutdown; the Result is never nil, even with an error).
+	lifecycle.Skeleton[*Result]
+
 	cfg     Config
 	logger  *zap.Logger
 	metrics *metrics
@@ -139,7 +149,6 @@ type Service struct {
 	holder string
 	// schedule is --schedule parsed; nil without one. Tests replace it.
 	schedule cron.Schedule
-	skel     lifecycle.Skeleton[*Result]
 
 	// pinnedNow replaces the database's now() in every statement; tests use
 	// it to put keys exactly at the horizon. Production leaves it nil.
@@ -149,7 +158,7 @@ type Service struct {
 }
 
 // testSignals tell tests that a run reached a point; tests only wait on
-// them (internal/testing/testsignal). Free in production.
+// them (internal/lifecycle/testsignal). Free in production.
 type testSignals struct {
 	passed  testsignal.Signal[*Result]           // a scheduled run ended
 	next    testsignal.Signal[time.Duration]     // the schedule's wait before the next run
@@ -181,7 +190,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, logger: cfg.Logger, metrics: m, holder: lease.Holder("reaper")}
-	s.skel = s.skeleton()
+	s.Skeleton = s.skeleton()
 	if cfg.Schedule != "" {
 		if s.schedule, err = cronParser.Parse(cfg.Schedule); err != nil {
 			return nil, fmt.Errorf("reaper: parse schedule: %w", err)
@@ -209,6 +218,12 @@ func (s *Service) skeleton() lifecycle.Skeleton[*Result] {
 			return res, err
 		},
 		First: untilNext,
+		CanStart: func() error {
+			if s.schedule == nil {
+				return errors.New("reaper: Start needs --schedule; use RunOnce for a single run")
+			}
+			return nil
+		},
 		Next: func(*Result) time.Duration {
 			d := untilNext()
 			s.signals.next.Signal(d)
@@ -219,36 +234,6 @@ func (s *Service) skeleton() lifecycle.Skeleton[*Result] {
 		Summarize:    s.summarize,
 	}
 }
-
-// Start runs the reaper on --schedule until Stop or until ctx ends (both
-// ask the run in progress to stop after its current batch).
-func (s *Service) Start(ctx context.Context) error {
-	if s.schedule == nil {
-		return errors.New("reaper: Start needs --schedule; use RunOnce for a single run")
-	}
-	if err := s.skel.Start(ctx); err != nil {
-		return err
-	}
-	s.logger.Info("reaper scheduled", zap.String("schedule", s.cfg.Schedule))
-	return nil
-}
-
-// Stop asks the run in progress to stop after its current batch, waits for
-// it until ctx ends, then cuts the batch (it rolls back) and waits for the
-// run to end. When Stop returns, no run of this process is going on and its
-// lease is released.
-func (s *Service) Stop(ctx context.Context) error { return s.skel.Stop(ctx) }
-
-// RunOnce does one run: take the lease, reap (or plan, for a dry run), log
-// the summary. When ctx ends (SIGTERM) the batch in progress is cancelled
-// and rolls back whole, and the run ends as incomplete (stop_reason
-// shutdown); the next run deletes those keys. The Result is never nil, even
-// with an error, so the counts of the committed batches are known.
-func (s *Service) RunOnce(ctx context.Context) (*Result, error) {
-	return s.runOnce(ctx)
-}
-
-func (s *Service) runOnce(ctx context.Context) (*Result, error) { return s.skel.RunOnce(ctx) }
 
 // pass is one run. A stop request asks it to end after its current batch;
 // ctx ending also cuts the batch in progress, which rolls back (SIGTERM in

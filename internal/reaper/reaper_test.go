@@ -77,7 +77,7 @@ func TestBoundaries(t *testing.T) {
 	svc.hooks.afterRound = func(context.Context, int) {
 		left = append(left, queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"))
 	}
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil {
 		t.Fatalf("runOnce: %v", err)
 	}
@@ -125,7 +125,7 @@ func TestBoundaries(t *testing.T) {
 	}
 
 	// A second run finds nothing to do.
-	res2, err := svc.runOnce(ctx)
+	res2, err := svc.RunOnce(ctx)
 	if err != nil || res2.Deleted != 0 || res2.Flagged != 0 || !res2.Complete {
 		t.Fatalf("second run: %+v, %v", res2, err)
 	}
@@ -144,7 +144,7 @@ VALUES (now() - interval '72 hours' - interval '1 minute', 'old', 'POST', '{}', 
 		t.Fatal(err)
 	}
 	svc := newService(t, pool, nil)
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestDryRunChangesNothing(t *testing.T) {
 	before := tableDigest(t, pool)
 
 	svc := newService(t, pool, func(s *Settings) { s.DryRun = true; s.BatchSize = 7; s.MaxDeletes = 10 })
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestDryRunChangesNothing(t *testing.T) {
 
 	// What the dry run predicted is what a run does.
 	real := newService(t, pool, func(s *Settings) { s.BatchSize = 7 })
-	got, err := real.runOnce(ctx)
+	got, err := real.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,12 +215,12 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		r, err := first.runOnce(ctx)
+		r, err := first.RunOnce(ctx)
 		done <- outcome{r, err}
 	}()
 	<-locked
 	second := newService(t, pool, nil)
-	res, err := second.runOnce(ctx)
+	res, err := second.RunOnce(ctx)
 	if err != nil || !res.LockHeld || res.Deleted != 0 {
 		t.Fatalf("second run while the first holds the lock: %+v, %v", res, err)
 	}
@@ -253,7 +253,7 @@ func TestConcurrentRunsNeverOverlap(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			r, err := svc.runOnce(ctx)
+			r, err := svc.RunOnce(ctx)
 			if !r.LockHeld {
 				inside.Add(-1)
 			}
@@ -287,7 +287,7 @@ func TestForeignKeySetNull(t *testing.T) {
 	createRides(t, pool, "SET NULL", append(ids[:10:10], young)...)
 
 	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 6 })
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || res.Deleted != 20 {
 		t.Fatalf("run: %+v, %v", res, err)
 	}
@@ -310,7 +310,7 @@ func TestForeignKeyRestrict(t *testing.T) {
 
 	for run := 1; run <= 2; run++ {
 		svc := newService(t, pool, func(s *Settings) { s.BatchSize = 5 })
-		res, err := svc.runOnce(ctx)
+		res, err := svc.RunOnce(ctx)
 		var blocked *BlockedError
 		if !errors.As(err, &blocked) {
 			t.Fatalf("run %d: error %v, want a BlockedError", run, err)
@@ -354,7 +354,7 @@ func TestCaps(t *testing.T) {
 		{"max-flags", func(s *Settings) { s.MaxFlags = 2 }},
 	} {
 		svc := newService(t, pool, c.set)
-		res, err := svc.runOnce(ctx)
+		res, err := svc.RunOnce(ctx)
 		if !errors.Is(err, ErrCapExceeded) || res.Deleted != 0 {
 			t.Fatalf("%s: %+v, %v; want ErrCapExceeded and nothing deleted", c.name, res, err)
 		}
@@ -366,7 +366,7 @@ func TestCaps(t *testing.T) {
 		t.Fatal("a refused run changed the tables")
 	}
 	svc := newService(t, pool, func(s *Settings) { s.MaxDeletes = 10; s.MaxFlags = 3; s.BatchSize = 4 })
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || res.Deleted != 10 || res.Flagged != 3 {
 		t.Fatalf("run at the caps: %+v, %v", res, err)
 	}
@@ -376,7 +376,7 @@ func TestMaxRuntimeStopsBeforeNextBatch(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	insertOldKeys(t, pool, 10)
 	svc := newService(t, pool, func(s *Settings) { s.MaxRuntime = time.Nanosecond })
-	res, err := svc.runOnce(context.Background())
+	res, err := svc.RunOnce(context.Background())
 	if err != nil || res.Complete || res.StopReason != "max_runtime" || res.Deleted != 0 {
 		t.Fatalf("%+v, %v", res, err)
 	}
@@ -399,7 +399,7 @@ func TestStatementTimeoutHalvesBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 2 * minBatchSize; s.StatementTimeout = 100 * time.Millisecond })
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err == nil || !strings.Contains(err.Error(), "timed out") {
 		t.Fatalf("want a timeout error, got %v", err)
 	}
@@ -455,7 +455,7 @@ SELECT now() - interval '80 hours', 'late-' || g, 'POST', '{}', '/', 'finished',
 			}
 		}
 	}
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	// Where the run stops depends on how the batches fall around the late
 	// keys (they share one created_at); what must hold is that it stops
 	// with the cap's error, never past the cap and at most one batch short
@@ -479,7 +479,7 @@ func TestDryRunWhileARunHoldsTheLock(t *testing.T) {
 		t.Fatalf("acquire: %+v, %v", a, err)
 	}
 	svc := newService(t, pool, func(s *Settings) { s.DryRun = true })
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || res.LockHeld || res.Plan == nil || res.Plan.Deletes != 3 || !strings.Contains(dryRunText(t, svc, res), "would delete 3 keys") {
 		t.Fatalf("%+v, %v", res, err)
 	}
@@ -516,7 +516,7 @@ func TestRowLockedKeysAreSkipped(t *testing.T) {
 	}
 
 	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 10 })
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,7 +539,7 @@ func TestRowLockedKeysAreSkipped(t *testing.T) {
 	if err := txRide.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	res, err = svc.runOnce(ctx)
+	res, err = svc.RunOnce(ctx)
 	if err != nil || !res.Complete || res.Deleted != 2 || res.LockedBatches != 0 {
 		t.Fatalf("run after the locks are gone: %+v, %v", res, err)
 	}
@@ -569,7 +569,7 @@ FROM generate_series(1, 25) g`); err != nil {
 	svc.hooks.afterRound = func(context.Context, int) {
 		left = append(left, queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"))
 	}
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	// The first two batches find their created_at range empty (the bound
 	// is that same created_at) and are redone in id order; the last takes
 	// the remaining five by range.
@@ -602,7 +602,7 @@ func TestInFlightKeysBeforeTheBoundDoNotEndTheRun(t *testing.T) {
 	}
 	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 2 })
 	svc.pinnedNow = &t0
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || !res.Complete || res.Deleted != 3 || res.OrderedBatches != 1 {
 		t.Fatalf("%+v, %v", res, err)
 	}

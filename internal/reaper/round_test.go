@@ -140,7 +140,7 @@ func TestConcurrentRoundsDeleteEveryEligibleKeyOnce(t *testing.T) {
 	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 20; s.Concurrency = 3 })
 	o := newOverlap(t, 3)
 	svc.hooks.inBatch = o.hook
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || !res.Complete || res.Deleted != 300 || res.Flagged != 100 {
 		t.Fatalf("run: %+v, %v", res, err)
 	}
@@ -185,7 +185,7 @@ func TestConcurrentRoundRedoesALockedBatchAlone(t *testing.T) {
 	}
 
 	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 10; s.Concurrency = 3 })
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || !res.Complete || res.Deleted != 59 || res.LockedBatches != 1 || res.ConcurrentBatches == 0 {
 		t.Fatalf("run with a locked key: %+v, %v", res, err)
 	}
@@ -195,7 +195,7 @@ func TestConcurrentRoundRedoesALockedBatchAlone(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := svc.runOnce(ctx); err != nil || res.Deleted != 1 {
+	if res, err := svc.RunOnce(ctx); err != nil || res.Deleted != 1 {
 		t.Fatalf("run after the lock is gone: %+v, %v", res, err)
 	}
 }
@@ -219,7 +219,7 @@ FROM generate_series(1, 55) g`); err != nil {
 	svc.hooks.afterRound = func(context.Context, int) {
 		left = append(left, queryInt(t, pool, "SELECT count(*) FROM idempotency_keys"))
 	}
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || !res.Complete || res.Deleted != 55 || res.OrderedBatches < 2 || res.ConcurrentBatches == 0 {
 		t.Fatalf("%+v, %v", res, err)
 	}
@@ -240,14 +240,14 @@ func TestCapsHoldWithConcurrency(t *testing.T) {
 	insertOldKeys(t, pool, 30) // 10 unfinished
 	before := tableDigest(t, pool)
 	svc := newService(t, pool, func(s *Settings) { s.BatchSize = 4; s.Concurrency = 3; s.MaxDeletes = 29 })
-	if res, err := svc.runOnce(ctx); !errors.Is(err, ErrCapExceeded) || res.Deleted != 0 {
+	if res, err := svc.RunOnce(ctx); !errors.Is(err, ErrCapExceeded) || res.Deleted != 0 {
 		t.Fatalf("run over --max-deletes: %+v, %v", res, err)
 	}
 	if tableDigest(t, pool) != before {
 		t.Fatal("a refused run changed the tables")
 	}
 	svc = newService(t, pool, func(s *Settings) { s.BatchSize = 4; s.Concurrency = 3; s.MaxDeletes = 30; s.MaxFlags = 10 })
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || !res.Complete || res.Deleted != 30 || res.Flagged != 10 || res.ConcurrentBatches == 0 {
 		t.Fatalf("run at the caps: %+v, %v", res, err)
 	}
@@ -264,10 +264,10 @@ func TestConcurrentRoundHoldsTheLease(t *testing.T) {
 	var other *Result
 	var otherErr error
 	o.during = func() {
-		other, otherErr = newService(t, pool, nil).runOnce(ctx)
+		other, otherErr = newService(t, pool, nil).RunOnce(ctx)
 	}
 	svc.hooks.inBatch = o.hook
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || res.Deleted != 40 {
 		t.Fatalf("run: %+v, %v", res, err)
 	}
@@ -287,7 +287,7 @@ func TestShutdownDuringAConcurrentRound(t *testing.T) {
 	o := newOverlap(t, 2)
 	o.during = cancel
 	svc.hooks.inBatch = o.hook
-	res, err := svc.runOnce(ctx)
+	res, err := svc.RunOnce(ctx)
 	if err != nil || res.Complete || res.StopReason != "shutdown" || res.Deleted != 0 {
 		t.Fatalf("run: %+v, %v", res, err)
 	}

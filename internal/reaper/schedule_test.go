@@ -33,7 +33,7 @@ func TestScheduleMode(t *testing.T) {
 	insertOldKeys(t, pool, 10)
 	svc := newService(t, pool, func(s *Settings) { s.Schedule = "@every 1s" })
 	ready := &opshttp.Readiness{}
-	svc.skel.Ready = ready
+	svc.Ready = ready
 	svc.signals.passed.Init(t)
 	if err := svc.Start(ctx); err != nil {
 		t.Fatal(err)

@@ -29,7 +29,7 @@ type runEnd struct {
 func runAsync(svc *Service) <-chan runEnd {
 	done := make(chan runEnd, 1)
 	go func() {
-		res, err := svc.runOnce(context.Background())
+		res, err := svc.RunOnce(context.Background())
 		done <- runEnd{res, err}
 	}()
 	return done
@@ -121,7 +121,7 @@ func TestThrottleCriticalLoadStopsCleanly(t *testing.T) {
 		s.BatchSize = 100
 		s.Throttle.CriticalLoad = "wal_rate=1"
 	})
-	res, err := svc.runOnce(context.Background())
+	res, err := svc.RunOnce(context.Background())
 	if err != nil || res.Complete || res.StopReason != stopCriticalLoad || res.Batches != 1 || res.Deleted != 100 || !strings.Contains(res.StopDetail, "wal_rate") {
 		t.Fatalf("run: %+v, %v; want one batch, then stop_reason critical_load", res, err)
 	}

@@ -120,7 +120,7 @@ func TestWALCompression(t *testing.T) {
 				t.Errorf("wal_compression during the run: %v", err)
 			}
 		}
-		res, err := svc.runOnce(ctx)
+		res, err := svc.RunOnce(ctx)
 		if err != nil || res.Deleted != 30 {
 			t.Fatalf("run: %+v, %v", res, err)
 		}

@@ -189,11 +189,11 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Report, error) {
 			latVariant{"enqueuer, NOTIFY on a direct listen connection, pool " + poolerName,
 				func(s *enqueuer.Settings) { s.ListenDatabaseURL = pool.Config().ConnString() }, pooled},
 			// No direct URL: what --pooler transaction falls back to.
-			latVariant{fmt.Sprintf("enqueuer, poll-only every %s (no listen URL), %s", enqueuer.DefaultSettings().PollInterval, poolerName),
+			latVariant{fmt.Sprintf("enqueuer, poll-only every %s (no listen URL), %s", enqueuer.DefaultSettings().SweepInterval, poolerName),
 				func(s *enqueuer.Settings) { s.PollOnly = true }, pooled})
 	}
 	if !opts.SkipPolling {
-		lvs = append(lvs, latVariant{"article: poll every 5s", func(s *enqueuer.Settings) { s.PollOnly, s.PollInterval = true, 5*time.Second }, pool.Config()})
+		lvs = append(lvs, latVariant{"article: poll every 5s", func(s *enqueuer.Settings) { s.PollOnly, s.SweepInterval = true, 5*time.Second }, pool.Config()})
 	}
 	for _, v := range lvs {
 		lat, err := b.latency(ctx, v.name, v.change, v.svcPool, opts.LatencyRate, opts.LatencyDuration)

@@ -508,7 +508,7 @@ func runOrdersAPI(t *testing.T, l lang) {
 	// --- The daemons, as deployed: they finish every abandoned key
 	// through the API's verifier and move every staged job into River.
 	common := []string{"--database-url", db.URL, "--log-format", "console", "--http-addr=", "--shutdown-timeout", "10s"}
-	enq := start(t, dir, "enqueuer", enqueuer, append(common, "--allowed-kinds", "send_order_receipt", "--poll-interval", "1s")...)
+	enq := start(t, dir, "enqueuer", enqueuer, append(common, "--allowed-kinds", "send_order_receipt", "--sweep-interval", "1s")...)
 	comp := start(t, dir, "completer", completer, append(common, "--api-url", s.apiURL, "--auth-secret-file", secretFile,
 		"--grace", "1s", "--idle", "1s", "--lock-timeout", lockTimeout+"s", "--lease", "10s", "--request-timeout", "5s",
 		"--backoff-base", "300ms", "--backoff-max", "2s", "--in-progress-delay", "500ms", "--poll-interval", "300ms",

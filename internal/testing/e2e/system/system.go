@@ -544,7 +544,7 @@ func NewDaemons(bins *Binaries, o DaemonOptions) (*DaemonSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		args = append(args, "--allowed-kinds", "send_ride_receipt", "--max-args-bytes", "4096", "--poll-interval", "1s", "--stats-interval", "1s")
+		args = append(args, "--allowed-kinds", "send_ride_receipt", "--max-args-bytes", "4096", "--sweep-interval", "1s", "--stats-interval", "1s")
 		args = append(args, o.ExtraEnqueuerArgs...)
 		d.Enqueuers = append(d.Enqueuers, &Proc{Name: name, Bin: bins.Enqueuer, Args: args, OpsAddr: addr, LogPath: filepath.Join(o.Dir, name+".log")})
 	}
