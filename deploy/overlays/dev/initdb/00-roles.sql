@@ -112,3 +112,20 @@ BEGIN
     END IF;
 END
 $walc$;
+
+-- The reaper's throttle reads its replicas' replay positions from
+-- pg_stat_replication on the primary (docs/reaper.md, "The throttle"):
+-- PostgreSQL shows them only to members of pg_read_all_stats (which
+-- pg_monitor includes), to anyone else every column but the pid is NULL and
+-- the reaper refuses to run blind. pg_read_all_stats is the narrowest role
+-- that shows them: it reads statistics views, no data and no settings.
+-- Optional: where this is refused (a provider whose admin may not grant
+-- it), grant it as the provider says, or run the reaper with --max-lag 0
+-- --max-lag-bytes 0 and watch the replicas another way.
+DO $stats$
+BEGIN
+    EXECUTE 'GRANT pg_read_all_stats TO idemd_runtime';
+EXCEPTION WHEN insufficient_privilege OR invalid_grant_operation THEN
+    RAISE NOTICE 'could not grant pg_read_all_stats to idemd_runtime (%); the reaper cannot see the replicas'' lag (docs/reaper.md)', SQLERRM;
+END
+$stats$;
