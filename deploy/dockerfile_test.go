@@ -150,10 +150,22 @@ func checkRootfsScript(t *testing.T) {
 	if got := strings.Fields(m[1]); !slices.Equal(got, commands) {
 		t.Errorf("scripts/image-rootfs.sh builds %v, the deploy tests know %v", got, commands)
 	}
+	m = regexp.MustCompile(`(?m)^EXAMPLES=\(([^)]*)\)$`).FindStringSubmatch(sh)
+	if m == nil {
+		t.Fatal("scripts/image-rootfs.sh has no EXAMPLES=(...) line")
+	}
+	var want []string
+	for _, pkg := range examples {
+		want = append(want, strings.TrimPrefix(pkg, "./"))
+	}
+	slices.Sort(want)
+	if got := strings.Fields(m[1]); !slices.Equal(got, want) {
+		t.Errorf("scripts/image-rootfs.sh builds the examples %v, the deploy tests know %v", got, want)
+	}
 	for _, want := range []string{
 		"CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags=\"$ldflags\"",
 		`ldflags="-s -w $(scripts/buildinfo.sh ldflags)"`,
-		`-o "$dest/usr/local/bin/"`,
+		`-o "$dest/usr/local/bin/" "${COMMANDS[@]/#/./cmd/}" "${EXAMPLES[@]/#/./}"`,
 		"cp /etc/ssl/certs/ca-certificates.crt \"$dest/etc/ssl/certs/\"",
 		"cp -a /usr/share/zoneinfo \"$dest/usr/share/\"",
 	} {
@@ -197,6 +209,9 @@ func checkDockerignore(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(root, "cmd", c, "main.go")); err == nil {
 			args = append(args, "./cmd/"+c)
 		}
+	}
+	for _, pkg := range examples {
+		args = append(args, pkg)
 	}
 	cmd := exec.Command("go", append([]string{"list", "-deps", "-f", "{{if not .Standard}}{{.Dir}}{{end}}"}, args...)...)
 	cmd.Dir = root

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
@@ -199,26 +200,30 @@ func (w workload) String() string { return w.Owner.String() }
 
 func (r *rendered) workloads() []workload {
 	var out []workload
-	for _, o := range r.Objects {
-		switch v := o.Obj.(type) {
-		case *appsv1.Deployment:
-			out = append(out, workload{o, &v.Spec.Template})
-		case *batchv1.CronJob:
-			out = append(out, workload{o, &v.Spec.JobTemplate.Spec.Template})
-		case *batchv1.Job:
-			out = append(out, workload{o, &v.Spec.Template})
+	for _, w := range r.pods() {
+		// Only idemd's own: not what an overlay runs beside it (the dev
+		// overlay's PostgreSQL and Rocket Rides, part-of: idemd-dev).
+		if m, ok := w.Owner.Obj.(metav1.Object); ok && m.GetLabels()["app.kubernetes.io/part-of"] == "idemd" {
+			out = append(out, w)
 		}
 	}
 	return out
 }
 
 // pods is every pod template: idemd's workloads and the others an overlay
-// adds (the dev overlay's PostgreSQL StatefulSet), for the checks that
+// adds (the dev overlay's PostgreSQL and Rocket Rides), for the checks that
 // hold for any pod in the namespace (Pod Security, references).
 func (r *rendered) pods() []workload {
-	out := r.workloads()
+	var out []workload
 	for _, o := range r.Objects {
-		if v, ok := o.Obj.(*appsv1.StatefulSet); ok {
+		switch v := o.Obj.(type) {
+		case *appsv1.Deployment:
+			out = append(out, workload{o, &v.Spec.Template})
+		case *appsv1.StatefulSet:
+			out = append(out, workload{o, &v.Spec.Template})
+		case *batchv1.CronJob:
+			out = append(out, workload{o, &v.Spec.JobTemplate.Spec.Template})
+		case *batchv1.Job:
 			out = append(out, workload{o, &v.Spec.Template})
 		}
 	}

@@ -6,6 +6,7 @@
 # stage (the same lines of deploy/Dockerfile) copies DEST to / FROM scratch.
 #
 #   /usr/local/bin/{enqueuer,completer,reaper,idemctl}  static (CGO_ENABLED=0), -trimpath
+#   /usr/local/bin/rocketrides                         the example API (examples/rocketrides), which the dev overlay runs
 #   /etc/ssl/certs/ca-certificates.crt                 Debian's CA bundle (TLS to PostgreSQL, the API)
 #   /usr/share/zoneinfo/                               Debian's time zone data
 #   /etc/passwd, /etc/group                            root and nonroot (65532), as distroless has
@@ -15,6 +16,9 @@ set -euo pipefail
 dest=${1:?usage: image-rootfs.sh DEST}
 cd "$(dirname "$0")/.."
 COMMANDS=(enqueuer completer reaper idemctl)
+# Examples built the same way, so the dev overlay runs Rocket Rides from this
+# image rather than from one of its own (a few MB more).
+EXAMPLES=(examples/rocketrides/cmd/rocketrides)
 
 for f in /etc/ssl/certs/ca-certificates.crt /usr/share/zoneinfo/UTC; do
   if [ ! -e "$f" ]; then
@@ -29,7 +33,7 @@ mkdir -p "$dest/usr/local/bin" "$dest/etc/ssl/certs" "$dest/usr/share"
 # in stack traces; -s -w: no symbol table or DWARF (panics still name
 # functions and lines); the version and commit stamped as by `make build`.
 ldflags="-s -w $(scripts/buildinfo.sh ldflags)"
-CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="$ldflags" -o "$dest/usr/local/bin/" "${COMMANDS[@]/#/./cmd/}"
+CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="$ldflags" -o "$dest/usr/local/bin/" "${COMMANDS[@]/#/./cmd/}" "${EXAMPLES[@]/#/./}"
 cp /etc/ssl/certs/ca-certificates.crt "$dest/etc/ssl/certs/"
 # Relative links (GB -> Europe/London) are kept; localtime points at the
 # host's /etc/localtime and is left out: the image's zone is UTC unless TZ

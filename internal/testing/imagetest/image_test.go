@@ -34,8 +34,9 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 // two concurrent runs from removing each other's image.
 var image = fmt.Sprintf("localhost/idemd:imagetest-%d", os.Getpid())
 
-// commands are the image's binaries, in /usr/local/bin.
-var commands = []string{"enqueuer", "completer", "reaper", "idemctl"}
+// commands are the image's binaries, in /usr/local/bin: idemd's, and
+// Rocket Rides (examples/rocketrides), which the dev overlay runs.
+var commands = []string{"enqueuer", "completer", "reaper", "idemctl", "rocketrides"}
 
 // requireTools skips the test without buildah, podman and runc, or fails it
 // with CI=true.
