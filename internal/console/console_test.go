@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -397,5 +398,47 @@ func TestIdentity(t *testing.T) {
 	}
 	if n := count(t, s.pool, "SELECT count(*) FROM idemd_operator_actions"); n != 1 {
 		t.Fatal("refused posts recorded actions")
+	}
+}
+
+// TestStatusPageCountsByTheRecordedRetention: the status page counts keys
+// past retention by the retention and lock window the newest reaper run
+// recorded, and says so; with none recorded, by the console's own flags,
+// saying that instead.
+func TestStatusPageCountsByTheRecordedRetention(t *testing.T) {
+	s := seed(t)
+	ts := serve(t, s, options{operator: "carol"})
+	pastRetention := regexp.MustCompile(`id="past-retention">(\d+)<`)
+	count := func(body string) int {
+		t.Helper()
+		m := pastRetention.FindStringSubmatch(body)
+		if m == nil {
+			t.Fatalf("no keys past retention on the page\n%s", body)
+		}
+		n, err := strconv.Atoi(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	_, body := get(t, ts, "/")
+	mustContain(t, "GET / with no run's settings", body, `<h2>Reaper (retention 72h0m0s)</h2>`,
+		"no reaper run recorded its retention and lock window", "counted with the console's --retention and --lock-window")
+	byFlags := count(body)
+
+	var run int64
+	if err := s.pool.QueryRow(context.Background(), `INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, flagged, holder, retention, lock_window)
+VALUES (now() - interval '5 minutes', now() - interval '4 minutes', 'schedule', 'complete', 0, 0, 'reaper/pod-c/1/cc', interval '30 minutes', interval '5 minutes')
+RETURNING id`).Scan(&run); err != nil {
+		t.Fatal(err)
+	}
+	_, body = get(t, ts, "/")
+	mustContain(t, "GET / after a run recorded its settings", body, `<h2>Reaper (retention 30m0s)</h2>`,
+		fmt.Sprintf("retention 30m0s, lock window 5m0s: as reaper run %d recorded", run))
+	if strings.Contains(body, "no reaper run recorded") {
+		t.Errorf("the page still says no run recorded its settings\n%s", body)
+	}
+	if n := count(body); n <= byFlags {
+		t.Errorf("%d keys past the recorded 30m retention, want more than the %d past the flags' 72h (keys of 1h and 2h are seeded)", n, byFlags)
 	}
 }

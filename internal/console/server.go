@@ -29,7 +29,7 @@ import (
 type Config struct {
 	Pool *pgxpool.Pool
 	// Eligibility is the reaper's rules the status page counts keys past
-	// retention by (operator.Status).
+	// retention by when no reaper run recorded its own (operator.Status).
 	Eligibility reaper.Eligibility
 	// Operator is the one identity every action of this process is
 	// recorded under (--operator): for a console on loopback, reached

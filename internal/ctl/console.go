@@ -23,7 +23,8 @@ type ConsoleCmd struct {
 	ReadOnly       bool   `name:"read-only" help:"Refuse every action; pages only."`
 	River          bool   `name:"river" default:"true" negatable:"" help:"Serve River's own UI (riverui) under /river/."`
 	RiverActions   bool   `name:"river-actions" help:"Let riverui's own job actions (cancel, retry, delete) through for a request with an operator identity. They are logged, not recorded in idemd_operator_actions."`
-	// The status page's rules are the reaper's own flags, as for idemctl
+	// The status page's rules when no reaper run recorded the retention and
+	// lock window it runs with: the reaper's own flags, as for idemctl
 	// status.
 	reaper.Eligibility `embed:""`
 	GiveUpAfter        time.Duration `name:"give-up-after" default:"23h" help:"The completer's --give-up-after: keys older than this are not retried."`

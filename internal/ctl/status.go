@@ -17,9 +17,11 @@ const OldestSchema = operator.OldestSchema
 
 // StatusCmd shows what the daemons have left to do.
 type StatusCmd struct {
-	// The reaper's rules for which keys a run deletes: its own flags
-	// (reaper.Eligibility, their names, defaults and checks), so that what
-	// status counts is what a reaper given the same values deletes.
+	// The reaper's rules for which keys a run deletes, used only when no
+	// reaper run recorded the retention and lock window it runs with
+	// (operator.Status): its own flags (reaper.Eligibility, their names,
+	// defaults and checks), so that what status counts is what a reaper
+	// given the same values deletes.
 	reaper.Eligibility `embed:""`
 	Output             `embed:""`
 }
@@ -83,11 +85,16 @@ func writeStatus(g *Globals, st *Status) error {
 		fmt.Fprintf(tw, "  %s\t%d\toldest %s\n", u.Name, u.Count, since(u.Oldest))
 	}
 
-	fmt.Fprintf(tw, "\nREAPER (retention %s, lock window %s)\t\n", st.Retention, st.LockWindow)
-	if g.source("retention") == fromDefault {
-		// Counted at the reaper's default, which a reaper configured
-		// otherwise does not run with: say so where the count is read.
-		fmt.Fprintln(tw, "  (--retention is the reaper's default here; give the reaper's setting, --retention or IDEMD_RETENTION, to count what its runs delete)")
+	if st.SettingsFromRun != nil {
+		fmt.Fprintf(tw, "\nREAPER (retention %s, lock window %s, as reaper run %d recorded)\t\n", st.Retention, st.LockWindow, *st.SettingsFromRun)
+	} else {
+		fmt.Fprintf(tw, "\nREAPER (retention %s, lock window %s)\t\n", st.Retention, st.LockWindow)
+		fmt.Fprintf(tw, "  (%s: counted with --retention and --lock-window)\n", st.SettingsNote)
+		if g.source("retention") == fromDefault {
+			// Counted at the reaper's default, which a reaper configured
+			// otherwise does not run with: say so where the count is read.
+			fmt.Fprintln(tw, "  (--retention is the reaper's default here; give the reaper's setting, --retention or IDEMD_RETENTION, to count what its runs delete)")
+		}
 	}
 	oldest = "-"
 	if st.OldestKeyPastRetention != nil {

@@ -181,3 +181,81 @@ func TestStatusSaysWhenRetentionIsTheDefault(t *testing.T) {
 		t.Errorf("status with IDEMD_RETENTION: exit %d, want no note\n%s%s", code, out, errs)
 	}
 }
+
+// TestStatusCountsByTheRecordedRetention: status counts keys past
+// retention by the retention and lock window the newest reaper run
+// recorded, given no flag; before any run recorded them (and after a dry
+// run, which records nothing) it counts by its own flags and says so.
+func TestStatusCountsByTheRecordedRetention(t *testing.T) {
+	url, pool := setup(t)
+	ctx := context.Background()
+	t.Setenv("IDEMD_RETENTION", "")
+	os.Unsetenv("IDEMD_RETENTION")
+	status := func() ctl.Status {
+		t.Helper()
+		code, out, errs := run(t, "--database-url", url, "status", "-o", "json")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errs)
+		}
+		var st ctl.Status
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return st
+	}
+	reap := func(dryRun bool) *reaper.Result {
+		t.Helper()
+		set := reaper.DefaultSettings()
+		set.Retention, set.LockWindow, set.DryRun = time.Hour, 2*time.Minute, dryRun
+		svc, err := reaper.New(reaper.Config{Settings: set, Pool: pool, Registry: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := svc.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	const fallback = "no reaper run recorded its retention and lock window"
+	addKey(t, pool, "two-hours", "finished", "2 hours")
+
+	for _, when := range []string{"before any run", "after a dry run"} {
+		if when == "after a dry run" {
+			reap(true)
+		}
+		st := status()
+		if st.SettingsFromRun != nil || !strings.Contains(st.SettingsNote, fallback) || st.Retention != "72h0m0s" || st.KeysPastRetention != 0 {
+			t.Fatalf("status %s: retention %s from run %v (%q), %d keys past it; want the default 72h, said so, and none",
+				when, st.Retention, st.SettingsFromRun, st.SettingsNote, st.KeysPastRetention)
+		}
+		if code, out, errs := run(t, "--database-url", url, "status"); code != 0 || !strings.Contains(out, fallback) || !strings.Contains(out, "retention 72h0m0s") {
+			t.Fatalf("status %s: exit %d, want the fallback said\n%s%s", when, code, out, errs)
+		}
+	}
+
+	if res := reap(false); res.Deleted != 1 {
+		t.Fatalf("the run at --retention 1h deleted %d keys, want the two-hours one", res.Deleted)
+	}
+	// Past 1h: one finished, one whose lock is older than the run's 2m lock
+	// window but younger than the default 1h; and one within 1h.
+	addKey(t, pool, "two-hours-again", "finished", "2 hours")
+	locked := addKey(t, pool, "two-hours-locked", "started", "2 hours")
+	addKey(t, pool, "half-hour", "finished", "30 minutes")
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_at = now() - interval '5 minutes' WHERE id = $1`, locked); err != nil {
+		t.Fatal(err)
+	}
+	st := status()
+	if len(st.ReaperRuns) != 1 {
+		t.Fatalf("%d runs in the history, want the one run (the dry run is not recorded)", len(st.ReaperRuns))
+	}
+	if st.SettingsFromRun == nil || *st.SettingsFromRun != st.ReaperRuns[0].ID || st.SettingsNote != "" ||
+		st.Retention != "1h0m0s" || st.LockWindow != "2m0s" || st.KeysPastRetention != 2 || st.KeysToFlag != 1 {
+		t.Fatalf("status after the run: retention %s, lock window %s from run %v (%q), %d keys past it, %d to flag; want run %d's 1h and 2m, 2 and 1",
+			st.Retention, st.LockWindow, st.SettingsFromRun, st.SettingsNote, st.KeysPastRetention, st.KeysToFlag, st.ReaperRuns[0].ID)
+	}
+	want := fmt.Sprintf("retention 1h0m0s, lock window 2m0s, as reaper run %d recorded", st.ReaperRuns[0].ID)
+	if code, out, errs := run(t, "--database-url", url, "status"); code != 0 || !strings.Contains(out, want) || strings.Contains(out, fallback) {
+		t.Fatalf("status after the run: exit %d, want %q and no fallback\n%s%s", code, want, out, errs)
+	}
+}

@@ -299,7 +299,7 @@ RETURNING finished_at`).Scan(&cronJobEnd); err != nil {
 	}
 
 	// A later run, as a --schedule reaper records it.
-	run, err := runhistory.Start(ctx, pool, 0, runhistory.ModeSchedule, "reaper/deploy-pod/1/cd")
+	run, err := runhistory.Start(ctx, pool, 0, runhistory.ModeSchedule, "reaper/deploy-pod/1/cd", runhistory.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}

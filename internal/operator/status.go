@@ -45,8 +45,15 @@ type Overview struct {
 	// Reaper: what a run would do now, by the reaper's own rules
 	// (reaper.PlanRun): keys past retention that are not in flight nor
 	// leased by the completer, and the reviews deleting them would create.
+	// Retention and LockWindow are the newest reaper run's, as it recorded
+	// them (SettingsFromRun names it); when no run recorded them (a fresh
+	// install, or only runs of a release before migration 00031) they are
+	// the reader's own, its flags or their defaults, and SettingsNote says
+	// so.
 	Retention              string     `json:"retention"`
 	LockWindow             string     `json:"lock_window"`
+	SettingsFromRun        *int64     `json:"settings_from_run"`
+	SettingsNote           string     `json:"settings_note,omitempty"`
 	KeysPastRetention      int64      `json:"keys_past_retention"`
 	KeysToFlag             int64      `json:"keys_to_flag"`
 	OldestKeyPastRetention *time.Time `json:"oldest_key_past_retention_at"`
@@ -93,15 +100,16 @@ const statusDeadSQL = `SELECT now(), (SELECT count(*) FROM staged_jobs_dead)`
 // are of one moment, each from the owner of its rule: the staged backlog
 // is enqueuer.Backlog (the count its gauges read), River's live jobs
 // dbstats.CountJobs (idemd_river_jobs' query), the unfinished keys
-// completer.CountUnfinished, keys past retention reaper.PlanRun under e,
-// the runs runhistory's, open reviews review.Open.
+// completer.CountUnfinished, keys past retention reaper.PlanRun under the
+// retention and lock window the newest reaper run recorded
+// (runhistory.LastSettings), or under fallback when none did, the runs
+// runhistory's, open reviews review.Open.
 //
 // A schema older than OldestSchema fails here, naming `idemctl migrate`,
 // rather than on the first table it lacks; a newer one is reported with
 // why it is safe.
-func Status(ctx context.Context, pool *pgxpool.Pool, e reaper.Eligibility) (*Overview, error) {
-	st := &Overview{Retention: e.Retention.String(), LockWindow: e.LockWindow.String(),
-		UnfinishedKeys: []GroupCount{}, OpenReviews: []GroupCount{}}
+func Status(ctx context.Context, pool *pgxpool.Pool, fallback reaper.Eligibility) (*Overview, error) {
+	st := &Overview{UnfinishedKeys: []GroupCount{}, OpenReviews: []GroupCount{}}
 	schema, err := migrate.Inspect(ctx, pool, OldestSchema)
 	if err != nil {
 		return nil, fmt.Errorf("status: %w", err)
@@ -138,6 +146,10 @@ func Status(ctx context.Context, pool *pgxpool.Pool, e reaper.Eligibility) (*Ove
 	for _, u := range unfinished {
 		st.UnfinishedKeys = append(st.UnfinishedKeys, GroupCount{Name: u.RecoveryPoint, Count: u.Count, Oldest: u.Oldest})
 	}
+	e, err := reaperSettings(ctx, tx, st, fallback)
+	if err != nil {
+		return nil, err
+	}
 	plan, err := reaper.PlanRun(ctx, tx, e)
 	if err != nil {
 		return nil, fmt.Errorf("status: keys past retention: %w", err)
@@ -157,6 +169,29 @@ func Status(ctx context.Context, pool *pgxpool.Pool, e reaper.Eligibility) (*Ove
 		st.OpenReviews = append(st.OpenReviews, GroupCount{Name: r.Reason, Count: r.Count, Oldest: r.Oldest})
 	}
 	return st, nil
+}
+
+// NoRecordedSettings is Overview.SettingsNote when no reaper run recorded
+// its retention and lock window.
+const NoRecordedSettings = "no reaper run recorded its retention and lock window (a fresh install, or runs of a release before migration 00031)"
+
+// reaperSettings picks the retention and lock window status counts keys
+// past retention by: the newest recorded run's, which is what the reaper
+// deletes by, else fallback, noted in st.
+func reaperSettings(ctx context.Context, db runhistory.Querier, st *Overview, fallback reaper.Eligibility) (reaper.Eligibility, error) {
+	rec, err := runhistory.LastSettings(ctx, db)
+	if err != nil {
+		return reaper.Eligibility{}, fmt.Errorf("status: %w", err)
+	}
+	e := fallback
+	if rec != nil {
+		e = reaper.Eligibility{Retention: rec.Retention, LockWindow: rec.LockWindow}
+		st.SettingsFromRun = &rec.Run
+	} else {
+		st.SettingsNote = NoRecordedSettings
+	}
+	st.Retention, st.LockWindow = e.Retention.String(), e.LockWindow.String()
+	return e, nil
 }
 
 // LiveRiverStates are River's live states in the order status shows them.

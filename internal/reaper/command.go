@@ -43,7 +43,9 @@ func (c *Command) OldestSchema() int64 { return OldestSchema }
 // history and the operator's pause every run reads; it also needs the run
 // history (00016), idemd_leases (00011, the run lease) and the key_id
 // index of idempotency_key_reviews (00010), without which every flag check
-// scans the reviews.
+// scans the reviews. On a schema before 00031 a run is recorded without
+// its retention and lock window (runhistory.Start), which readers then
+// take from their own flags.
 const OldestSchema = 30
 
 // FlagDefaults implements config.Defaulter: the flags' defaults are the

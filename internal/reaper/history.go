@@ -24,12 +24,15 @@ func (s *Service) mode() string {
 	return runhistory.ModeOnce
 }
 
-// startRun records the start of a run that holds the lease. Even when the
-// run is being stopped: its end will be recorded too.
+// startRun records the start of a run that holds the lease, with the
+// retention and lock window it deletes by (what idemctl status and the
+// console count keys past retention with). Even when the run is being
+// stopped: its end will be recorded too.
 func (s *Service) startRun(ctx context.Context, start time.Time) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	id, err := runhistory.Start(ctx, s.cfg.Pool, time.Since(start), s.mode(), s.holder)
+	id, err := runhistory.Start(ctx, s.cfg.Pool, time.Since(start), s.mode(), s.holder,
+		runhistory.Settings{Retention: s.cfg.Retention, LockWindow: s.cfg.LockWindow})
 	if err != nil {
 		return 0, fmt.Errorf("reaper: %w", err)
 	}

@@ -183,22 +183,101 @@ func LastThrottledShare(ctx context.Context, db Querier) (*float64, error) {
 
 // startSQL records a run that took the lease. @elapsed is how long ago it
 // started (it may have waited for the lease), so started_at is on the
-// database clock like the rest of the row.
+// database clock like the rest of the row. The retention and lock window it
+// runs with (migration 00031) are recorded with it: idemctl status and the
+// console count keys past retention by them (LastSettings).
 const startSQL = `
+INSERT INTO idemd_reaper_runs (started_at, mode, holder, retention, lock_window)
+VALUES (clock_timestamp() - @elapsed::interval, @mode, @holder, @retention::interval, @lock_window::interval)
+RETURNING id`
+
+// startSQLBefore31 is startSQL on a schema before migration 00031, which
+// the reaper still runs on: the run is recorded without its settings, and
+// readers fall back to their own.
+const startSQLBefore31 = `
 INSERT INTO idemd_reaper_runs (started_at, mode, holder)
 VALUES (clock_timestamp() - @elapsed::interval, @mode, @holder)
 RETURNING id`
 
+// hasSettingsSQL says whether idemd_reaper_runs has migration 00031's
+// columns. Asked before the insert rather than trying it, so Start works in
+// a caller's transaction too (a failed statement would abort it).
+const hasSettingsSQL = `
+SELECT count(*) = 2 FROM pg_attribute
+WHERE attrelid = to_regclass('idemd_reaper_runs') AND attname IN ('retention', 'lock_window') AND NOT attisdropped`
+
+// Settings are the reaper's settings a run records: what decided which keys
+// it deleted. Zero values are recorded as unknown (NULL).
+type Settings struct {
+	Retention  time.Duration
+	LockWindow time.Duration
+}
+
+func orNull(d time.Duration) *time.Duration {
+	if d <= 0 {
+		return nil
+	}
+	return &d
+}
+
 // Start records the start of a run that holds the lease and returns its
 // row's id. elapsed is how long ago the run began; holder names its
-// process as in the lease table.
-func Start(ctx context.Context, db Execer, elapsed time.Duration, mode, holder string) (int64, error) {
+// process as in the lease table; set is what the run runs with (not
+// recorded on a schema before migration 00031).
+func Start(ctx context.Context, db Execer, elapsed time.Duration, mode, holder string, set Settings) (int64, error) {
+	var has bool
+	if err := db.QueryRow(ctx, hasSettingsSQL).Scan(&has); err != nil {
+		return 0, fmt.Errorf("record the run's start in idemd_reaper_runs: schema: %w", err)
+	}
+	stmt := startSQLBefore31
+	if has {
+		stmt = startSQL
+	}
 	var id int64
-	err := db.QueryRow(ctx, startSQL, pgx.NamedArgs{"elapsed": elapsed, "mode": mode, "holder": holder}).Scan(&id)
+	err := db.QueryRow(ctx, stmt, pgx.NamedArgs{"elapsed": elapsed, "mode": mode, "holder": holder,
+		"retention": orNull(set.Retention), "lock_window": orNull(set.LockWindow)}).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("record the run's start in idemd_reaper_runs: %w", err)
 	}
 	return id, nil
+}
+
+// Recorded are the settings the newest run that recorded them ran with.
+type Recorded struct {
+	Settings
+	Run       int64     // the run's id
+	StartedAt time.Time // when it started
+}
+
+// lastSettingsSQL finds the newest run that recorded its settings. Through
+// to_jsonb, like lastRunsSQL, so a schema before migration 00031 reads as
+// no run having recorded them; the history holds at most 1000 rows. The
+// intervals come back as microseconds: a time.Duration, whatever the
+// session's IntervalStyle.
+const lastSettingsSQL = `
+SELECT r.id, r.started_at,
+       (extract(epoch FROM (to_jsonb(r)->>'retention')::interval) * 1000000)::bigint,
+       (extract(epoch FROM (to_jsonb(r)->>'lock_window')::interval) * 1000000)::bigint
+FROM idemd_reaper_runs r
+WHERE to_jsonb(r)->>'retention' IS NOT NULL AND to_jsonb(r)->>'lock_window' IS NOT NULL
+ORDER BY r.id DESC
+LIMIT 1`
+
+// LastSettings returns the retention and lock window of the newest run
+// that recorded them (a dry run records nothing); nil when none did: a
+// fresh install, or only runs of a release before migration 00031.
+func LastSettings(ctx context.Context, db Querier) (*Recorded, error) {
+	var rec Recorded
+	var retention, lockWindow int64
+	err := db.QueryRow(ctx, lastSettingsSQL).Scan(&rec.Run, &rec.StartedAt, &retention, &lockWindow)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reaper run history: last settings: %w", err)
+	}
+	rec.Retention, rec.LockWindow = time.Duration(retention)*time.Microsecond, time.Duration(lockWindow)*time.Microsecond
+	return &rec, nil
 }
 
 // RecordBatch adds a batch's counts to its run's row, in the batch's

@@ -61,7 +61,7 @@ func TestARunsRecord(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	run, err := Start(ctx, pool, 2*time.Second, ModeOnce, "reaper/test/1/aa")
+	run, err := Start(ctx, pool, 2*time.Second, ModeOnce, "reaper/test/1/aa", Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ FROM generate_series(1, $1::int + 5) g`, keep); err != nil {
 	newest := queryInt(t, pool, "SELECT max(id) FROM idemd_reaper_runs")
 	aRun := func() {
 		t.Helper()
-		run, err := Start(ctx, pool, 0, ModeOnce, "reaper/test/1/aa")
+		run, err := Start(ctx, pool, 0, ModeOnce, "reaper/test/1/aa", Settings{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,5 +205,66 @@ FROM generate_series(1, $1::int + 5) g`, keep); err != nil {
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM idemd_reaper_runs"); n != keep-10 {
 		t.Fatalf("%d runs kept, want %d (1000, minus the 10 too old, with the new run's row in place of the oldest)", n, keep-10)
+	}
+}
+
+// TestARunRecordsItsSettings: a run records the retention and lock window
+// it deletes by, and LastSettings reads the newest run's, skipping runs
+// that recorded none (a reaper of an older release on this schema); none
+// recorded is nil.
+func TestARunRecordsItsSettings(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	ctx := context.Background()
+	if rec, err := LastSettings(ctx, pool); err != nil || rec != nil {
+		t.Fatalf("LastSettings of an empty history = %+v, %v; want none", rec, err)
+	}
+	old, err := Start(ctx, pool, 0, ModeOnce, "reaper/test/1/aa", Settings{Retention: 96 * time.Hour, LockWindow: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := Start(ctx, pool, 0, ModeSchedule, "reaper/test/1/bb", Settings{Retention: 90 * time.Minute, LockWindow: 90 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Start(ctx, pool, 0, ModeOnce, "reaper/test/1/cc", Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := LastSettings(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec == nil || rec.Run != run || rec.Retention != 90*time.Minute || rec.LockWindow != 90*time.Second {
+		t.Fatalf("LastSettings = %+v; want run %d's 1h30m0s and 1m30s (not run %d's, older, nor the newest, which recorded none)", rec, run, old)
+	}
+}
+
+// TestStartBeforeMigration31: on a schema without migration 00031's
+// columns, which the reaper still runs on, a run is recorded without its
+// settings, and LastSettings reads none.
+func TestStartBeforeMigration31(t *testing.T) {
+	url := dbtest.NewDatabase(t)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dbtest.AdminURL(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, `ALTER TABLE idemd_reaper_runs DROP COLUMN retention, DROP COLUMN lock_window`); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	run, err := Start(ctx, pool, 0, ModeOnce, "reaper/test/1/aa", Settings{Retention: time.Hour, LockWindow: time.Minute})
+	if err != nil {
+		t.Fatalf("Start on a schema before 00031: %v", err)
+	}
+	if r := lastRun(t, pool); r.ID != run {
+		t.Fatalf("the newest run is %d, want %d", r.ID, run)
+	}
+	if rec, err := LastSettings(ctx, pool); err != nil || rec != nil {
+		t.Fatalf("LastSettings before 00031 = %+v, %v; want none", rec, err)
 	}
 }
