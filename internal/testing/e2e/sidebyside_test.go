@@ -251,6 +251,7 @@ func setUpSideBySide(ctx context.Context, t *testing.T) *sideBySide {
 // and its scheduled reaper, named after the release ("prev", "cur").
 func (s *sideBySide) daemonSet(bins *system.Binaries, release string, o system.DaemonOptions) (*system.DaemonSet, error) {
 	o.Dir = filepath.Join(s.dir, release)
+	o.PreviousRelease = release == "prev"
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, err
 	}

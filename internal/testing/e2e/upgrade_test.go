@@ -95,7 +95,7 @@ func TestPreviousReleaseOnCurrentSchema(t *testing.T) {
 	// current ones.
 	if e.daemons, err = system.NewDaemons(&system.Binaries{Enqueuer: old.Enqueuer, Completer: old.Completer}, system.DaemonOptions{
 		DatabaseURL: dbtest.RuntimeURL(dbURL), APIURL: e.rr.APIURL, SecretFile: secretPath,
-		Enqueuers: 1, Completers: 1, Dir: dir,
+		Enqueuers: 1, Completers: 1, Dir: dir, PreviousRelease: true,
 	}); err != nil {
 		t.Fatal(err)
 	}

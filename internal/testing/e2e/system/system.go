@@ -525,6 +525,11 @@ type DaemonOptions struct {
 	// ExtraEnqueuerArgs to the enqueuers' (--listen-database-url).
 	ExtraArgs         []string
 	ExtraEnqueuerArgs []string
+	// PreviousRelease: the binaries are the previous release's, whose
+	// enqueuer names its sweep interval --poll-interval (this release's
+	// --sweep-interval; the old spelling still works here, with a
+	// warning, for one release).
+	PreviousRelease bool
 }
 
 // NewDaemons builds (does not start) the daemon set.
@@ -544,7 +549,11 @@ func NewDaemons(bins *Binaries, o DaemonOptions) (*DaemonSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		args = append(args, "--allowed-kinds", "send_ride_receipt", "--max-args-bytes", "4096", "--sweep-interval", "1s", "--stats-interval", "1s")
+		sweep := "--sweep-interval"
+		if o.PreviousRelease {
+			sweep = "--poll-interval"
+		}
+		args = append(args, "--allowed-kinds", "send_ride_receipt", "--max-args-bytes", "4096", sweep, "1s", "--stats-interval", "1s")
 		args = append(args, o.ExtraEnqueuerArgs...)
 		d.Enqueuers = append(d.Enqueuers, &Proc{Name: name, Bin: bins.Enqueuer, Args: args, OpsAddr: addr, LogPath: filepath.Join(o.Dir, name+".log")})
 	}
