@@ -1,14 +1,10 @@
 package completer
 
 import (
-	"flag"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
-)
 
-var update = flag.Bool("update", false, "rewrite testdata/*.sql from the composed statements")
+	"github.com/idemd/idemd/internal/testing/sqltext"
+)
 
 // composed are the statements built from parts (sql.go) that a reviewer
 // reads whole in testdata/, and internal/bench/completer times as they are
@@ -25,21 +21,5 @@ var composed = map[string]string{
 // reads the very text (go test ./internal/completer -run
 // TestComposedSQLIsReviewable -update rewrites the files).
 func TestComposedSQLIsReviewable(t *testing.T) {
-	for name, sql := range composed {
-		path := filepath.Join("testdata", name)
-		want := strings.TrimSpace(sql) + "\n"
-		if *update {
-			if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		got, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatalf("%v (go test ./internal/completer -run TestComposedSQLIsReviewable -update writes it)", err)
-		}
-		if string(got) != want {
-			t.Errorf("%s is not the statement the completer composes; rerun with -update and review the diff:\n%s", path, want)
-		}
-	}
+	sqltext.Check(t, "completer", composed)
 }
