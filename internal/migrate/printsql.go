@@ -59,7 +59,7 @@ func PendingSQL(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 		}
 	}
 
-	idemd, err := pendingIdemd(ctx, pool)
+	idemd, tableExists, err := pendingIdemd(ctx, pool)
 	if err != nil {
 		return "", err
 	}
@@ -69,11 +69,7 @@ func PendingSQL(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("migrate: print sql: goose store: %w", err)
 		}
-		var exists bool
-		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
-			return "", fmt.Errorf("migrate: print sql: %w", err)
-		}
-		if !exists {
+		if !tableExists {
 			// What goose does on its first run: the table, and version 0.
 			if err := store.CreateVersionTable(ctx, rec); err != nil {
 				return "", fmt.Errorf("migrate: print sql: %w", err)
@@ -121,37 +117,35 @@ func riverVersionInsert(v int) string {
 }
 
 // pendingIdemd lists the embedded idemd migrations the database has not
-// applied, in order.
-func pendingIdemd(ctx context.Context, pool *pgxpool.Pool) ([]migration, error) {
+// applied, in order, and says whether goose's version table exists.
+func pendingIdemd(ctx context.Context, pool *pgxpool.Pool) (pending []migration, exists bool, err error) {
 	all, err := versions()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	var exists bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("migrate: print sql: %w", err)
+		return nil, false, fmt.Errorf("migrate: print sql: %w", err)
 	}
 	applied := map[int64]bool{}
 	if exists {
 		rows, err := pool.Query(ctx, appliedIdemdSQL)
 		if err != nil {
-			return nil, fmt.Errorf("migrate: print sql: %w", err)
+			return nil, false, fmt.Errorf("migrate: print sql: %w", err)
 		}
 		vs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
-			return nil, fmt.Errorf("migrate: print sql: %w", err)
+			return nil, false, fmt.Errorf("migrate: print sql: %w", err)
 		}
 		for _, v := range vs {
 			applied[v] = true
 		}
 	}
-	var pending []migration
 	for _, m := range all {
 		if !applied[m.version] {
 			pending = append(pending, m)
 		}
 	}
-	return pending, nil
+	return pending, exists, nil
 }
 
 // gooseUp is a goose SQL migration's Up section, with goose's annotations
