@@ -160,9 +160,10 @@ SELECT
     (SELECT coalesce(array_agg(a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' ORDER BY a.attnum), '{}') FROM pg_catalog.pg_attribute a
       WHERE a.attrelid = to_regclass('river_job') AND a.attnum > 0 AND NOT a.attisdropped)`
 
-// riverVersionSQL is the version of River's main migration line; the move
-// compares it in its own statement (moveSQL's gate).
-const riverVersionSQL = `SELECT coalesce(max(version), 0) FROM river_migration WHERE line = 'main'`
+// riverVersionSQL is the version of River's main migration line, as
+// migrate reads it; the move compares it in its own statement (moveSQL's
+// gate).
+const riverVersionSQL = migrate.RiverVersionSQL
 
 // readRiverSchema reads the gate's inputs.
 func readRiverSchema(ctx context.Context, q interface {

@@ -29,6 +29,11 @@ import (
 // fails when a River upgrade brings a migration not listed here.
 var RiverSchemaVersions = []int{7, 8}
 
+// RiverVersionSQL reads the version of River's main migration line (0
+// before River's first migration); the enqueuer's River schema gate reads
+// it too.
+const RiverVersionSQL = `SELECT coalesce(max(version), 0) FROM river_migration WHERE line = 'main'`
+
 // riverTables is what migrate found of River before running.
 type riverTables struct {
 	// onPath: river_migration resolves on the search path.
@@ -86,7 +91,7 @@ func readRiverTables(ctx context.Context, pool *pgxpool.Pool) (riverTables, erro
 		return r, fmt.Errorf("migrate: find River's tables: %w", err)
 	}
 	if r.version == -2 {
-		if err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM river_migration WHERE line = 'main'`).Scan(&r.version); err != nil {
+		if err := pool.QueryRow(ctx, RiverVersionSQL).Scan(&r.version); err != nil {
 			return r, fmt.Errorf("migrate: read River's version: %w", err)
 		}
 	}
