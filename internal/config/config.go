@@ -39,7 +39,11 @@ type Database struct {
 	// PasswordFile is read again for every new connection (internal/dbcred):
 	// a password or token that something else rotates.
 	PasswordFile string `name:"database-password-file" help:"File holding the database password or token (a Vault agent's, an RDS IAM or Cloud SQL token sidecar's, a mounted Secret's), read again for every new connection and used instead of the URL's password; a trailing line break is ignored. Set pool_max_conn_lifetime in the URL below the token's lifetime (docs/operations.md)."`
-	Pooler       string `name:"pooler" default:"none" help:"What --database-url goes through: none (direct), session (a session-mode pooler) or transaction (PgBouncer's transaction mode, or any proxy that moves a client between server connections). transaction turns off pgx's named prepared statements, which such a pooler cannot keep (docs/operations.md)."`
+	// UserFile, read with the password at each new connection, lets a
+	// rotation change the role too (two roles in turn, Vault's dynamic
+	// roles): the one rotation that never refuses a new connection.
+	UserFile string `name:"database-user-file" help:"File holding the database user, read with --database-password-file for every new connection and used instead of the URL's user: for credentials that change role at each rotation (Vault dynamic roles, two roles used in turn, docs/operations.md). Needs --database-password-file."`
+	Pooler   string `name:"pooler" default:"none" help:"What --database-url goes through: none (direct), session (a session-mode pooler) or transaction (PgBouncer's transaction mode, or any proxy that moves a client between server connections). transaction turns off pgx's named prepared statements, which such a pooler cannot keep (docs/operations.md)."`
 }
 
 // Check returns the problems with the database setting.
@@ -47,6 +51,9 @@ func (d *Database) Check() []string {
 	var p []string
 	if strings.TrimSpace(d.DatabaseURL) == "" {
 		p = append(p, "--database-url (or DATABASE_URL) is required")
+	}
+	if d.UserFile != "" && d.PasswordFile == "" {
+		p = append(p, "--database-user-file needs --database-password-file: a user read from a file has no password in the URL")
 	}
 	if !slices.Contains(Poolers, d.Pooler) {
 		p = append(p, fmt.Sprintf("--pooler %q must be one of %s", d.Pooler, strings.Join(Poolers, ", ")))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/multitracer"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -86,10 +87,11 @@ type Base struct {
 	Ctx    context.Context
 	Logger *zap.Logger
 	Pool   *pgxpool.Pool
-	// Credentials is the --database-password-file the pool reads, nil
-	// without one.
-	Credentials *dbcred.File
-	close       []func()
+	// Collectors are the pool's own metrics (internal/dbcred): refused
+	// logins, and unreadable credential files with
+	// --database-password-file.
+	Collectors []prometheus.Collector
+	close      []func()
 }
 
 // Close closes the pool, stops listening for signals and flushes the log.
@@ -129,7 +131,7 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 	// Every error logged about a missing idemd table says to migrate.
 	logger = logger.WithOptions(zap.WrapCore(wrapSchemaHint))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	pool, cred, err := NewPool(ctx, *db, "idemd-"+name, logger)
+	pool, collectors, err := NewPool(ctx, *db, "idemd-"+name, logger)
 	if err != nil {
 		stop()
 		logger.Sync() //nolint:errcheck
@@ -137,7 +139,7 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 		fmt.Fprintf(stderr, "%s: invalid configuration:\n  - --database-url: %v\n", name, err)
 		return nil, nil, ExitConfig
 	}
-	b := &Base{Ctx: ctx, Logger: logger, Pool: pool, Credentials: cred}
+	b := &Base{Ctx: ctx, Logger: logger, Pool: pool, Collectors: collectors}
 	b.close = []func(){func() { logger.Sync() }, stop, pool.Close} //nolint:errcheck
 	return kctx, b, ExitOK
 }
@@ -156,9 +158,7 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg, name)
-	if base.Credentials != nil {
-		reg.MustRegister(base.Credentials.Collector())
-	}
+	reg.MustRegister(base.Collectors...)
 	// Not ready while the database lacks a migration the command needs
 	// (up to its oldest schema): a rollout waits for the migration Job
 	// instead of sending work to a daemon that cannot do it. On a newer
@@ -259,34 +259,40 @@ func opsAddr(cmd Command, kctx *kong.Context, addr string) string {
 // then fails with 42P05 or 26000, or is left behind for the API). Without
 // it, those errors are logged once with the fix.
 //
-// With db.PasswordFile, every new connection reads its password from that
-// file (internal/dbcred): the pool's BeforeConnect, which connections opened
-// outside the pool apply too (dbcred.Connect with pool.Config()). The
-// returned File is nil without one.
-func NewPool(ctx context.Context, db config.Database, appName string, logger *zap.Logger) (*pgxpool.Pool, *dbcred.File, error) {
+// With db.PasswordFile (and db.UserFile), every new connection reads its
+// credentials from those files (internal/dbcred): the pool's
+// BeforeConnect, which connections opened outside the pool apply too
+// (dbcred.Connect with pool.Config()). Every connection, the ones outside
+// the pool too, is watched for the server refusing its credentials. The
+// returned collectors are those two watches' metrics.
+func NewPool(ctx context.Context, db config.Database, appName string, logger *zap.Logger) (*pgxpool.Pool, []prometheus.Collector, error) {
 	cfg, err := pgxpool.ParseConfig(db.DatabaseURL)
 	if err != nil {
 		// pgx's error may echo the URL; never print the password.
 		return nil, nil, errors.New("cannot parse the connection URL")
 	}
-	var cred *dbcred.File
+	refusals := dbcred.NewRefusals(logger)
+	collectors := []prometheus.Collector{refusals.Collector()}
 	if db.PasswordFile != "" {
-		cred = dbcred.NewFile(db.PasswordFile, logger)
+		cred := dbcred.NewFile(db.PasswordFile, db.UserFile, logger)
 		cfg.BeforeConnect = cred.BeforeConnect
+		collectors = append(collectors, cred.Collector())
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	}
+	tracer := &multitracer.Tracer{ConnectTracers: []pgx.ConnectTracer{refusals}}
 	if db.Pooler == config.PoolerTransaction {
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	} else if logger != nil {
-		cfg.ConnConfig.Tracer = &poolerMismatch{logger: logger}
+		tracer.QueryTracers = []pgx.QueryTracer{&poolerMismatch{logger: logger}}
 	}
+	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("new pool: %w", err)
 	}
-	return pool, cred, nil
+	return pool, collectors, nil
 }
 
 // Service is what a long-running command runs until SIGTERM.
