@@ -136,11 +136,14 @@ func TestSwitches(t *testing.T) {
 	}
 }
 
-// TestPasswordFile: database.passwordFile reaches every command that uses
-// the runtime role, migratePasswordFile the migration, with the volumes.
+// TestPasswordFile: database.passwordFile and userFile reach every command
+// that uses the runtime role, migratePasswordFile and migrateUserFile the
+// migration, with the volumes; a user file without a password file is
+// refused.
 func TestPasswordFile(t *testing.T) {
 	os := renderChart(t, map[string]any{
-		"database":          map[string]any{"passwordFile": "/var/run/secrets/db/password", "migratePasswordFile": "/var/run/secrets/db/migrate"},
+		"database": map[string]any{"passwordFile": "/var/run/secrets/db/password", "migratePasswordFile": "/var/run/secrets/db/migrate",
+			"userFile": "/var/run/secrets/db/username", "migrateUserFile": "/var/run/secrets/db/migrate-username"},
 		"extraVolumes":      []any{map[string]any{"name": "db", "secret": map[string]any{"secretName": "db-password"}}},
 		"extraVolumeMounts": []any{map[string]any{"name": "db", "mountPath": "/var/run/secrets/db", "readOnly": true}},
 	})
@@ -151,6 +154,13 @@ func TestPasswordFile(t *testing.T) {
 		}
 		if v, _ := envValue(c, "IDEMD_DATABASE_PASSWORD_FILE"); v != want {
 			t.Errorf("%s: IDEMD_DATABASE_PASSWORD_FILE %q, want %q", where, v, want)
+		}
+		wantUser := "/var/run/secrets/db/username"
+		if strings.HasPrefix(where, "Job/idemd-migrate/") {
+			wantUser = "/var/run/secrets/db/migrate-username"
+		}
+		if v, _ := envValue(c, "IDEMD_DATABASE_USER_FILE"); v != wantUser {
+			t.Errorf("%s: IDEMD_DATABASE_USER_FILE %q, want %q", where, v, wantUser)
 		}
 		mounted := false
 		for _, m := range c.VolumeMounts {
@@ -172,6 +182,7 @@ func TestSchemaRejects(t *testing.T) {
 		"non-string env":  {"completer": map[string]any{"config": map[string]any{"IDEMD_RATE": 5}}},
 		"not a flag env":  {"completer": map[string]any{"config": map[string]any{"DATABASE_URL": "postgres://x"}}},
 		"no memory limit": {"reaper": map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": nil}}}},
+		"user file alone": {"database": map[string]any{"userFile": "/var/run/secrets/db/username"}},
 	} {
 		if _, err := tryRenderChart(values); err == nil {
 			t.Errorf("%s: %v rendered without error", what, values)

@@ -23,6 +23,13 @@ var Grants string
 //go:embed river-grants.sql
 var RiverGrants string
 
+// RuntimeRolesInTurn is runtime-roles-in-turn.sql: idemd_runtime_a and
+// idemd_runtime_b, members of idemd_runtime, for a rotation that changes
+// role each time.
+//
+//go:embed runtime-roles-in-turn.sql
+var RuntimeRolesInTurn string
+
 // Role names created by Roles.
 const (
 	MigratorRole = "idemd_migrator"

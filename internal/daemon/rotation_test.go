@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	rolesql "github.com/idemd/idemd/deploy/sql"
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/testbin"
@@ -198,12 +199,11 @@ func randomPassword(t *testing.T) string {
 func TestRotationUnderLoadFailsNoPass(t *testing.T) {
 	ctx := context.Background()
 	c, dbURL, adminPool := rotationDatabase(t, "idemd_rotate_load")
-	roles := []string{"idemd_runtime_a", "idemd_runtime_b"}
-	for _, r := range roles {
-		if _, err := adminPool.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN IN ROLE %s", pgx.Identifier{r}.Sanitize(), pgx.Identifier{dbtest.RuntimeRole}.Sanitize())); err != nil {
-			t.Fatal(err)
-		}
+	// The documented file, run as an operator would.
+	if _, err := adminPool.Exec(ctx, rolesql.RuntimeRolesInTurn); err != nil {
+		t.Fatal(err)
 	}
+	roles := []string{"idemd_runtime_a", "idemd_runtime_b"}
 	setPassword := func(role, pw string) {
 		t.Helper()
 		if _, err := adminPool.Exec(ctx, fmt.Sprintf("ALTER ROLE %s PASSWORD '%s'", pgx.Identifier{role}.Sanitize(), pw)); err != nil {

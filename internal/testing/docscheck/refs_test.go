@@ -248,7 +248,7 @@ func TestDocReferencesExist(t *testing.T) {
 	if err != nil || len(sqlFiles) == 0 {
 		t.Fatalf("no migrations found: %v", err)
 	}
-	sqlFiles = append(sqlFiles, filepath.Join(root, "deploy", "sql", "roles.sql"))
+	sqlFiles = append(sqlFiles, filepath.Join(root, "deploy", "sql", "roles.sql"), filepath.Join(root, "deploy", "sql", "runtime-roles-in-turn.sql"))
 	for _, f := range sqlFiles {
 		b, err := os.ReadFile(f)
 		if err != nil {

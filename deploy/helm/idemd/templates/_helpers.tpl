@@ -74,7 +74,7 @@ livenessProbe:
   failureThreshold: 6
 {{- end }}
 
-{{/* DATABASE_URL from the Secret key .key, and the password file if any. */}}
+{{/* DATABASE_URL from the Secret key .key, and the password and user files if any. */}}
 {{- define "idemd.databaseEnv" -}}
 - name: DATABASE_URL
   valueFrom:
@@ -83,6 +83,13 @@ livenessProbe:
       key: {{ .key }}
 {{- with .passwordFile }}
 - name: IDEMD_DATABASE_PASSWORD_FILE
+  value: {{ . | quote }}
+{{- end }}
+{{- with .userFile }}
+{{- if not $.passwordFile }}
+{{- fail "database.userFile (or migrateUserFile) needs database.passwordFile (or migratePasswordFile): the user and the password rotate together" }}
+{{- end }}
+- name: IDEMD_DATABASE_USER_FILE
   value: {{ . | quote }}
 {{- end }}
 {{- end }}
