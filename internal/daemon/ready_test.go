@@ -5,10 +5,8 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,7 +15,6 @@ import (
 	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/scratchdb"
-	"github.com/idemd/idemd/internal/testing/testbin"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -39,29 +36,18 @@ func TestNotReadyUntilMigrated(t *testing.T) {
 	}
 
 	type daemonProc struct {
-		name, addr string
-		missing    string // the newest migration its /readyz must name
-		cmd        *exec.Cmd
-		done       chan error
+		*daemonProcess
+		missing string // the newest migration its /readyz must name
 	}
-	var procs []*daemonProc
+	var procs []daemonProc
 	for _, d := range []struct {
-		name, pkg, missing string
-		args               []string
+		name, missing string
+		args          []string
 	}{
-		{"enqueuer", "github.com/idemd/idemd/cmd/enqueuer", "00003_staged_jobs.sql", nil},
-		{"completer", "github.com/idemd/idemd/cmd/completer", "00016_idemd_reaper_runs.sql", []string{"--api-url", "http://127.0.0.1:1", "--auth-secret-file", secret}},
+		{"enqueuer", "00003_staged_jobs.sql", nil},
+		{"completer", "00016_idemd_reaper_runs.sql", []string{"--api-url", "http://127.0.0.1:1", "--auth-secret-file", secret}},
 	} {
-		addr := closedAddr(t)
-		cmd := exec.Command(testbin.Build(t, d.pkg), append(d.args, "--database-url", dbURL, "--http-addr", addr)...)
-		cmd.Stderr = io.Discard
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		p := &daemonProc{name: d.name, addr: addr, missing: d.missing, cmd: cmd, done: make(chan error, 1)}
-		go func() { p.done <- cmd.Wait() }()
-		t.Cleanup(func() { _ = cmd.Process.Kill() })
-		procs = append(procs, p)
+		procs = append(procs, daemonProc{startDaemon(t, d.name, append(d.args, "--database-url", dbURL)...), d.missing})
 	}
 
 	readyz := func(addr string) (int, string) {
@@ -95,16 +81,6 @@ func TestNotReadyUntilMigrated(t *testing.T) {
 		})
 	}
 	for _, p := range procs {
-		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-p.done:
-			if err != nil {
-				t.Fatalf("%s on SIGTERM: %v", p.name, err)
-			}
-		case <-time.After(time.Minute):
-			t.Fatalf("%s did not exit on SIGTERM", p.name)
-		}
+		p.stop(t)
 	}
 }
