@@ -73,18 +73,8 @@ func TestPasswordFileRotation(t *testing.T) {
 		}
 	}
 	setPassword(first)
-	if err := c.RequirePasswords(); err != nil {
-		t.Fatal(err)
-	}
 	runtimeURL := dbtest.AsRole(dbURL, dbtest.RuntimeRole) // no password in it
-	testwait.Until(t, time.Minute, "the server to refuse a login without a password", func() bool {
-		conn, err := pgx.Connect(ctx, runtimeURL)
-		if err == nil {
-			conn.Close(ctx)
-			return false
-		}
-		return strings.Contains(err.Error(), "password")
-	})
+	requirePasswords(t, c, runtimeURL)
 
 	pwFile := filepath.Join(t.TempDir(), "password")
 	writePasswordFile(t, pwFile, first)

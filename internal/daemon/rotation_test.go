@@ -103,6 +103,24 @@ func (v *secretVolume) write(t *testing.T, files map[string]string) {
 	}
 }
 
+// requirePasswords makes the cluster ask every role but its admin for a
+// password, and waits until a login to url (which has none) is refused.
+func requirePasswords(t *testing.T, c *dbtest.Cluster, url string) {
+	t.Helper()
+	if err := c.RequirePasswords(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	testwait.Until(t, time.Minute, "the server to refuse a login without a password", func() bool {
+		conn, err := pgx.Connect(ctx, url)
+		if err == nil {
+			conn.Close(ctx)
+			return false
+		}
+		return strings.Contains(err.Error(), "password")
+	})
+}
+
 func randomPassword(t *testing.T) string {
 	t.Helper()
 	b := make([]byte, 12)
@@ -142,19 +160,9 @@ func TestRotationUnderLoadFailsNoPass(t *testing.T) {
 	var passwords []string
 	setPassword(roles[0], pw)
 	passwords = append(passwords, pw)
-	if err := c.RequirePasswords(); err != nil {
-		t.Fatal(err)
-	}
 	// The URL names a role the files replace; it has no password.
 	baseURL := dbtest.AsRole(dbURL, dbtest.RuntimeRole)
-	testwait.Until(t, time.Minute, "the server to refuse a login without a password", func() bool {
-		conn, err := pgx.Connect(ctx, baseURL)
-		if err == nil {
-			conn.Close(ctx)
-			return false
-		}
-		return strings.Contains(err.Error(), "password")
-	})
+	requirePasswords(t, c, baseURL)
 	vol := &secretVolume{dir: t.TempDir()}
 	vol.write(t, map[string]string{"username": roles[0], "password": pw})
 
