@@ -63,7 +63,7 @@ func (c *Command) Check() []string {
 
 // Run does one run, or runs on the schedule until SIGTERM.
 func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
-	replicas, closeReplicas, err := OpenReplicas(ctx, &c.Throttle)
+	replicas, closeReplicas, err := OpenReplicas(ctx, &c.Throttle, env.Pool.Config())
 	if err != nil {
 		return err
 	}

@@ -82,7 +82,7 @@ type ThrottleSettings struct {
 	CriticalLoad   string        `name:"critical-load" default:"${critical_load}" help:"Stop the run cleanly (stop_reason critical_load, recorded with the measurement) when the primary's load is above this, in --max-load's form; its values must be above --max-load's. The next run continues. Empty: never stop for load."`
 	PauseMin       time.Duration `name:"pause-min" default:"${pause_min}" help:"The first wait when a limit is crossed; each further wait of the same stretch doubles, up to --pause-max."`
 	PauseMax       time.Duration `name:"pause-max" default:"${pause_max}" help:"The longest wait between two readings of the limits while throttled."`
-	ReplicaURLs    []string      `name:"replica-url" sep:"none" help:"A standby to read the replay lag of directly (pg_last_wal_replay_lsn), for replicas the primary cannot report on: cascading standbys. Repeat for several. Its role needs only CONNECT."`
+	ReplicaURLs    []string      `name:"replica-url" sep:"none" help:"A standby to read the replay lag of directly (pg_last_wal_replay_lsn), for replicas the primary cannot report on: cascading standbys. Repeat for several. Its role needs only CONNECT. Without a password in it, it logs in with --database-password-file and --database-user-file."`
 	ReplicaURLFile string        `name:"replica-url-file" default:"${replica_url_file}" help:"A file of --replica-url values, one per line (# comments), read at start: keeps passwords out of the process's arguments."`
 }
 

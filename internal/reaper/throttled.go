@@ -170,7 +170,14 @@ func (s *Service) recordThrottle(ctx context.Context, run int64, waited time.Dur
 // OpenReplicas opens a small pool on each --replica-url and
 // --replica-url-file entry, for the throttle to read their lag; close
 // closes them. Nothing here logs a URL: it may carry a password.
-func OpenReplicas(ctx context.Context, t *ThrottleSettings) (replicas []throttle.Replica, closeAll func(), err error) {
+//
+// A URL without a password logs in as the primary's pool does (primary's
+// BeforeConnect: --database-password-file and --database-user-file): a
+// physical standby has the primary's roles and passwords, so a rotated
+// credential reaches the replicas' connections too instead of failing
+// the throttle's readings. Every replica connection goes through the
+// primary's tracer, so a refused login is counted with the others.
+func OpenReplicas(ctx context.Context, t *ThrottleSettings, primary *pgxpool.Config) (replicas []throttle.Replica, closeAll func(), err error) {
 	urls := append([]string(nil), t.ReplicaURLs...)
 	if t.ReplicaURLFile != "" {
 		more, err := readURLFile(t.ReplicaURLFile)
@@ -192,6 +199,12 @@ func OpenReplicas(ctx context.Context, t *ThrottleSettings) (replicas []throttle
 		}
 		// One reading at a time, once per batch: one connection.
 		cfg.MaxConns, cfg.MinConns = 1, 0
+		if primary != nil {
+			if cfg.ConnConfig.Password == "" {
+				cfg.BeforeConnect = primary.BeforeConnect
+			}
+			cfg.ConnConfig.Tracer = primary.ConnConfig.Tracer
+		}
 		p, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			closeAll()

@@ -1,13 +1,17 @@
 package reaper
 
 import (
+	"cmp"
 	"context"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -225,7 +229,7 @@ func TestThrottleReplicaLag(t *testing.T) {
 	if err := os.WriteFile(file, []byte("# the paused standby\n"+standby.URL()+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reps, closeReps, err := OpenReplicas(ctx, &ThrottleSettings{ReplicaURLFile: file})
+	reps, closeReps, err := OpenReplicas(ctx, &ThrottleSettings{ReplicaURLFile: file}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,5 +279,53 @@ func TestThrottleSettingsCheck(t *testing.T) {
 	s.Throttle.CriticalLoad = "commit_latency=10ms"
 	if p := strings.Join(s.Check(), "\n"); !strings.Contains(p, "commit_latency must be above --max-load's") {
 		t.Errorf("critical below max accepted:\n%s", p)
+	}
+}
+
+// A --replica-url without a password logs in with the primary pool's
+// credentials (its BeforeConnect: the credential files a rotation
+// rewrites), since a physical standby has the primary's roles; one with
+// a password of its own keeps it.
+func TestReplicaURLTakesThePrimarysCredentials(t *testing.T) {
+	ctx := context.Background()
+	server, err := url.Parse(dbtest.ServerURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := server.User.Username()
+	password, _ := server.User.Password()
+	server.User = url.User(user)
+	withoutPassword := server.String()
+	server.User = url.UserPassword(user, cmp.Or(password, "its-own"))
+	withPassword := server.String()
+
+	primary, err := pgxpool.ParseConfig(withoutPassword)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	calls := 0
+	primary.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		cc.Password = password // what a credential file would hold
+		return nil
+	}
+	reps, closeReps, err := OpenReplicas(ctx, &ThrottleSettings{ReplicaURLs: []string{withoutPassword, withPassword}}, primary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeReps()
+	for i, r := range reps {
+		if err := r.Pool.Ping(ctx); err != nil {
+			t.Fatalf("replica %d: %v", i, err)
+		}
+		mu.Lock()
+		got := calls
+		mu.Unlock()
+		if want := 1; got != want {
+			t.Errorf("after connecting to replica %d (password in its URL: %v): the primary's BeforeConnect ran %d times, want %d", i, i == 1, got, want)
+		}
 	}
 }
