@@ -149,12 +149,13 @@ const lagEvery = 200 * time.Millisecond
 
 // RunStandby starts a private, durable PostgreSQL cluster (fsync and
 // synchronous_commit on, as in production) with a streaming standby made by
-// pg_basebackup, and measures four reaper configurations on a fresh load
-// each, under the API's insert load: the defaults before the throttle
-// existed (no replica limits), the throttled defaults, the throttled
-// defaults with a commit_latency ceiling of 3× the idle probe, and
-// pt-archiver-style fixed sleeps (small batches, a fixed pause, no
-// throttle).
+// pg_basebackup, and measures the reaper configurations of standbyConfigs
+// on a fresh load each, under the API's insert load, in opts.Rounds
+// interleaved rounds: the defaults before the throttle existed (no replica
+// limits), the throttled defaults, the throttled defaults with a
+// commit_latency ceiling of 3× the idle probe, pt-archiver-style fixed
+// sleeps (small batches, a fixed pause, no throttle), and the throttled
+// defaults with smaller batches.
 func RunStandby(ctx context.Context, opts StandbyOptions) (*StandbyReport, error) {
 	opts.Keys = cmp.Or(opts.Keys, 2_000_000)
 	opts.InsertRate = cmp.Or(opts.InsertRate, 500)
