@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,30 +85,61 @@ func TestRunStandbySmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Rows) != 4 {
-		t.Fatalf("%d configurations measured, want 4", len(r.Rows))
+	if len(r.Configs) != len(StandbyConfigKeys) {
+		t.Fatalf("%d configurations measured, want %d", len(r.Configs), len(StandbyConfigKeys))
 	}
-	for _, row := range r.Rows {
-		if row.Deleted < row.Eligible || row.Deleted > row.Eligible+2 || row.Eligible < int64(r.PastRetention) || !row.Complete ||
-			row.WALBytes <= 0 || len(row.Timeline) == 0 || row.During.N == 0 || row.Before.N == 0 {
-			t.Errorf("%s: deleted %d of %d eligible (%d at load), complete %v, %d bytes of WAL, %d lag samples, %d/%d inserts",
-				row.Name, row.Deleted, row.Eligible, r.PastRetention, row.Complete, row.WALBytes, len(row.Timeline), row.Before.N, row.During.N)
+	for _, c := range r.Configs {
+		if len(c.Rounds) != 1 || len(c.P99Ratios) != 1 || c.P99Median != c.P99Ratios[0] {
+			t.Fatalf("%s: %d rounds, p99 ratios %v (median %v), want one round", c.Key, len(c.Rounds), c.P99Ratios, c.P99Median)
 		}
+		row := c.Rounds[0]
+		if row.Deleted < row.Eligible || row.Deleted > row.Eligible+2 || row.Eligible < int64(r.PastRetention) || !row.Complete ||
+			row.WALBytes <= 0 || len(row.Timeline) == 0 || row.During.N == 0 || row.Before.N == 0 || row.Load <= 0 {
+			t.Errorf("%s: deleted %d of %d eligible (%d at load), complete %v, %d bytes of WAL, %d lag samples, %d/%d inserts, loaded in %s",
+				row.Name, row.Deleted, row.Eligible, r.PastRetention, row.Complete, row.WALBytes, len(row.Timeline), row.Before.N, row.During.N, row.Load)
+		}
+	}
+	if r.Configs[0].VsFirstMedian != 1 {
+		t.Errorf("the first configuration's keys/s against itself: %v, want 1", r.Configs[0].VsFirstMedian)
 	}
 	t.Log("\n" + r.String())
 }
 
+// TestSummarize checks a configuration's medians over interleaved rounds:
+// each round's keys/s against the first configuration's in the same round.
+func TestSummarize(t *testing.T) {
+	first := []StandbyRow{{KeysPerSec: 100}, {KeysPerSec: 200}, {KeysPerSec: 50}}
+	rows := []StandbyRow{
+		{KeysPerSec: 90, P99Ratio: 3, WALBytes: 10, LagMax: time.Second, Complete: true},
+		{KeysPerSec: 220, P99Ratio: 1, WALBytes: 30, LagMax: 2 * time.Second, LagOver1s: 0.5},
+		{KeysPerSec: 40, P99Ratio: 2, WALBytes: 20, Complete: true},
+	}
+	c := summarize("k", "name", rows, first)
+	if c.P99Median != 2 || c.KeysPerSecMedian != 90 || c.WALMedian != 20 || c.VsFirstMedian != 0.9 ||
+		c.LagMax != 2*time.Second || c.LagOver1s != 0.5 || c.Incomplete != 1 {
+		t.Errorf("summarize = %+v", c)
+	}
+}
+
 // TestStandbyFullRun runs the benchmark with a standby at the size
 // REAPERBENCH_STANDBY_KEYS (skipped when unset; 2000000 reaps 1M keys,
-// 20000000 the full suite's 10M):
+// 20000000 the full suite's 10M), REAPERBENCH_STANDBY_ROUNDS interleaved
+// rounds (default 1), and only the configurations of
+// REAPERBENCH_STANDBY_CONFIGS (comma-separated keys of StandbyConfigKeys;
+// default all):
 //
-//	REAPERBENCH_STANDBY_KEYS=2000000 go test -run TestStandbyFullRun -v -timeout 2h ./internal/bench/reaper
+//	REAPERBENCH_STANDBY_KEYS=2000000 REAPERBENCH_STANDBY_ROUNDS=3 go test -run TestStandbyFullRun -v -timeout 2h ./internal/bench/reaper
 func TestStandbyFullRun(t *testing.T) {
 	keys, _ := strconv.Atoi(os.Getenv("REAPERBENCH_STANDBY_KEYS"))
 	if keys == 0 {
 		t.Skip("REAPERBENCH_STANDBY_KEYS not set")
 	}
-	r, err := RunStandby(context.Background(), StandbyOptions{Keys: keys, Logf: t.Logf})
+	rounds, _ := strconv.Atoi(os.Getenv("REAPERBENCH_STANDBY_ROUNDS"))
+	var configs []string
+	if v := os.Getenv("REAPERBENCH_STANDBY_CONFIGS"); v != "" {
+		configs = strings.Split(v, ",")
+	}
+	r, err := RunStandby(context.Background(), StandbyOptions{Keys: keys, Rounds: rounds, Configs: configs, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,6 +32,18 @@ type StandbyOptions struct {
 	InsertRate int
 	// BaselineDuration of the workload before each run. Default 5s.
 	BaselineDuration time.Duration
+	// Rounds: every configuration runs this many times, each on a fresh
+	// load, interleaved (A B C D, A B C D, ...) so that a slow spell of
+	// the machine falls on all of them alike. One window's insert p99 is
+	// its ~25 worst inserts and moves by 2× between windows here, so a
+	// configuration is judged by the median of its rounds. Default 1 (the
+	// CI test's cost).
+	Rounds int
+	// Configs, when set, runs only the configurations with these keys
+	// (StandbyConfigKeys), in the suite's order: a long run at 10M keys can
+	// afford one configuration, not five. The first one run is the one
+	// the others' keys/s are compared with.
+	Configs []string
 	// Logf, when set, receives progress lines.
 	Logf func(format string, args ...any)
 }
@@ -38,6 +52,8 @@ type StandbyOptions struct {
 // with the standby streaming.
 type StandbyRow struct {
 	Name string
+	// Round is the round (from 1) this run belongs to.
+	Round int
 	// Eligible keys were past retention just before the run; Deleted is
 	// a few more: keys cross the horizon while it runs (one every 0.26 s
 	// with 2M keys spread over 144 hours).
@@ -68,6 +84,39 @@ type StandbyRow struct {
 	// --max-runtime (standbyMaxRuntime); otherwise StopReason says why.
 	Complete   bool
 	StopReason string
+	// Load is how long loading the table took before this run (the
+	// standby's catching up not included), for sizing longer runs.
+	Load time.Duration
+	// LoadAvg is the machine's /proc/loadavg right after the run: the
+	// machine is shared, and a figure is read with the load it ran under.
+	LoadAvg string
+}
+
+// StandbyConfig is one configuration over every round.
+type StandbyConfig struct {
+	Key, Name string
+	Rounds    []StandbyRow
+	// P99Ratios are the rounds' insert p99 ratios (each run's window over
+	// the baseline window just before it), P99Median their median: the
+	// figure the issue's target is checked against.
+	P99Ratios []float64
+	P99Median float64
+	// KeysPerSecMedian is the median of the rounds' keys/s; VsFirst the
+	// rounds' keys/s over the first configuration's in the same round, and
+	// VsFirstMedian their median (1 for the first configuration itself).
+	KeysPerSecMedian float64
+	VsFirst          []float64
+	VsFirstMedian    float64
+	// WALMedian is the median of the rounds' WAL bytes.
+	WALMedian int64
+	// LagMax and LagMaxBytes are the worst over every round, LagOver1s the
+	// worst round's share of samples over 1 s.
+	LagMax      time.Duration
+	LagMaxBytes int64
+	LagOver1s   float64
+	// Incomplete counts the rounds that stopped before deleting everything
+	// eligible.
+	Incomplete int
 }
 
 // standbyMaxRuntime bounds each run: a configuration that throttles most
@@ -91,7 +140,8 @@ type StandbyReport struct {
 	// window), and CommitLimit the commit_latency the load-throttled run
 	// was given (3× it).
 	ProbeCommit, CommitLimit time.Duration
-	Rows                     []StandbyRow
+	Rounds                   int
+	Configs                  []StandbyConfig
 }
 
 // lagEvery is how often the standby's lag is sampled during a run.
@@ -99,12 +149,13 @@ const lagEvery = 200 * time.Millisecond
 
 // RunStandby starts a private, durable PostgreSQL cluster (fsync and
 // synchronous_commit on, as in production) with a streaming standby made by
-// pg_basebackup, and measures four reaper configurations on a fresh load
-// each, under the API's insert load: the defaults before the throttle
-// existed (no replica limits), the throttled defaults, the throttled
-// defaults with a commit_latency ceiling of 3× the idle probe, and
-// pt-archiver-style fixed sleeps (small batches, a fixed pause, no
-// throttle).
+// pg_basebackup, and measures the reaper configurations of standbyConfigs
+// on a fresh load each, under the API's insert load, in opts.Rounds
+// interleaved rounds: the defaults before the throttle existed (no replica
+// limits), the throttled defaults, the throttled defaults with a
+// commit_latency ceiling of 3× the idle probe, pt-archiver-style fixed
+// sleeps (small batches, a fixed pause, no throttle), and the throttled
+// defaults with smaller batches.
 func RunStandby(ctx context.Context, opts StandbyOptions) (*StandbyReport, error) {
 	opts.Keys = cmp.Or(opts.Keys, 2_000_000)
 	opts.InsertRate = cmp.Or(opts.InsertRate, 500)
@@ -150,47 +201,138 @@ func RunStandby(ctx context.Context, opts StandbyOptions) (*StandbyReport, error
 	if err := b.prepare(ctx, base); err != nil {
 		return nil, err
 	}
-	def.MaxRuntime = standbyMaxRuntime
 	rep := &StandbyReport{Keys: opts.Keys, PastRetention: base.PastRetention, InsertRate: opts.InsertRate}
 
-	configs := []struct {
-		name   string
-		mutate func(*reaper.Settings)
-	}{
-		{"default without throttle (batch 30000, pause 10ms)", func(s *reaper.Settings) {
-			s.Throttle.MaxLag, s.Throttle.MaxLagBytes = 0, "0"
-		}},
-		{"throttled defaults (--max-lag 1s, --max-lag-bytes 64MB)", nil},
-		{"throttled defaults + --max-load commit_latency=3× the probe under the inserts alone", func(s *reaper.Settings) {
-			s.Throttle.MaxLoad = "commit_latency=" + rep.CommitLimit.String()
-		}},
-		{"fixed sleeps, pt-archiver style (batch 5000, pause 250ms, no throttle)", func(s *reaper.Settings) {
-			s.BatchSize, s.BatchPause = 5000, 250*time.Millisecond
-			s.Throttle.MaxLag, s.Throttle.MaxLagBytes = 0, "0"
-		}},
+	configs, err := standbyConfigs(opts.Configs, rep)
+	if err != nil {
+		return nil, err
 	}
-	for i, c := range configs {
-		s := def
-		if c.mutate != nil {
-			c.mutate(&s)
+	rep.Rounds = cmp.Or(opts.Rounds, 1)
+	for round := 1; round <= rep.Rounds; round++ {
+		for i, c := range configs {
+			row, err := b.runConfig(ctx, base, c, round, rep)
+			if err != nil {
+				return nil, err
+			}
+			row.Round = round
+			configs[i].rows = append(configs[i].rows, row)
 		}
-		var probe *time.Duration
-		if i == 0 {
-			// The probe's commit under the API's inserts alone, read in the
-			// first round's baseline window, sets the ceiling of the third.
-			probe = &rep.ProbeCommit
-		}
-		row, err := b.standbyRound(ctx, base, c.name, s, probe)
-		if err != nil {
-			return nil, err
-		}
-		if i == 0 {
-			rep.CommitLimit = (3 * rep.ProbeCommit).Round(time.Microsecond)
-			logf("probe commit under the inserts alone %s; commit_latency ceiling %s", rep.ProbeCommit, rep.CommitLimit)
-		}
-		rep.Rows = append(rep.Rows, row)
+	}
+	for _, c := range configs {
+		rep.Configs = append(rep.Configs, summarize(c.key, c.name, c.rows, configs[0].rows))
 	}
 	return rep, nil
+}
+
+// standbyConfig is one reaper configuration of the suite and its runs.
+type standbyConfig struct {
+	key, name string
+	mutate    func(*reaper.Settings)
+	rows      []StandbyRow
+}
+
+// StandbyConfigKeys are the keys of the suite's configurations, in its
+// order (StandbyOptions.Configs).
+var StandbyConfigKeys = []string{"old-default", "throttled", "commit-latency", "fixed-sleeps", "throttled-batch-10000"}
+
+// standbyConfigs is the suite's configurations, only those of keys when
+// set. The commit_latency ceiling is read from rep when the run starts: it
+// is set after the first run's baseline window.
+func standbyConfigs(keys []string, rep *StandbyReport) ([]standbyConfig, error) {
+	noReplicaLimits := func(s *reaper.Settings) { s.Throttle.MaxLag, s.Throttle.MaxLagBytes = 0, "0" }
+	all := []standbyConfig{
+		{key: "old-default", name: "default without throttle (batch 30000, pause 10ms)", mutate: noReplicaLimits},
+		{key: "throttled", name: "throttled defaults (--max-lag 1s, --max-lag-bytes 64MB)"},
+		{key: "commit-latency", name: "throttled defaults + --max-load commit_latency=3× the probe under the inserts alone", mutate: func(s *reaper.Settings) {
+			s.Throttle.MaxLoad = "commit_latency=" + rep.CommitLimit.String()
+		}},
+		{key: "fixed-sleeps", name: "fixed sleeps, pt-archiver style (batch 5000, pause 250ms, no throttle)", mutate: func(s *reaper.Settings) {
+			s.BatchSize, s.BatchPause = 5000, 250*time.Millisecond
+			noReplicaLimits(s)
+		}},
+		// The hypothesis that a smaller batch spares the API's tail: each
+		// batch's commit flushes a third of the WAL, and the inserts'
+		// commits queue behind shorter flushes.
+		{key: "throttled-batch-10000", name: "throttled defaults with --batch-size 10000", mutate: func(s *reaper.Settings) { s.BatchSize = 10000 }},
+	}
+	if len(keys) == 0 {
+		return all, nil
+	}
+	var out []standbyConfig
+	for _, c := range all {
+		if slices.Contains(keys, c.key) {
+			out = append(out, c)
+		}
+	}
+	if len(out) != len(keys) {
+		return nil, fmt.Errorf("reaperbench: configurations %q: want some of %q", keys, StandbyConfigKeys)
+	}
+	return out, nil
+}
+
+// runConfig runs one configuration on a fresh load. The very first run of
+// the suite also measures the probe's commit under the inserts alone,
+// which sets the commit_latency ceiling of the runs after it.
+func (b *bench) runConfig(ctx context.Context, base *Report, c standbyConfig, round int, rep *StandbyReport) (StandbyRow, error) {
+	s := *b.opts.Reaper
+	s.MaxRuntime = standbyMaxRuntime
+	var probe *time.Duration
+	first := rep.CommitLimit == 0
+	if first {
+		probe = &rep.ProbeCommit
+	}
+	if c.mutate != nil {
+		c.mutate(&s)
+	}
+	if first && c.key == "commit-latency" {
+		// Run first (by Configs), it has no measured ceiling to be given.
+		return StandbyRow{}, fmt.Errorf("reaperbench: %s: needs a configuration before it to measure the probe's commit", c.key)
+	}
+	row, err := b.standbyRound(ctx, base, c.name, s, probe)
+	if err != nil {
+		return StandbyRow{}, err
+	}
+	if first {
+		rep.CommitLimit = (3 * rep.ProbeCommit).Round(time.Microsecond)
+		b.logf("probe commit under the inserts alone %s; commit_latency ceiling %s", rep.ProbeCommit, rep.CommitLimit)
+	}
+	b.logf("round %d, %s: %s (load average %s)", round, c.name, row.line(), row.LoadAvg)
+	return row, nil
+}
+
+// summarize gives one configuration's medians over its rounds; first are
+// the first configuration's rounds, in the same order.
+func summarize(key, name string, rows, first []StandbyRow) StandbyConfig {
+	c := StandbyConfig{Key: key, Name: name, Rounds: rows}
+	var kps []float64
+	var wal []int64
+	for i, r := range rows {
+		c.P99Ratios = append(c.P99Ratios, r.P99Ratio)
+		kps = append(kps, r.KeysPerSec)
+		wal = append(wal, r.WALBytes)
+		if first[i].KeysPerSec > 0 {
+			c.VsFirst = append(c.VsFirst, r.KeysPerSec/first[i].KeysPerSec)
+		}
+		c.LagMax, c.LagMaxBytes, c.LagOver1s = max(c.LagMax, r.LagMax), max(c.LagMaxBytes, r.LagMaxBytes), max(c.LagOver1s, r.LagOver1s)
+		if !r.Complete {
+			c.Incomplete++
+		}
+	}
+	c.P99Median, c.KeysPerSecMedian, c.WALMedian = median(c.P99Ratios), median(kps), median(wal)
+	if len(c.VsFirst) > 0 {
+		c.VsFirstMedian = median(c.VsFirst)
+	}
+	return c
+}
+
+// loadAvg is the machine's load average (/proc/loadavg's first three
+// fields), or "?" where there is none to read.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "?"
 }
 
 // standbyRound loads the table, lets the standby catch up, then runs the
@@ -202,6 +344,7 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	if err := b.load(ctx, r, false); err != nil {
 		return StandbyRow{}, err
 	}
+	loaded := r.LoadDuration
 	if err := b.standbyCaughtUp(ctx); err != nil {
 		return StandbyRow{}, err
 	}
@@ -270,7 +413,7 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	}
 	row := StandbyRow{Name: name, Eligible: eligible, Deleted: res.Deleted, Duration: res.Duration, KeysPerSec: float64(res.Deleted) / res.Duration.Seconds(),
 		Before: newLatency(before), During: newLatency(during), Throttled: res.Throttled, ThrottleReason: res.ThrottleReason,
-		Complete: res.Complete, StopReason: res.StopReason}
+		Complete: res.Complete, StopReason: res.StopReason, Load: loaded}
 	row.P99Ratio = float64(row.During.P99) / float64(row.Before.P99)
 	if row.WALBytes, err = b.walSince(ctx, lsn); err != nil {
 		return StandbyRow{}, err
@@ -293,14 +436,16 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 			row.Timeline = append(row.Timeline, samples[i])
 		}
 	}
-	b.logf("%s: %s", name, row.line())
+	row.LoadAvg = loadAvg()
 	return row, nil
 }
 
 // standbyCaughtUp waits (polling, bounded) until the standby has replayed
-// everything the primary wrote.
+// everything the primary wrote. The bound grows with the table: a load of
+// 20M keys streams gigabytes the standby replays behind it.
 func (b *bench) standbyCaughtUp(ctx context.Context) error {
-	deadline := time.Now().Add(5 * time.Minute)
+	bound := max(5*time.Minute, time.Duration(b.opts.Keys/20_000)*time.Second)
+	deadline := time.Now().Add(bound)
 	for {
 		var behind int64
 		err := b.pool.QueryRow(ctx, `SELECT COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), -1)::int8 FROM pg_stat_replication WHERE state = 'streaming'`).Scan(&behind)
@@ -311,7 +456,7 @@ func (b *bench) standbyCaughtUp(ctx context.Context) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("reaperbench: the standby is still %d bytes behind after 5 minutes", behind)
+			return fmt.Errorf("reaperbench: the standby is still %d bytes behind after %s", behind, bound)
 		}
 		t := time.NewTimer(50 * time.Millisecond)
 		select {
@@ -384,24 +529,32 @@ func (r StandbyRow) line() string {
 		r.LagMax.Round(time.Millisecond), float64(r.LagMaxBytes)/1e6, 100*r.LagOver1s, 100*r.LagOver64MB, r.Throttled.Round(time.Millisecond), r.ThrottleReason)
 }
 
-// String renders the report for docs/benchmarks/reaper.md.
+// String renders the report for docs/benchmarks/reaper.md: every run,
+// then a table of each configuration's medians over the rounds.
 func (r *StandbyReport) String() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "reaper with a streaming standby: %d keys, %d past retention, %d inserts/s; probe commit under the inserts alone %s (ceiling %s)\n\n",
-		r.Keys, r.PastRetention, r.InsertRate, r.ProbeCommit.Round(time.Microsecond), r.CommitLimit)
-	for _, row := range r.Rows {
-		fmt.Fprintf(&sb, "%s\n  %s\n  lag over time (s: lag, MB behind):", row.Name, row.line())
-		for _, x := range row.Timeline {
-			fmt.Fprintf(&sb, " %.1f: %s, %.1f;", x.At.Seconds(), x.Lag.Round(time.Millisecond), float64(x.Bytes)/1e6)
+	fmt.Fprintf(&sb, "reaper with a streaming standby: %d keys, %d past retention, %d inserts/s, %d round(s) interleaved; probe commit under the inserts alone %s (ceiling %s)\n\n",
+		r.Keys, r.PastRetention, r.InsertRate, r.Rounds, r.ProbeCommit.Round(time.Microsecond), r.CommitLimit)
+	for _, c := range r.Configs {
+		fmt.Fprintf(&sb, "%s\n", c.Name)
+		for _, row := range c.Rounds {
+			fmt.Fprintf(&sb, "  round %d (loaded in %s; load average %s): %s\n  lag over time (s: lag, MB behind):", row.Round, row.Load.Round(100*time.Millisecond), row.LoadAvg, row.line())
+			for _, x := range row.Timeline {
+				fmt.Fprintf(&sb, " %.1f: %s, %.1f;", x.At.Seconds(), x.Lag.Round(time.Millisecond), float64(x.Bytes)/1e6)
+			}
+			sb.WriteString("\n")
 		}
-		sb.WriteString("\n")
 	}
-	if len(r.Rows) > 1 && r.Rows[0].KeysPerSec > 0 {
-		fmt.Fprintf(&sb, "\nvs the default without throttle:")
-		for _, row := range r.Rows[1:] {
-			fmt.Fprintf(&sb, "\n  %s: keys/s %.2fx, insert p99 ratio %.2fx vs %.2fx", row.Name, row.KeysPerSec/r.Rows[0].KeysPerSec, row.P99Ratio, r.Rows[0].P99Ratio)
-		}
-		sb.WriteString("\n")
+	if len(r.Configs) == 0 {
+		return sb.String()
 	}
+	fmt.Fprintf(&sb, "\nmedians over the rounds; keys/s ratio against %q in the same round:\n", r.Configs[0].Key)
+	tw := tabwriter.NewWriter(&sb, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "configuration\tinsert p99 ratio per round\tmedian\tkeys/s (median)\tkeys/s ratio per round\tmedian\tWAL (median)\tlag max\tincomplete")
+	for _, c := range r.Configs {
+		fmt.Fprintf(tw, "%s\t%s\t%.2fx\t%.0f\t%s\t%.2fx\t%s\t%s / %.1f MB\t%d\n", c.Key, ratioList(c.P99Ratios), c.P99Median, c.KeysPerSecMedian,
+			ratioList(c.VsFirst), c.VsFirstMedian, mb(c.WALMedian), c.LagMax.Round(time.Millisecond), float64(c.LagMaxBytes)/1e6, c.Incomplete)
+	}
+	_ = tw.Flush()
 	return sb.String()
 }
