@@ -126,7 +126,8 @@ func TestSummarize(t *testing.T) {
 // 20000000 the full suite's 10M), REAPERBENCH_STANDBY_ROUNDS interleaved
 // rounds (default 1), and only the configurations of
 // REAPERBENCH_STANDBY_CONFIGS (comma-separated keys of StandbyConfigKeys;
-// default all):
+// default all), on a server with REAPERBENCH_STANDBY_SERVER's settings
+// (comma-separated name=value; default PostgreSQL's):
 //
 //	REAPERBENCH_STANDBY_KEYS=2000000 REAPERBENCH_STANDBY_ROUNDS=3 go test -run TestStandbyFullRun -v -timeout 2h ./internal/bench/reaper
 func TestStandbyFullRun(t *testing.T) {
@@ -139,7 +140,11 @@ func TestStandbyFullRun(t *testing.T) {
 	if v := os.Getenv("REAPERBENCH_STANDBY_CONFIGS"); v != "" {
 		configs = strings.Split(v, ",")
 	}
-	r, err := RunStandby(context.Background(), StandbyOptions{Keys: keys, Rounds: rounds, Configs: configs, Logf: t.Logf})
+	var server []string
+	if v := os.Getenv("REAPERBENCH_STANDBY_SERVER"); v != "" {
+		server = strings.Split(v, ",")
+	}
+	r, err := RunStandby(context.Background(), StandbyOptions{Keys: keys, Rounds: rounds, Configs: configs, Server: server, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}

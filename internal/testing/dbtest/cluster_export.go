@@ -8,6 +8,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -19,6 +20,9 @@ import (
 type Cluster struct {
 	bin, dir, data, opts string
 	port                 int
+	// settings are ClusterOptions.Settings as pg_ctl options, which a
+	// standby copies.
+	settings string
 
 	mu      sync.Mutex
 	running bool
@@ -44,6 +48,11 @@ type ClusterOptions struct {
 	// instead of fsync off: a benchmark that measures WAL and CPU per
 	// request (internal/testing/e2e/load) must pay what a real server pays.
 	Durable bool
+	// Settings are more server settings, "name=value" each (passed as
+	// -c name=value): a benchmark sizes shared_buffers and max_wal_size as
+	// a production server would. A standby made by NewStandby gets them
+	// too.
+	Settings []string
 }
 
 // NewCluster is StartCluster for callers without a testing.TB; the caller
@@ -89,6 +98,14 @@ func NewClusterWith(o ClusterOptions) (*Cluster, error) {
 	if !o.Durable {
 		c.opts += " -c fsync=off"
 	}
+	for _, kv := range o.Settings {
+		if !strings.Contains(kv, "=") || strings.ContainsAny(kv, " '\"") {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("dbtest: server setting %q is not name=value", kv)
+		}
+		c.settings += " -c " + kv
+	}
+	c.opts += c.settings
 	if err := c.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err

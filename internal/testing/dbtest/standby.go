@@ -67,7 +67,8 @@ func (c *Cluster) NewStandby() (*Cluster, error) {
 	}
 	// The primary's options, on the standby's own port and socket
 	// directory.
-	s.opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off", s.port, dir)
+	s.opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off", s.port, dir) + c.settings
+	s.settings = c.settings
 	if err := s.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
