@@ -210,10 +210,23 @@ func TestTriggerNotifiesUnlessPolled(t *testing.T) {
 		t.Fatalf("during a handoff heard %q, want %q", got, want)
 	}
 
-	// The drainer's session ends (it died): commits notify at once.
+	// The drainer's session ends (it died): commits notify at once. The
+	// client's Close only sends Terminate: the server releases the
+	// session's lock P when its backend exits, a moment later.
+	var drainerPID int
+	if err := drainer.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&drainerPID); err != nil {
+		t.Fatal(err)
+	}
 	if err := drainer.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
+	testwait.Until(t, time.Minute, "the drainer's backend to exit", func() bool {
+		var alive bool
+		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)", drainerPID).Scan(&alive); err != nil {
+			t.Fatal(err)
+		}
+		return !alive
+	})
 	stage(700)
 	if got, want := heardUntil(t, listener, pool, "s5"), []string{"700"}; !slices.Equal(got, want) {
 		t.Fatalf("after the drainer's session ended heard %q, want %q", got, want)
