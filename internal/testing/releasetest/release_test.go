@@ -168,7 +168,17 @@ func testBinaries(t *testing.T, dist, version, commit string) {
 		t.Run(p.os+"_"+p.arch, func(t *testing.T) {
 			dir := t.TempDir()
 			untar(t, filepath.Join(dist, fmt.Sprintf("idemd_%s_%s_%s.tar.gz", version, p.os, p.arch)), dir)
-			for _, f := range []string{"LICENSE", "README.md", "CHANGELOG.md", "SECURITY.md"} {
+			files := []string{"LICENSE", "README.md", "CHANGELOG.md", "SECURITY.md"}
+			// The SQL the docs tell an operator to run with psql, at the
+			// same paths as in the repository.
+			sqlFiles, err := filepath.Glob(filepath.Join(root(t), "deploy", "sql", "*.sql"))
+			if err != nil || len(sqlFiles) == 0 {
+				t.Fatalf("no deploy/sql/*.sql in the repository: %v", err)
+			}
+			for _, f := range sqlFiles {
+				files = append(files, filepath.Join("deploy", "sql", filepath.Base(f)))
+			}
+			for _, f := range files {
 				if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 					t.Errorf("the archive lacks %s", f)
 				}
