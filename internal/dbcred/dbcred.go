@@ -69,19 +69,13 @@ func NewFile(path, userPath string, logger *zap.Logger) *File {
 // Collector is the counter of failed reads, for the daemon's registry.
 func (f *File) Collector() prometheus.Collector { return f.errors }
 
-// Read returns the password file's content without its trailing line
-// break, as a template or `echo` writes it.
-func (f *File) Read() (string, error) {
-	_, pw, err := f.ReadCredentials()
-	return pw, err
-}
-
 // tornReads bounds how often ReadCredentials reads again a user file that
 // changed under it: once is a rotation; every time is a writer gone wrong.
 const tornReads = 3
 
 // ReadCredentials returns the user ("" without a user file) and the
-// password. The kubelet and Vault agent replace a set of files at once
+// password, each without its trailing line break, as a template or `echo`
+// writes it. The kubelet and Vault agent replace a set of files at once
 // (a directory swapped under a symlink), but two reads can still fall on
 // either side of a swap: the user is read before and after the password,
 // and a change between the two reads them all again, so the pair always

@@ -224,7 +224,7 @@ func TestRefusals(t *testing.T) {
 	if strings.Join(msgs, "\n") != strings.Join(want, "\n") {
 		t.Errorf("logged:\n%s\nwant:\n%s", strings.Join(msgs, "\n"), strings.Join(want, "\n"))
 	}
-	if !IsRefusal(refused) || IsRefusal(down) || IsRefusal(nil) {
-		t.Error("IsRefusal: wrong classification")
+	if !isRefusal(refused) || isRefusal(down) || isRefusal(nil) {
+		t.Error("isRefusal: wrong classification")
 	}
 }

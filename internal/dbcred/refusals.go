@@ -66,7 +66,7 @@ func (r *Refusals) TraceConnectStart(ctx context.Context, data pgx.TraceConnectS
 // accepts a connection again after one.
 func (r *Refusals) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
 	c, _ := ctx.Value(credentialKey{}).(credential)
-	refused := IsRefusal(data.Err)
+	refused := isRefusal(data.Err)
 	if data.Err != nil && !refused {
 		return // not about credentials: the pool's callers report it
 	}
@@ -86,11 +86,11 @@ func (r *Refusals) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEnd
 	r.refused = refused
 }
 
-// IsRefusal reports whether err is the server refusing a login's
+// isRefusal reports whether err is the server refusing a login's
 // credentials: invalid_password (28P01) or
 // invalid_authorization_specification (28000: no pg_hba.conf entry, a role
 // that may not log in).
-func IsRefusal(err error) bool {
+func isRefusal(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000")
 }

@@ -340,8 +340,10 @@ func summarize(key, name string, rows, first []StandbyRow) StandbyConfig {
 	c := StandbyConfig{Key: key, Name: name, Rounds: rows}
 	var kps []float64
 	var wal []int64
+	var during []time.Duration
 	for i, r := range rows {
 		c.P99Ratios = append(c.P99Ratios, r.P99Ratio)
+		during = append(during, r.During.P99)
 		kps = append(kps, r.KeysPerSec)
 		wal = append(wal, r.WALBytes)
 		if first[i].KeysPerSec > 0 {
@@ -351,10 +353,6 @@ func summarize(key, name string, rows, first []StandbyRow) StandbyConfig {
 		if !r.Complete {
 			c.Incomplete++
 		}
-	}
-	var during []time.Duration
-	for _, r := range rows {
-		during = append(during, r.During.P99)
 	}
 	c.DuringP99Median = median(during)
 	c.P99Median, c.KeysPerSecMedian, c.WALMedian = median(c.P99Ratios), median(kps), median(wal)
