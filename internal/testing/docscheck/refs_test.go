@@ -138,8 +138,9 @@ func flagsOf(t *testing.T, name string, cli any, flags, envs map[string]string) 
 	walk(model.Model.Node)
 }
 
-// goSources returns the text of every .go file under root (tests too:
-// the benchmarks' knobs are read there).
+// goSources returns the text of every .go file under root, tests too (the
+// benchmarks' knobs are read there, and the tests' sleeps): the one walk
+// of the repository's Go files for every check here.
 func goSources(t *testing.T) map[string]string {
 	t.Helper()
 	out := map[string]string{}
@@ -147,8 +148,11 @@ func goSources(t *testing.T) map[string]string {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules" || d.Name() == "bin") {
-			return filepath.SkipDir
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", "node_modules", "vendor", "bin":
+				return filepath.SkipDir
+			}
 		}
 		if !d.IsDir() && strings.HasSuffix(p, ".go") {
 			b, err := os.ReadFile(p)

@@ -4,8 +4,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -17,24 +15,14 @@ import (
 // from rand). Anything else is a wait for work by guesswork.
 func TestTestsNeverSleepToWaitForWork(t *testing.T) {
 	sleeps := 0
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			switch d.Name() {
-			case ".git", "node_modules", "vendor", "bin":
-				return filepath.SkipDir
-			}
-			return nil
-		}
+	for path, src := range goSources(t) {
 		if !strings.HasSuffix(path, "_test.go") {
-			return nil
+			continue
 		}
 		fset := token.NewFileSet()
-		file, err := parser.ParseFile(fset, path, nil, 0)
+		file, err := parser.ParseFile(fset, path, src, 0)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		var stack []ast.Node
 		ast.Inspect(file, func(n ast.Node) bool {
@@ -54,10 +42,6 @@ func TestTestsNeverSleepToWaitForWork(t *testing.T) {
 			t.Errorf("%s: time.Sleep neither polls to a deadline nor draws a random pause: wait on a signal or poll with testwait.Until", fset.Position(call.Pos()))
 			return true
 		})
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	if sleeps == 0 {
 		t.Fatal("no time.Sleep found at all: the walk looked in the wrong place")
