@@ -24,6 +24,21 @@ func run(t *testing.T, args ...string) (int, string, string) {
 	return code, out.String(), errb.String()
 }
 
+// statusJSON runs `idemctl status -o json` on url with args and decodes
+// it; a failure fails the test.
+func statusJSON(t *testing.T, url string, args ...string) ctl.Status {
+	t.Helper()
+	code, out, errs := run(t, append([]string{"--database-url", url, "status", "-o", "json"}, args...)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var st ctl.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return st
+}
+
 func setup(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
 	url := dbtest.NewDatabase(t)
@@ -179,14 +194,7 @@ func TestStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	code, out, errs := run(t, "--database-url", url, "status", "-o", "json")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
-	}
-	var st ctl.Status
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	st := statusJSON(t, url)
 	unfinished := map[string]int64{}
 	for _, u := range st.UnfinishedKeys {
 		unfinished[u.Name] = u.Count
@@ -201,7 +209,7 @@ func TestStatus(t *testing.T) {
 		t.Errorf("open reviews: %+v", st.OpenReviews)
 	}
 
-	code, out, _ = run(t, "--database-url", url, "status", "--retention", "96h")
+	code, out, _ := run(t, "--database-url", url, "status", "--retention", "96h")
 	if code != 0 {
 		t.Fatal(code)
 	}

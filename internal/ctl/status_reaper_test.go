@@ -2,7 +2,6 @@ package ctl_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -36,15 +35,7 @@ func TestStatusCountsWhatTheReaperWouldDelete(t *testing.T) {
 
 	status := func(args ...string) ctl.Status {
 		t.Helper()
-		code, out, errs := run(t, append([]string{"--database-url", url, "status", "-o", "json"}, args...)...)
-		if code != 0 {
-			t.Fatalf("exit %d: %s", code, errs)
-		}
-		var st ctl.Status
-		if err := json.Unmarshal([]byte(out), &st); err != nil {
-			t.Fatalf("%v\n%s", err, out)
-		}
-		return st
+		return statusJSON(t, url, args...)
 	}
 	st := status()
 	def := reaper.DefaultSettings()
@@ -110,14 +101,7 @@ VALUES ('reaper', 'reaper/pod-d/1/dd', now(), now(), now() + interval '1 hour')`
 		t.Fatal(err)
 	}
 
-	code, out, errs := run(t, "--database-url", url, "status", "-o", "json")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
-	}
-	var st ctl.Status
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	st := statusJSON(t, url)
 	var got []string
 	for _, r := range st.ReaperRuns {
 		got = append(got, fmt.Sprintf("%s %s %d/%d", r.Mode, r.Result, r.Deleted, r.Flagged))
@@ -133,7 +117,7 @@ VALUES ('reaper', 'reaper/pod-d/1/dd', now(), now(), now() + interval '1 hour')`
 		t.Errorf("last reaper success %v, want %v", st.LastReaperSuccess, lastComplete)
 	}
 
-	code, out, errs = run(t, "--database-url", url, "status")
+	code, out, errs := run(t, "--database-url", url, "status")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -193,15 +177,7 @@ func TestStatusCountsByTheRecordedRetention(t *testing.T) {
 	os.Unsetenv("IDEMD_RETENTION")
 	status := func() ctl.Status {
 		t.Helper()
-		code, out, errs := run(t, "--database-url", url, "status", "-o", "json")
-		if code != 0 {
-			t.Fatalf("exit %d: %s", code, errs)
-		}
-		var st ctl.Status
-		if err := json.Unmarshal([]byte(out), &st); err != nil {
-			t.Fatalf("%v\n%s", err, out)
-		}
-		return st
+		return statusJSON(t, url)
 	}
 	reap := func(dryRun bool) *reaper.Result {
 		t.Helper()
