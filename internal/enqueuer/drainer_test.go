@@ -38,7 +38,9 @@ func gauges(s *Service) (up, standby float64) {
 
 // startReplicas starts n replicas on pool with an hour-long poll (only
 // notifications can wake them): the first is the drainer once its
-// listener is up, each of the others once it stands by.
+// listener is up, each of the others once it stands by; and each has run
+// the start's full pass, which on a loaded machine could otherwise be a
+// standby's pass moving rows a test stages next.
 func startReplicas(t *testing.T, pool *pgxpool.Pool, n int, change func(*Settings)) []*Service {
 	t.Helper()
 	var reps []*Service
@@ -51,6 +53,7 @@ func startReplicas(t *testing.T, pool *pgxpool.Pool, n int, change func(*Setting
 		})
 		s.signals.listenerUp.Init(t)
 		s.signals.standby.Init(t)
+		s.signals.passed.Init(t)
 		if err := s.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -60,6 +63,7 @@ func startReplicas(t *testing.T, pool *pgxpool.Pool, n int, change func(*Setting
 		} else {
 			s.signals.standby.WaitOrTimeout(t)
 		}
+		s.signals.passed.WaitOrTimeout(t)
 		reps = append(reps, s)
 	}
 	return reps
