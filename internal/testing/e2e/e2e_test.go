@@ -304,25 +304,6 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	return e
 }
 
-// installStagedLog records every staged row that commits (a row staged by
-// a transaction that rolls back disappears from the log with it): the
-// oracle's list of what the enqueuers had to move.
-func (e *env) installStagedLog(ctx context.Context) error {
-	_, err := e.pool.Exec(ctx, `
-CREATE TABLE e2e_staged_log (id BIGINT PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL);
-CREATE FUNCTION e2e_staged_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO e2e_staged_log (id, job_name, job_args) VALUES (NEW.id, NEW.job_name, NEW.job_args);
-    RETURN NULL;
-END;
-$$;
-CREATE TRIGGER e2e_staged_log AFTER INSERT ON staged_jobs FOR EACH ROW EXECUTE FUNCTION e2e_staged_log();`)
-	if err != nil {
-		return fmt.Errorf("staged log: %w", err)
-	}
-	return nil
-}
-
 // seedOldKeys gives the reaper work: keys past its 1 h retention by the
 // database clock, finished ones (deleted silently) and unfinished ones
 // (deleted only together with a review, by the reaper or by a completer
