@@ -51,12 +51,21 @@ func ModuleRoot(ctx context.Context) (string, error) {
 
 // Build compiles the daemons, idemctl and the rocketrides server into dir.
 func Build(ctx context.Context, dir string) (*Binaries, error) {
+	return BuildTags(ctx, dir)
+}
+
+// BuildTags is Build with build tags (the soak's idemd_short_retention).
+func BuildTags(ctx context.Context, dir string, tags ...string) (*Binaries, error) {
 	root, err := ModuleRoot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator),
-		"./cmd/enqueuer", "./cmd/completer", "./cmd/reaper", "./cmd/idemctl", "./examples/rocketrides/cmd/rocketrides")
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	args = append(args, "./cmd/enqueuer", "./cmd/completer", "./cmd/reaper", "./cmd/idemctl", "./examples/rocketrides/cmd/rocketrides")
+	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build: %w\n%s", err, out)
