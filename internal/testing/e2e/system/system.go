@@ -1,5 +1,6 @@
 // Package system runs idemd the way it is deployed, for the end-to-end fault
-// suite (internal/testing/e2e) and the load run (internal/testing/e2e/load): it builds the
+// suite (internal/testing/e2e), the load run (internal/testing/e2e/load) and
+// the soak (internal/testing/e2e/soak): it builds the
 // real binaries, creates and migrates a database with `idemctl migrate`,
 // starts Rocket Rides (API, fake Stripe, receipt worker) and the daemons as
 // processes, and keeps count of every process exit it did not cause.
@@ -28,6 +29,8 @@ import (
 
 	"github.com/idemd/idemd/examples/rocketrides/api"
 	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
 // Binaries are the built commands.
@@ -302,8 +305,15 @@ func (p *Proc) LogTail(n int64) string {
 // httpClient is short-timeout: every call here is a probe or an admin call.
 var httpClient = &http.Client{Timeout: 5 * time.Second}
 
+// recordsClient reads the fake Stripe's records: after a soak they are
+// hundreds of thousands of charges, more than a probe's timeout reads.
+var recordsClient = &http.Client{Timeout: 2 * time.Minute}
+
 // CloseIdleConnections releases the probes' keep-alive connections (goleak).
-func CloseIdleConnections() { httpClient.CloseIdleConnections() }
+func CloseIdleConnections() {
+	httpClient.CloseIdleConnections()
+	recordsClient.CloseIdleConnections()
+}
 
 // Ready asks /readyz: true for 200, false with the body otherwise (and
 // false with the error when the process does not answer).
@@ -457,7 +467,7 @@ func (rr *RocketRides) Charges(ctx context.Context) ([]fakestripe.Charge, error)
 	if err != nil {
 		return nil, fmt.Errorf("charges: %w", err)
 	}
-	resp, err := httpClient.Do(req)
+	resp, err := recordsClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("charges: %w", err)
 	}
@@ -631,4 +641,65 @@ func (d *DaemonSet) Close() {
 	for _, p := range d.All() {
 		p.Close()
 	}
+}
+
+// CreateDatabase creates a database named after prefix on adminURL's server,
+// applies deploy/sql/roles.sql as the operator does and runs idemd's
+// migrations as idemd_migrator, as deployed (the daemons then connect as
+// idemd_runtime). drop removes it.
+func CreateDatabase(ctx context.Context, adminURL string, bins *Binaries, prefix string) (dbURL string, drop func(context.Context) error, err error) {
+	dbURL, drop, err = scratchdb.Create(ctx, adminURL, prefix)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
+		return "", nil, errors.Join(err, drop(context.WithoutCancel(ctx)))
+	}
+	if err := Migrate(ctx, bins, dbtest.MigratorURL(dbURL)); err != nil {
+		return "", nil, errors.Join(err, drop(context.WithoutCancel(ctx)))
+	}
+	return dbURL, drop, nil
+}
+
+// WaitReady waits up to a minute for p's /readyz.
+func WaitReady(ctx context.Context, p *Proc) error {
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := Poll(wctx, 50*time.Millisecond, func() (bool, error) {
+		if !p.Running() {
+			return false, errors.New("exited")
+		}
+		ok, _ := p.Ready(wctx)
+		return ok, nil
+	}); err != nil {
+		return fmt.Errorf("%s not ready: %w\n%s", p.Name, err, p.LogTail(2000))
+	}
+	return nil
+}
+
+// StartRetrying starts the process newProc returns and waits with up until
+// it is up. The ports the processes listen on are free when chosen, not
+// necessarily when the process binds them (another process of the machine
+// may take one in between): a process that exits before it is up is
+// replaced by a new one, on new ports, up to three times.
+func StartRetrying(newProc func() (*Proc, error), up func(*Proc) error) error {
+	var last error
+	for range 3 {
+		p, err := newProc()
+		if err != nil {
+			return err
+		}
+		if err := p.Start(); err != nil {
+			return err
+		}
+		if last = up(p); last == nil {
+			return nil
+		}
+		running := p.Running()
+		p.Close()
+		if running {
+			return last // up, but not answering: not a port race
+		}
+	}
+	return last
 }
