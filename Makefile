@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-.PHONY: build image release-snapshot test unit helm-test e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
+.PHONY: build image release-snapshot test unit helm-test e2e lint demo bench soak deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
 
 # Every binary carries its version (VERSION) and commit: --version prints
 # them, idemd_build_info exports them (scripts/buildinfo.sh).
@@ -94,6 +94,16 @@ lint:
 bench: ensure-postgres ensure-pgbouncer
 	$(GO) run ./internal/bench/report/cmd -out bench-report.txt
 
+# The soak (internal/testing/e2e/soak): Rocket Rides and the daemons under
+# steady traffic on a private cluster for IDEMD_SOAK_DURATION (30m; 3m for a
+# smoke check), then the oracle and the flatness checks, which fail it.
+# Writes soak-report.txt and soak-samples.csv (docs/benchmarks/soak.md). Not
+# part of `make test`: it is long.
+IDEMD_SOAK_DURATION ?= 30m
+soak: ensure-postgres
+	IDEMD_SOAK=1 IDEMD_SOAK_DURATION=$(IDEMD_SOAK_DURATION) IDEMD_SOAK_REPORT=$(CURDIR)/soak-report.txt \
+		$(GO) test -tags e2e -count=1 -timeout 0 -v -run '^TestSoak$$' ./internal/testing/e2e/
+
 demo: ensure-postgres build
 	@scripts/demo.sh
 
@@ -101,4 +111,4 @@ deploy-check: ensure-promtool ensure-kustomize
 	@scripts/deploy-check.sh
 
 clean:
-	rm -rf $(BIN) bench-report.txt dist build
+	rm -rf $(BIN) bench-report.txt soak-report.txt soak-samples.csv dist build
