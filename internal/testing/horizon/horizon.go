@@ -46,6 +46,10 @@ type Options struct {
 	// Roles also mark idemd's sessions: through PgBouncer a session's
 	// application_name is the pool's, not the client's.
 	Roles []string
+	// Ours, when set, decides instead of ApplicationPrefix and Roles which
+	// sessions are held to the bound (a suite that runs an earlier
+	// release beside this one holds only this one's).
+	Ours func(applicationName, role string) bool
 	// Logf, when set, is told each violation the first time it is seen.
 	Logf func(format string, args ...any)
 }
@@ -180,26 +184,20 @@ func (s *Sampler) run(ctx context.Context) {
 
 // sampleSQL reads every session of the database that holds a snapshot
 // (backend_xmin), with how long it has held it by the server's clock (see
-// the package comment) and whether it is idemd's. pg_backend_pid() is the
-// sampler itself.
+// the package comment). pg_backend_pid() is the sampler itself.
 const sampleSQL = `
 SELECT pid, coalesce(application_name, ''), coalesce(usename::text, ''), coalesce(state, ''),
        coalesce(wait_event_type || ':' || wait_event, ''), left(coalesce(query, ''), 200),
        coalesce(xact_start, query_start, backend_start),
        extract(epoch FROM clock_timestamp() - CASE WHEN state = 'active' THEN query_start ELSE coalesce(xact_start, query_start) END)::float8,
-       age(backend_xmin)::bigint,
-       coalesce(application_name LIKE $1 || '%' OR usename::text = ANY($2::text[]), false)
+       age(backend_xmin)::bigint
 FROM pg_stat_activity
 WHERE datname = current_database() AND backend_xmin IS NOT NULL AND pid <> pg_backend_pid()`
 
 func (s *Sampler) sample(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	roles := s.opts.Roles
-	if roles == nil {
-		roles = []string{}
-	}
-	rows, err := s.pool.Query(qctx, sampleSQL, s.opts.ApplicationPrefix, roles)
+	rows, err := s.pool.Query(qctx, sampleSQL)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.failed(err)
@@ -216,12 +214,13 @@ func (s *Sampler) sample(ctx context.Context) {
 			r    row
 			secs float64
 		)
-		if err := rows.Scan(&r.v.PID, &r.v.ApplicationName, &r.v.Role, &r.v.State, &r.v.WaitEvent, &r.v.Query, &r.v.XactStart, &secs, &r.v.XminAge, &r.idemd); err != nil {
+		if err := rows.Scan(&r.v.PID, &r.v.ApplicationName, &r.v.Role, &r.v.State, &r.v.WaitEvent, &r.v.Query, &r.v.XactStart, &secs, &r.v.XminAge); err != nil {
 			rows.Close()
 			s.failed(err)
 			return
 		}
 		r.v.Held = time.Duration(secs * float64(time.Second))
+		r.idemd = s.ours(r.v.ApplicationName, r.v.Role)
 		got = append(got, r)
 	}
 	if err := rows.Err(); err != nil {
@@ -259,6 +258,14 @@ func (s *Sampler) sample(ctx context.Context) {
 			s.opts.Logf("horizon: %s", r.v)
 		}
 	}
+}
+
+// ours says whether a session is idemd's.
+func (s *Sampler) ours(app, role string) bool {
+	if s.opts.Ours != nil {
+		return s.opts.Ours(app, role)
+	}
+	return strings.HasPrefix(app, s.opts.ApplicationPrefix) || slices.Contains(s.opts.Roles, role)
 }
 
 func (s *Sampler) failed(err error) {
