@@ -3,8 +3,10 @@ package enqueuer
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
 )
 
 // One replica listens and drains; the others stand by.
@@ -24,13 +26,27 @@ import (
 // self-check that the session hears what is committed through the pool
 // (LISTEN through a transaction-mode pooler is deaf, and a session lock
 // there would stay with a pooled server connection); then it takes the
-// lock, or UNLISTENs and waits for it in pg_advisory_lock, which costs
-// nothing and returns the moment the drainer's session ends: the drainer
-// stopped, was killed (the kernel closes its sockets), or lost its
+// lock, or UNLISTENs and stands by, trying for the lock every
+// --takeover-interval with pg_try_advisory_lock, which returns at once.
+// The lock is free again the moment the drainer's session ends: the
+// drainer stopped, was killed (the kernel closes its sockets), or lost its
 // connection, or its self-check failed (which ends the connection). The
-// standby then LISTENs again and, its snapshot taken after LISTEN, runs a
-// full pass for whatever was committed meanwhile, including the rows of
-// a batch the old drainer died holding.
+// standby's next attempt takes it; it then LISTENs again and, its snapshot
+// taken after LISTEN, runs a full pass for whatever was committed
+// meanwhile, including the rows of a batch the old drainer died holding.
+//
+// Why attempts and not a wait in pg_advisory_lock, which would return the
+// instant the lock is free: a statement that waits holds the snapshot it
+// started with, and the server's xmin horizon cannot pass a snapshot's
+// xmin. A standby waiting in pg_advisory_lock for as long as the drainer
+// lived kept vacuum from removing a single dead row in the whole database,
+// the API's tables too (an anti-wraparound vacuum cannot advance
+// relfrozenxid past it either). No session of the enqueuer may wait inside
+// a statement; an attempt holds its snapshot for the microseconds it runs.
+// Nothing the server offers wakes a session without a statement when
+// another session ends (a killed drainer sends no NOTIFY), so a takeover
+// costs up to one interval more than the old wait did
+// (docs/benchmarks/enqueuer.md, "Takeover").
 //
 // Why a session lock on the listener's connection and not a lease row
 // (internal/lease, the reaper's): a lease changes hands only after its
@@ -42,23 +58,20 @@ import (
 // only by the sweep, within --sweep-interval, and IdemdEnqueuerNoDrainer
 // fires.
 
-// drainerLockSQL waits for the drainer lock; drainerTryLockSQL takes it if
-// it is free. The key is per schema (current_schema(): the search_path of
-// the installation), since advisory locks are per database and one
+// drainerTryLockSQL takes the drainer lock if it is free and returns at
+// once either way. The key is per schema (current_schema(): the search_path
+// of the installation), since advisory locks are per database and one
 // database may hold several installations.
-const (
-	drainerLockSQL    = `SELECT pg_advisory_lock(hashtextextended('idemd enqueuer drainer ' || current_schema(), 0))`
-	drainerTryLockSQL = `SELECT pg_try_advisory_lock(hashtextextended('idemd enqueuer drainer ' || current_schema(), 0))`
-)
+const drainerTryLockSQL = `SELECT pg_try_advisory_lock(hashtextextended('idemd enqueuer drainer ' || current_schema(), 0))`
 
 // drainerSessionSQL sets up the listener's session. No server timeout may
-// end a standby's wait or the drainer's idle listening (a role's or
-// database's statement_timeout, lock_timeout or idle_session_timeout), and
-// the server is to notice a client that vanished without closing its
-// socket (a partitioned node) within about half a minute, through
-// keepalives while the session idles (the drainer) and the connection
-// check while it waits (a standby), so the lock does not outlive its
-// replica.
+// end the drainer's idle listening (a role's or database's
+// idle_session_timeout; statement_timeout and lock_timeout are turned off
+// too, since no statement of this session may be cut short by the API's
+// own settings), and the server is to notice a client that vanished
+// without closing its socket (a partitioned node) within about half a
+// minute, through keepalives while the session idles and the connection
+// check while a statement runs, so the lock does not outlive its replica.
 const drainerSessionSQL = `SET statement_timeout = 0; SET lock_timeout = 0; SET idle_session_timeout = 0;
 SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3;
 SET client_connection_check_interval = '5s'`
@@ -67,11 +80,12 @@ SET client_connection_check_interval = '5s'`
 // stands by until it can, and returns the cause of the full pass the new
 // drainer runs: wakeReconnect when the lock was free (the listener just
 // connected), wakeDrainer when it took over from a drainer that went away.
-// A standby does not listen while it waits.
+// A standby does not listen while it waits, and holds no snapshot between
+// its attempts.
 func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err error) {
-	var got bool
-	if err := conn.QueryRow(ctx, drainerTryLockSQL, pgx.QueryExecModeSimpleProtocol).Scan(&got); err != nil {
-		return "", fmt.Errorf("enqueuer listen: try the drainer lock: %w", err)
+	got, err := s.tryDrainerLock(ctx, conn)
+	if err != nil {
+		return "", err
 	}
 	if got {
 		return wakeReconnect, nil
@@ -81,10 +95,21 @@ func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err 
 	}
 	s.metrics.standby.Set(1)
 	s.signals.standby.Signal(struct{}{})
-	s.logger.Info("standing by: another replica is the drainer; this one sweeps every --sweep-interval and takes over when the drainer goes")
+	s.logger.Info("standing by: another replica is the drainer; this one sweeps every --sweep-interval and takes over when the drainer goes",
+		zap.Duration("takeover_interval", s.cfg.TakeoverInterval))
 	defer s.metrics.standby.Set(0)
-	if _, err := conn.Exec(ctx, drainerLockSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return "", fmt.Errorf("enqueuer listen: wait for the drainer lock: %w", err)
+	tick := time.NewTicker(s.cfg.TakeoverInterval)
+	defer tick.Stop()
+	for !got {
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("enqueuer listen: stand by: %w", ctx.Err())
+		case <-tick.C:
+		}
+		if got, err = s.tryDrainerLock(ctx, conn); err != nil {
+			return "", err
+		}
+		s.signals.takeoverAttempt.Signal(got)
 	}
 	if _, err := conn.Exec(ctx, listenSQL); err != nil {
 		return "", fmt.Errorf("enqueuer listen: %w", err)
@@ -92,4 +117,18 @@ func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err 
 	s.logger.Info("took over as the drainer: the previous drainer's session ended")
 	s.metrics.takeovers.Inc()
 	return wakeDrainer, nil
+}
+
+// tryDrainerLock is one attempt at the drainer lock. It is bounded by
+// --listener-check-timeout, the time this session is given to prove it
+// hears notifications: a listener whose server does not answer an
+// attempt within it is as good as gone, and reconnects.
+func (s *Service) tryDrainerLock(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	actx, cancel := context.WithTimeout(ctx, s.cfg.ListenerCheckTimeout)
+	defer cancel()
+	var got bool
+	if err := conn.QueryRow(actx, drainerTryLockSQL, pgx.QueryExecModeSimpleProtocol).Scan(&got); err != nil {
+		return false, fmt.Errorf("enqueuer listen: try the drainer lock: %w", err)
+	}
+	return got, nil
 }

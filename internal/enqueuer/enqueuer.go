@@ -156,7 +156,8 @@ type testSignals struct {
 	listenerChecked     testsignal.Signal[int]      // a self-check came back (its sequence number on this connection)
 	listenerCheckFailed testsignal.Signal[error]    // a self-check did not come back in time
 	passed              testsignal.Signal[struct{}] // the loop's pass ended (the first is the start's full pass)
-	standby             testsignal.Signal[struct{}] // the listener stands by, waiting for the drainer lock
+	standby             testsignal.Signal[struct{}] // the listener stands by, trying for the drainer lock
+	takeoverAttempt     testsignal.Signal[bool]     // a standby's attempt at the drainer lock returned (true: it took it)
 	swept               testsignal.Signal[bool]     // a sweep ended; true when it began with the listener up
 	polling             testsignal.Signal[bool]     // the drainer started (true) or stopped (false) polling; false once the handoff's drain ended
 }

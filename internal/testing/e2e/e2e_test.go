@@ -24,6 +24,7 @@ import (
 	"github.com/idemd/idemd/internal/testing/e2e/alertcheck"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
 	"github.com/idemd/idemd/internal/testing/e2e/tcpproxy"
+	"github.com/idemd/idemd/internal/testing/horizon"
 	"github.com/idemd/idemd/internal/testing/pgbouncertest"
 	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
@@ -105,6 +106,15 @@ func (e *env) checkSessions(ctx context.Context) {
 	}
 }
 
+// checkHorizon fails the run when a session of idemd held a snapshot
+// longer than the bound at any sample.
+func (e *env) checkHorizon(rep horizon.Report) {
+	e.logf("xmin horizon: %s", rep)
+	if err := rep.Err(); err != nil {
+		e.t.Error(err)
+	}
+}
+
 func (e *env) logf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	e.eventMu.Lock()
@@ -132,6 +142,9 @@ func runFaults(t *testing.T, pooled bool) {
 	e := setUp(ctx, t, pooled)
 	defer system.CloseIdleConnections()
 	e.startRecording(ctx)
+	// No session of idemd may hold a snapshot longer than its longest
+	// statement, through every fault (docs/design.md, invariant 7).
+	hz := horizon.Start(ctx, e.pool, horizon.Options{Roles: []string{dbtest.RuntimeRole}, Logf: e.logf})
 
 	// Traffic: riders who give up mid-request (a fifth of them) and retry
 	// after a 409 or 5xx; decliners among them.
@@ -194,6 +207,7 @@ func runFaults(t *testing.T, pooled bool) {
 
 	stopDaemons(t, e.daemons, "system's")
 	e.oracle(ctx, stats)
+	e.checkHorizon(hz.Stop())
 	e.checkSessions(ctx)
 	e.scanLogs()
 	e.status(ctx)

@@ -17,6 +17,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -544,6 +545,10 @@ type DaemonOptions struct {
 	// ExtraEnqueuerArgs to the enqueuers' (--listen-database-url).
 	ExtraArgs         []string
 	ExtraEnqueuerArgs []string
+	// ApplicationPrefix, when set, names each daemon's sessions
+	// (application_name in its URL) <prefix><daemon>, e.g. a release's
+	// daemons apart from another's.
+	ApplicationPrefix string
 	// PreviousRelease: the binaries are the previous release's, whose
 	// enqueuer names its sweep interval --poll-interval (this release's
 	// --sweep-interval; the old spelling still works here, with a
@@ -559,7 +564,18 @@ func NewDaemons(bins *Binaries, o DaemonOptions) (*DaemonSet, error) {
 		if err != nil {
 			return nil, "", err
 		}
-		args := []string{"--database-url", o.DatabaseURL, "--log-format", "console", "--http-addr", addr, "--shutdown-timeout", "10s"}
+		dbURL := o.DatabaseURL
+		if o.ApplicationPrefix != "" {
+			u, err := url.Parse(dbURL)
+			if err != nil {
+				return nil, "", fmt.Errorf("daemon URL: %w", err)
+			}
+			q := u.Query()
+			q.Set("application_name", o.ApplicationPrefix+name)
+			u.RawQuery = q.Encode()
+			dbURL = u.String()
+		}
+		args := []string{"--database-url", dbURL, "--log-format", "console", "--http-addr", addr, "--shutdown-timeout", "10s"}
 		return append(args, o.ExtraArgs...), addr, nil
 	}
 	for i := range o.Enqueuers {
