@@ -102,6 +102,7 @@ bench: ensure-postgres ensure-pgbouncer
 IDEMD_SOAK_DURATION ?= 30m
 soak: ensure-postgres
 	IDEMD_SOAK=1 IDEMD_SOAK_DURATION=$(IDEMD_SOAK_DURATION) IDEMD_SOAK_REPORT=$(CURDIR)/soak-report.txt \
+		IDEMD_SOAK_SAMPLES=$(CURDIR)/soak-samples.csv \
 		$(GO) test -tags e2e -count=1 -timeout 0 -v -run '^TestSoak$$' ./internal/testing/e2e/
 
 demo: ensure-postgres build

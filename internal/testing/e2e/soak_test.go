@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +14,7 @@ import (
 // TestSoak is the soak (30 minutes by default): IDEMD_SOAK=1 enables it,
 // IDEMD_SOAK_DURATION sets its length (3m for a smoke check). The report
 // goes to IDEMD_SOAK_REPORT (default soak-report.txt) and the samples to
-// the same name ending in -samples.csv. `make soak` runs it;
+// IDEMD_SOAK_SAMPLES (default soak-samples.csv). `make soak` runs it;
 // docs/benchmarks/soak.md says how to read it.
 func TestSoak(t *testing.T) {
 	if os.Getenv("IDEMD_SOAK") != "1" {
@@ -32,7 +31,10 @@ func TestSoak(t *testing.T) {
 	if out == "" {
 		out = "soak-report.txt"
 	}
-	samples := strings.TrimSuffix(out, ".txt") + "-samples.csv"
+	samples := os.Getenv("IDEMD_SOAK_SAMPLES")
+	if samples == "" {
+		samples = "soak-samples.csv"
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), d+20*time.Minute)
 	defer cancel()
 	rep, err := soak.Run(ctx, soak.Options{Duration: d, SamplesPath: samples, Logf: t.Logf})

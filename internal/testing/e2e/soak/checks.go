@@ -14,10 +14,10 @@ const (
 	// database's transactions, at every sample.
 	HorizonLimit = 10.0
 	// KeysGrowthLimit: idempotency_keys' total size at the end over its
-	// size at minute 8.
+	// size once steady (minute 8).
 	KeysGrowthLimit = 1.5
 	// DeadLimit: idempotency_keys' dead tuples over its live ones at the
-	// end.
+	// end: the lowest of the last 5 minutes' samples (see deadCheck).
 	DeadLimit = 0.20
 	// ThroughputFloor: the API's throughput in the last 5 minutes over
 	// minutes 3-8.
@@ -60,8 +60,9 @@ func at(samples []Sample, t time.Duration) Sample {
 }
 
 // Flatness evaluates the flatness checks over the samples of a soak of
-// duration d; daemons names the idemd processes whose memory is checked.
-func Flatness(samples []Sample, d time.Duration, daemons []string) []Check {
+// duration d: steady is when idempotency_keys' size is steady (minute 8 of
+// 30), daemons the idemd processes whose memory is checked.
+func Flatness(samples []Sample, d, steady time.Duration, daemons []string) []Check {
 	if len(samples) < 2 {
 		return []Check{{Name: "samples", Value: fmt.Sprintf("%d", len(samples)), Target: "at least 2"}}
 	}
@@ -77,21 +78,16 @@ func Flatness(samples []Sample, d time.Duration, daemons []string) []Check {
 			Pass:   n >= 1,
 		})
 	}
-	m8 := at(samples, mark(d, 8))
+	m8 := at(samples, steady)
 	keys8, keysEnd := m8.Tables["idempotency_keys"], last.Tables["idempotency_keys"]
 	checks = append(checks, Check{
 		Name: "idempotency_keys size",
 		Value: fmt.Sprintf("%s at the end, %s at %s (%.2f×); heap %s and %s",
 			mb(keysEnd.Total), mb(keys8.Total), m8.At.Round(time.Second), ratio(keysEnd.Total, keys8.Total), mb(keysEnd.Heap), mb(keys8.Heap)),
-		Target: fmt.Sprintf("≤ %.1f× its size at minute 8 (%s)", KeysGrowthLimit, mark(d, 8).Round(time.Second)),
+		Target: fmt.Sprintf("≤ %.1f× its size at minute 8 (%s)", KeysGrowthLimit, steady.Round(time.Second)),
 		Pass:   float64(keysEnd.Total) <= KeysGrowthLimit*float64(keys8.Total),
 	})
-	checks = append(checks, Check{
-		Name:   "idempotency_keys dead tuples",
-		Value:  fmt.Sprintf("%d dead, %d live (%.1f %%) at the end", keysEnd.Dead, keysEnd.Live, 100*ratio(keysEnd.Dead, keysEnd.Live)),
-		Target: fmt.Sprintf("≤ %.0f %% of live", 100*DeadLimit),
-		Pass:   float64(keysEnd.Dead) <= DeadLimit*float64(keysEnd.Live),
-	})
+	checks = append(checks, deadCheck(samples, d))
 	early := rate(samples, mark(d, 3), mark(d, 8))
 	late := rate(samples, d-mark(d, 5), d)
 	checks = append(checks, Check{
@@ -149,9 +145,44 @@ func horizonCheck(samples []Sample) Check {
 	return c
 }
 
-// connectionsCheck: no application_name has more sessions in the last
-// third of the soak than at its most before; the pools have reached their
-// size by then, so growth is a leak.
+// deadCheck: idempotency_keys' dead tuples at most DeadLimit of its live
+// ones after the last autovacuum of the soak's last 5 minutes, read as the
+// lowest ratio of those minutes' samples. At PostgreSQL's defaults
+// autovacuum lets dead tuples reach 20 % of the table (its scale factor)
+// plus what a naptime adds before it runs, so a table vacuum keeps clean
+// goes up and down a sawtooth whose peak passes 20 %, and a single sample
+// at the end lands anywhere on it; what the lowest point says is whether
+// vacuum still removes them. A pinned horizon keeps them all, and the
+// lowest point stays high.
+func deadCheck(samples []Sample, d time.Duration) Check {
+	from := d - mark(d, 5)
+	low, high := -1.0, 0.0
+	var lowAt Sample
+	for _, s := range samples {
+		if s.At < from {
+			continue
+		}
+		k := s.Tables["idempotency_keys"]
+		r := ratio(k.Dead, k.Live)
+		if low < 0 || r < low {
+			low, lowAt = r, s
+		}
+		high = max(high, r)
+	}
+	end := samples[len(samples)-1].Tables["idempotency_keys"]
+	k := lowAt.Tables["idempotency_keys"]
+	return Check{
+		Name: "idempotency_keys dead tuples",
+		Value: fmt.Sprintf("lowest in the last %s %.1f %% (%d dead, %d live, at %s), highest %.1f %%, at the end %.1f %% (%d dead, %d live)",
+			mark(d, 5).Round(time.Second), 100*low, k.Dead, k.Live, lowAt.At.Round(time.Second), 100*high, 100*ratio(end.Dead, end.Live), end.Dead, end.Live),
+		Target: fmt.Sprintf("≤ %.0f %% of live after autovacuum", 100*DeadLimit),
+		Pass:   low >= 0 && low <= DeadLimit,
+	}
+}
+
+// connectionsCheck: no application_name has more client sessions in the
+// last third of the soak than at its most before; the pools have reached
+// their size by then, so growth is a leak.
 func connectionsCheck(samples []Sample, d time.Duration) Check {
 	cut := d * 2 / 3
 	before, after := map[string]int{}, map[string]int{}
@@ -168,12 +199,15 @@ func connectionsCheck(samples []Sample, d time.Duration) Check {
 		m["total"] = max(m["total"], total)
 	}
 	var grew, parts []string
-	for _, app := range append(append(slices.Clone(AppNames), otherApps), "total") {
+	for _, app := range append(slices.Clone(AppNames), otherApps) {
 		parts = append(parts, fmt.Sprintf("%s %d→%d", app, before[app], after[app]))
 		if after[app] > before[app] {
 			grew = append(grew, app)
 		}
 	}
+	// The total is shown, not judged: its peak depends on whether every
+	// pool peaks at one sample.
+	parts = append(parts, fmt.Sprintf("total %d→%d", before["total"], after["total"]))
 	c := Check{
 		Name:   "connections",
 		Value:  "most sessions before and in the last third: " + strings.Join(parts, ", "),

@@ -19,7 +19,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	p("server: a private cluster, %s", r.Server)
 	p("traffic: %s of Rocket Rides, %d closed-loop clients, %.0f %% injected 500s, %.0f %% of rides given up mid-request, fake Stripe latency %s",
 		o.Duration, o.Clients, 100*o.FaultRate, 100*o.GiveUpRate, o.StripeLatency)
-	p("daemons: 2 enqueuers, 1 completer (%v), reaper --schedule %q --retention %s; a sample every %s", completerArgs, o.Schedule, o.Retention, o.Interval)
+	p("daemons: 2 enqueuers, 1 completer (%v), reaper --schedule \"@every %s\" --retention %s; a sample every %s", completerArgs, o.ReaperEvery, o.Retention, o.Interval)
 	p("clients: %s", r.Traffic)
 	p("")
 	p("samples (%s):", lineHeader(r.Daemons))
@@ -33,6 +33,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	for _, v := range r.Snapshot.Violations {
 		p("  snapshot held too long: %s", v)
+	}
+	if r.Snapshot.LastError != nil {
+		p("  horizon sampler: %d readings failed, the last: %v", r.Snapshot.Errors, r.Snapshot.LastError)
 	}
 	p("")
 	if r.Oracle != nil {

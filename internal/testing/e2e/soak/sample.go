@@ -38,8 +38,9 @@ type Sample struct {
 	At time.Duration
 	// Procs by process name (enqueuer-1, ..., rocketrides).
 	Procs map[string]ProcSample
-	// Conns are pg_stat_activity's sessions of the database by
-	// application_name (AppNames, and "other").
+	// Conns are pg_stat_activity's client sessions of the database by
+	// application_name (AppNames, and "other"); autovacuum's workers are
+	// not among them.
 	Conns map[string]int
 	// APIResponses is rocketrides_http_responses_total (every status, the
 	// completer's replays included); APIRate its rate since the previous
@@ -61,6 +62,9 @@ type Sample struct {
 	StagedOldest time.Duration
 	// OpenKeys are keys not finished; Reviews the keys flagged so far.
 	OpenKeys, Reviews int64
+	// RiverPending are River jobs not yet worked (available, running,
+	// retryable, scheduled): the API's receipt worker's backlog.
+	RiverPending int64
 	// ReaperDeleted is idemd_reaper_keys_deleted_total.
 	ReaperDeleted float64
 }
@@ -177,7 +181,7 @@ func (s *sampler) sample(ctx context.Context) (Sample, error) {
 func (s *sampler) database(ctx context.Context, smp *Sample) error {
 	rows, err := s.admin.Query(ctx, `
 SELECT CASE WHEN application_name = ANY($1) THEN application_name ELSE $2 END, count(*)
-FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name <> $3
+FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid() AND application_name <> $3
 GROUP BY 1`, AppNames, otherApps, samplerAppName)
 	if err != nil {
 		return fmt.Errorf("soak: connections: %w", err)
@@ -235,7 +239,8 @@ SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
        (SELECT count(*) FROM staged_jobs),
        coalesce((SELECT extract(epoch FROM now() - min(created_at)) FROM staged_jobs), 0)::float8,
        (SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished'),
-       (SELECT count(*) FROM idempotency_key_reviews)`).Scan(&smp.XID, &smp.Staged, &oldest, &smp.OpenKeys, &smp.Reviews); err != nil {
+       (SELECT count(*) FROM idempotency_key_reviews),
+       (SELECT count(*) FROM river_job WHERE state IN ('available', 'running', 'retryable', 'scheduled'))`).Scan(&smp.XID, &smp.Staged, &oldest, &smp.OpenKeys, &smp.Reviews, &smp.RiverPending); err != nil {
 		return fmt.Errorf("soak: counts: %w", err)
 	}
 	smp.StagedOldest = time.Duration(oldest * float64(time.Second))

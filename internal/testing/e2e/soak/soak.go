@@ -32,6 +32,7 @@ import (
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/e2e/oracle"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
+	"github.com/idemd/idemd/internal/testing/horizon"
 )
 
 // Options tune a soak; zero values take the defaults.
@@ -42,7 +43,7 @@ type Options struct {
 	// Interval between samples (default Duration/60, within 5-30 s: every
 	// 30 s for 30 minutes).
 	Interval time.Duration
-	// Clients: the simulator's closed-loop clients (default 6), each
+	// Clients: the simulator's closed-loop clients (default 8), each
 	// sending its next ride when the last is answered.
 	Clients int
 	// FaultRate of the API's injected 500s, at any phase (default 0.02).
@@ -53,12 +54,14 @@ type Options struct {
 	// StripeLatency of the fake Stripe's charges (default 20 ms), so that
 	// clients can give up mid-charge.
 	StripeLatency time.Duration
-	// Retention and Schedule of the reaper (default 2 min and @every 1m):
-	// the reaper is built with idemd_short_retention to accept them.
-	Retention time.Duration
-	Schedule  string
+	// Retention and ReaperEvery, the reaper's --retention and its
+	// --schedule "@every ..." (default 2 min and 1 min for 30 minutes,
+	// scaled down to at least 1 min and 10 s for shorter soaks): the
+	// reaper is built with idemd_short_retention to accept them.
+	Retention, ReaperEvery time.Duration
 	// SnapshotBound: an idemd session may hold a snapshot (backend_xmin)
-	// this long (default 5 s).
+	// this long (default horizon.DefaultBound, the reaper's batch
+	// statement timeout).
 	SnapshotBound time.Duration
 	// SamplesPath: where the samples are written as CSV (none when empty).
 	SamplesPath string
@@ -73,7 +76,7 @@ func (o *Options) defaults() {
 		o.Interval = min(max(o.Duration/60, 5*time.Second), 30*time.Second)
 	}
 	if o.Clients <= 0 {
-		o.Clients = 6
+		o.Clients = 8
 	}
 	if o.FaultRate == 0 {
 		o.FaultRate = 0.02
@@ -85,17 +88,24 @@ func (o *Options) defaults() {
 		o.StripeLatency = 20 * time.Millisecond
 	}
 	if o.Retention <= 0 {
-		o.Retention = 2 * time.Minute
+		o.Retention = min(max(o.Duration/15, time.Minute), 2*time.Minute).Round(time.Second)
 	}
-	if o.Schedule == "" {
-		o.Schedule = "@every 1m"
+	if o.ReaperEvery <= 0 {
+		o.ReaperEvery = min(max(o.Duration/30, 10*time.Second), time.Minute).Round(time.Second)
 	}
 	if o.SnapshotBound <= 0 {
-		o.SnapshotBound = 5 * time.Second
+		o.SnapshotBound = horizon.DefaultBound
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
+}
+
+// steady is when idempotency_keys has reached its steady size: minute 8
+// of a 30-minute soak, and at least two of the reaper's runs after the
+// first keys passed the retention.
+func (o Options) steady() time.Duration {
+	return max(mark(o.Duration, 8), o.Retention+2*o.ReaperEvery)
 }
 
 // The completer's waits, shortened with the reaper's retention: a key a
@@ -114,7 +124,7 @@ type Report struct {
 	Daemons  []string // the idemd processes, as in Samples' Procs
 	Traffic  simulator.Stats
 	Checks   []Check
-	Snapshot SnapshotReport
+	Snapshot horizon.Report
 	Takeover Takeover
 	Oracle   *oracle.Result
 	// Problems are failures outside the checks: a process that exited by
@@ -151,8 +161,11 @@ type Takeover struct {
 // takeoverDeadline bounds the wait for the survivor.
 const takeoverDeadline = 2 * time.Minute
 
-// settleWithin bounds the wait for the system to drain after the traffic.
-const settleWithin = 5 * time.Minute
+// settleWithin bounds the wait for the system to drain after the traffic:
+// keys whose client gave up mid-request stay locked for the API's 90 s lock
+// timeout before the completer may replay them, and the API's River worker
+// drains its backlog at its own pace.
+const settleWithin = 10 * time.Minute
 
 // Run builds the binaries, starts a private cluster, runs the soak and
 // returns its report. An error is a soak that could not run or finish; a
@@ -262,7 +275,10 @@ func (r *run) soak(ctx context.Context) error {
 		}
 	}
 
-	watch := watchSnapshots(ctx, r.admin, time.Second, o.SnapshotBound)
+	// Every idemd session (by application_name, and by the daemons' role)
+	// is held to the bound from the start of the traffic to the end of the
+	// settling.
+	watch := horizon.Start(ctx, r.admin, horizon.Options{Bound: o.SnapshotBound, Roles: []string{dbtest.RuntimeRole}, Logf: o.Logf})
 	snapshotsStopped := false
 	defer func() {
 		if !snapshotsStopped {
@@ -290,10 +306,12 @@ func (r *run) soak(ctx context.Context) error {
 		trafficDone <- err
 	}()
 	o.Logf("soak: %s of traffic (%d clients, %.0f %% faults, %.0f %% give up), a sample every %s; %s", o.Duration, o.Clients, 100*o.FaultRate, 100*o.GiveUpRate, o.Interval, lineHeader(r.rep.Daemons))
+	// A sample at the start and every interval; the last one is the first
+	// taken at or after the duration (less half an interval for the
+	// ticker's jitter).
 	tick := time.NewTicker(o.Interval)
 	defer tick.Stop()
-	end := time.After(o.Duration)
-	for done := false; !done; {
+	for {
 		s, err := smp.sample(ctx)
 		if err != nil {
 			return err
@@ -308,29 +326,18 @@ func (r *run) soak(ctx context.Context) error {
 		if err := r.exited(); err != nil {
 			return err
 		}
+		if s.At >= o.Duration-o.Interval/2 {
+			break
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-trafficDone:
 			return fmt.Errorf("soak: traffic ended early: %v", err)
-		case <-end:
-			done = true
 		case <-tick.C:
 		}
 	}
-	// The last sample, at the end of the traffic's duration.
-	s, err := smp.sample(ctx)
-	if err != nil {
-		return err
-	}
-	r.rep.Samples = append(r.rep.Samples, s)
-	o.Logf("soak: %s", line(s, r.rep.Daemons))
-	if out != nil {
-		if err := out.write(s); err != nil {
-			return err
-		}
-	}
-	r.rep.Checks = Flatness(r.rep.Samples, o.Duration, r.rep.Daemons)
+	r.rep.Checks = Flatness(r.rep.Samples, o.Duration, o.steady(), r.rep.Daemons)
 
 	if err := r.takeover(ctx); err != nil {
 		return err
@@ -349,7 +356,7 @@ func (r *run) soak(ctx context.Context) error {
 	r.settle(ctx)
 	snapshotsStopped = true
 	r.rep.Snapshot = watch.Stop()
-	r.rep.Checks = append(r.rep.Checks, snapshotCheck(r.rep.Snapshot))
+	r.rep.Checks = append(r.rep.Checks, snapshotCheck(r.rep.Snapshot, o.SnapshotBound))
 	r.stopDaemons()
 	charges, err := r.rr.Charges(ctx)
 	if err != nil {
@@ -414,7 +421,7 @@ func (r *run) start(ctx context.Context) error {
 	if r.completer, err = start("completer-1", r.bins.Completer, append([]string{"--api-url", r.rr.APIURL, "--auth-secret-file", secretPath}, completerArgs...)...); err != nil {
 		return err
 	}
-	if r.reaper, err = start("reaper", r.bins.Reaper, "--schedule", o.Schedule, "--retention", o.Retention.String()); err != nil {
+	if r.reaper, err = start("reaper", r.bins.Reaper, "--schedule", "@every "+o.ReaperEvery.String(), "--retention", o.Retention.String()); err != nil {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -599,20 +606,15 @@ func (r *run) problem(format string, args ...any) {
 	r.opts.Logf("soak: problem: %s", p)
 }
 
-// snapshotCheck is the watch's verdict.
-func snapshotCheck(s SnapshotReport) Check {
+// snapshotCheck is the horizon sampler's verdict.
+func snapshotCheck(s horizon.Report, bound time.Duration) Check {
 	c := Check{
 		Name:   "idemd sessions holding a snapshot",
-		Target: fmt.Sprintf("none longer than %s", s.Bound),
-		Pass:   len(s.Violations) == 0 && s.Readings > 0 && s.Errors == 0,
+		Target: fmt.Sprintf("none longer than %s", bound),
+		Pass:   s.Err() == nil,
 	}
-	c.Value = fmt.Sprintf("%d violations in %d readings; the longest hold %s", len(s.Violations), s.Readings, s.Longest)
-	if s.Longest.App == "" {
-		c.Value = fmt.Sprintf("%d violations in %d readings; no idemd session seen holding one", len(s.Violations), s.Readings)
-	}
-	if s.Errors > 0 {
-		c.Value += fmt.Sprintf("; %d readings failed, the last: %v", s.Errors, s.LastError)
-	}
+	c.Value = fmt.Sprintf("%d violations in %d readings (%d failed); the longest hold %s (%s); the oldest backend_xmin seen %d transactions (%s)",
+		len(s.Violations), s.Samples, s.Errors, s.LongestIdemd.Round(time.Millisecond), orNone(s.LongestIdemdHolder), s.MaxHorizonAge, orNone(s.MaxHorizonAgeHolder))
 	return c
 }
 

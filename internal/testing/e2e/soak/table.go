@@ -31,7 +31,7 @@ func (c columns) header() []string {
 		h = append(h, "index_mb_"+i)
 	}
 	return append(h, "xacts_per_s", "horizon_xacts", "horizon_s", "horizon_holder", "horizon_holder_in_xact_s",
-		"slot_xacts", "prepared_xacts", "staged", "staged_oldest_s", "open_keys", "reviews", "reaper_deleted")
+		"slot_xacts", "prepared_xacts", "staged", "staged_oldest_s", "open_keys", "reviews", "reaper_deleted", "river_pending")
 }
 
 func (c columns) row(s Sample) []string {
@@ -54,7 +54,7 @@ func (c columns) row(s Sample) []string {
 		r = append(r, mbs(s.Indexes[ix]))
 	}
 	return append(r, f(s.XIDRate, 0), i(s.Horizon.Age), f(s.Horizon.Seconds(s.XIDRate), 2), s.Horizon.Holder, f(s.Horizon.HeldFor.Seconds(), 1),
-		i(s.Horizon.Slot), i(s.Horizon.Prepared), i(s.Staged), f(s.StagedOldest.Seconds(), 1), i(s.OpenKeys), i(s.Reviews), f(s.ReaperDeleted, 0))
+		i(s.Horizon.Slot), i(s.Horizon.Prepared), i(s.Staged), f(s.StagedOldest.Seconds(), 1), i(s.OpenKeys), i(s.Reviews), f(s.ReaperDeleted, 0), i(s.RiverPending))
 }
 
 // csvWriter writes the samples as they are taken, so a soak that fails
@@ -103,14 +103,14 @@ func line(s Sample, daemons []string) string {
 		ts := s.Tables[t]
 		fmt.Fprintf(&b, "  %s %.1fMB %d/%d av%d", short(t), float64(ts.Total)/(1<<20), ts.Live, ts.Dead, ts.Autovacuums)
 	}
-	fmt.Fprintf(&b, "  %.0f xact/s  horizon %d (%.1fs) %s  staged %d  open %d  reaped %.0f",
-		s.XIDRate, s.Horizon.Age, s.Horizon.Seconds(s.XIDRate), orNone(s.Horizon.Holder), s.Staged, s.OpenKeys, s.ReaperDeleted)
+	fmt.Fprintf(&b, "  %.0f xact/s  horizon %d (%.1fs) %s  staged %d  open %d  reaped %.0f  river pending %d",
+		s.XIDRate, s.Horizon.Age, s.Horizon.Seconds(s.XIDRate), orNone(s.Horizon.Holder), s.Staged, s.OpenKeys, s.ReaperDeleted, s.RiverPending)
 	return b.String()
 }
 
 // lineHeader explains line's fields.
 func lineHeader(daemons []string) string {
-	return fmt.Sprintf("time, API responses/s and the clients' p50/p99; RSS and goroutines of %s; sessions; per table (keys, staged, river) total size, live/dead tuples, autovacuums; transactions/s; xmin horizon age in transactions (in seconds of them) and holder; staged rows; unfinished keys; keys reaped",
+	return fmt.Sprintf("time, API responses/s and the clients' p50/p99; RSS and goroutines of %s; sessions; per table (keys, staged, river) total size, live/dead tuples, autovacuums; transactions/s; xmin horizon age in transactions (in seconds of them) and holder; staged rows; unfinished keys; keys reaped; River jobs not yet worked",
 		strings.Join(daemons, ", "))
 }
 
