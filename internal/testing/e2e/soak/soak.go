@@ -116,6 +116,16 @@ var completerArgs = []string{"--grace", "10s", "--idle", "5s", "--poll-interval"
 
 const completerGrace = 10 * time.Second
 
+// The API's River worker: River fetches at most its free workers' worth of
+// jobs every 100 ms (its fetch cooldown), so the example's default 10
+// workers move at most about 100 receipts a second, fewer than the soak's
+// paid rides; 50 keep up. Its jobs are one INSERT each: a few connections
+// more than the clients serve them.
+const (
+	receiptWorkers = 50
+	receiptConns   = 8
+)
+
 // Report is what a soak measured and found.
 type Report struct {
 	Options  Options
@@ -378,14 +388,15 @@ func (r *run) start(ctx context.Context) error {
 		return fmt.Errorf("soak: %w", err)
 	}
 	// The API's sessions carry an application_name of their own (its
-	// default, idemd-rocketrides, would count as idemd's), and a connection
-	// per client and four more.
-	apiURL, err := withParams(r.dbURL, "application_name", apiAppName, "pool_max_conns", fmt.Sprint(o.Clients+4))
+	// default, idemd-rocketrides, would count as idemd's); its pool has a
+	// connection per client and receiptConns more for its River worker.
+	apiURL, err := withParams(r.dbURL, "application_name", apiAppName, "pool_max_conns", fmt.Sprint(o.Clients+receiptConns))
 	if err != nil {
 		return err
 	}
 	if r.rr, err = system.StartRocketRides(ctx, r.bins, system.RocketRidesOptions{
 		DatabaseURL: apiURL, SecretFile: secretPath, StripeLatency: o.StripeLatency, Dir: r.dir,
+		ExtraArgs: []string{"--receipt-workers", fmt.Sprint(receiptWorkers)},
 	}); err != nil {
 		return fmt.Errorf("soak: %w", err)
 	}

@@ -395,6 +395,8 @@ type RocketRidesOptions struct {
 	SecretFile    string // replay secret; the completer signs with it
 	StripeLatency time.Duration
 	Dir           string // for the log
+	// ExtraArgs are appended to the server's flags (--receipt-workers).
+	ExtraArgs []string
 }
 
 // StartRocketRides starts the rocketrides server on free ports and waits
@@ -419,6 +421,7 @@ func StartRocketRides(ctx context.Context, bins *Binaries, o RocketRidesOptions)
 		},
 		APIURL: "http://" + addrs[0], AdminURL: "http://" + addrs[1], StripeURL: "http://" + addrs[2],
 	}
+	rr.Args = append(rr.Args, o.ExtraArgs...)
 	if err := rr.Start(); err != nil {
 		return nil, err
 	}
