@@ -146,8 +146,8 @@ func horizonCheck(samples []Sample) Check {
 }
 
 // deadCheck: idempotency_keys' dead tuples at most DeadLimit of its live
-// ones after the last autovacuum of the soak's last 5 minutes, read as the
-// lowest ratio of those minutes' samples. At PostgreSQL's defaults
+// ones after the last autovacuum of the soak's last 5 minutes (at least
+// deadWindow), read as the lowest ratio of those minutes' samples. At PostgreSQL's defaults
 // autovacuum lets dead tuples reach 20 % of the table (its scale factor)
 // plus what a naptime adds before it runs, so a table vacuum keeps clean
 // goes up and down a sawtooth whose peak passes 20 %, and a single sample
@@ -155,7 +155,8 @@ func horizonCheck(samples []Sample) Check {
 // vacuum still removes them. A pinned horizon keeps them all, and the
 // lowest point stays high.
 func deadCheck(samples []Sample, d time.Duration) Check {
-	from := d - mark(d, 5)
+	window := max(mark(d, 5), deadWindow)
+	from := d - window
 	low, high := -1.0, 0.0
 	var lowAt Sample
 	for _, s := range samples {
@@ -174,11 +175,16 @@ func deadCheck(samples []Sample, d time.Duration) Check {
 	return Check{
 		Name: "idempotency_keys dead tuples",
 		Value: fmt.Sprintf("lowest in the last %s %.1f %% (%d dead, %d live, at %s), highest %.1f %%, at the end %.1f %% (%d dead, %d live)",
-			mark(d, 5).Round(time.Second), 100*low, k.Dead, k.Live, lowAt.At.Round(time.Second), 100*high, 100*ratio(end.Dead, end.Live), end.Dead, end.Live),
+			window.Round(time.Second), 100*low, k.Dead, k.Live, lowAt.At.Round(time.Second), 100*high, 100*ratio(end.Dead, end.Live), end.Dead, end.Live),
 		Target: fmt.Sprintf("≤ %.0f %% of live after autovacuum", 100*DeadLimit),
 		Pass:   low >= 0 && low <= DeadLimit,
 	}
 }
+
+// deadWindow is the shortest window deadCheck looks at: two of
+// autovacuum's default naptimes, so that it holds a vacuum however short
+// the soak.
+const deadWindow = 2 * time.Minute
 
 // connectionsCheck: no application_name has more client sessions in the
 // last third of the soak than at its most before; the pools have reached
