@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-.PHONY: build image release-snapshot test unit helm-test e2e lint demo bench soak deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
+.PHONY: build image release-snapshot test unit release-test race check helm-test e2e lint demo bench soak deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
 
 # Every binary carries its version (VERSION) and commit: --version prints
 # them, idemd_build_info exports them (scripts/buildinfo.sh).
@@ -66,12 +66,40 @@ release-snapshot: ensure-buildah ensure-runtimes
 
 # Tests run against a real PostgreSQL (internal/testing/dbtest). -p 2: the machine has
 # two cores and the heavy tests are database-bound. `make test` is the README's
-# test command: the package tests, then the end-to-end fault suite.
-test: unit e2e
+# test command: the package tests, the release build and image tests, then the
+# end-to-end fault suite. .ci/run runs the same targets as stages, each timed.
+test:
+	@scripts/stage.sh unit $(MAKE) unit
+	@scripts/stage.sh release $(MAKE) release-test
+	@scripts/stage.sh e2e $(MAKE) e2e
 
-unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-kustomize ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
-	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
+# Every package but the release build and the image (release-test).
+UNIT_PKGS = $(shell $(GO) list ./... | grep -v -e /internal/testing/releasetest -e /internal/testing/imagetest)
+RELEASE_PKGS := ./internal/testing/releasetest/ ./internal/testing/imagetest/
+
+unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-kustomize ensure-runtimes ensure-chromium
+	$(GO) test -count=1 -p 2 -timeout 30m $(UNIT_PKGS)
 	$(MAKE) helm-test
+
+# The release build (`make release-snapshot` with every artifact checked,
+# the arm64 binaries and image run under qemu) and the image run with podman.
+release-test: ensure-postgres ensure-buildah ensure-runtimes ensure-qemu
+	$(GO) test -count=1 -p 1 -timeout 30m $(RELEASE_PKGS)
+
+# The race detector over every package that runs goroutines: the services,
+# lifecycle, lease, dbcred, dbstats, the operator core, the console and idem.
+RACE_PKGS := ./internal/lifecycle/... ./internal/lease/ ./internal/dbcred/ ./internal/dbstats/ ./internal/operator/ \
+	./internal/console/ ./idem/... ./internal/enqueuer/ ./internal/completer/ ./internal/reaper/... ./internal/testing/horizon/
+race: ensure-postgres ensure-pgbouncer
+	$(GO) test -race -count=1 -p 2 -timeout 30m $(RACE_PKGS)
+
+# The loop before each commit: formatting, vet, and the tests of every
+# product package (not the harness, the benchmarks or the end-to-end suite)
+# against the local PostgreSQL, with no installer beyond PostgreSQL. Tests
+# that need another tool skip here unless CI=true.
+CHECK_PKGS = $(shell $(GO) list ./... | grep -v -e /internal/testing -e /internal/bench)
+check: ensure-postgres lint
+	$(GO) test -count=1 -p 2 -timeout 15m $(CHECK_PKGS)
 
 # The Helm chart's tests (deploy/helm/idemd rendered and linted with Helm's Go
 # library, compared with the kustomize base). A module of its own, so that

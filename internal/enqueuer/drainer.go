@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/lifecycle"
 )
 
 // One replica listens and drains; the others stand by.
@@ -98,18 +100,8 @@ func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err 
 	s.logger.Info("standing by: another replica is the drainer; this one sweeps every --sweep-interval and takes over when the drainer goes",
 		zap.Duration("takeover_interval", s.cfg.TakeoverInterval))
 	defer s.metrics.standby.Set(0)
-	tick := time.NewTicker(s.cfg.TakeoverInterval)
-	defer tick.Stop()
-	for !got {
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("enqueuer listen: stand by: %w", ctx.Err())
-		case <-tick.C:
-		}
-		if got, err = s.tryDrainerLock(ctx, conn); err != nil {
-			return "", err
-		}
-		s.signals.takeoverAttempt.Signal(got)
+	if err := s.standBy(ctx, conn); err != nil {
+		return "", err
 	}
 	if _, err := conn.Exec(ctx, listenSQL); err != nil {
 		return "", fmt.Errorf("enqueuer listen: %w", err)
@@ -117,6 +109,38 @@ func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err 
 	s.logger.Info("took over as the drainer: the previous drainer's session ended")
 	s.metrics.takeovers.Inc()
 	return wakeDrainer, nil
+}
+
+// standBy tries for the drainer lock on conn every --takeover-interval
+// until it has it. The attempts are a loop beside the listener's
+// goroutine, which waits for them and uses conn again only once the loop
+// has returned.
+func (s *Service) standBy(ctx context.Context, conn *pgx.Conn) error {
+	took := make(chan error, 1)
+	stop := lifecycle.Beside(ctx, lifecycle.Loop{
+		First: s.cfg.TakeoverInterval,
+		Next:  func() time.Duration { return s.cfg.TakeoverInterval },
+		Pass: func(ctx context.Context) error {
+			got, err := s.tryDrainerLock(ctx, conn)
+			if err == nil {
+				s.signals.takeoverAttempt.Signal(got)
+			}
+			if err != nil || got {
+				select {
+				case took <- err:
+				default: // the first outcome ends the wait; the loop is being stopped
+				}
+			}
+			return nil
+		},
+	})
+	defer stop()
+	select {
+	case err := <-took:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("enqueuer listen: stand by: %w", ctx.Err())
+	}
 }
 
 // tryDrainerLock is one attempt at the drainer lock. It is bounded by

@@ -86,6 +86,11 @@ type Report struct {
 	// within the bound or not, and its application_name.
 	LongestIdemd       time.Duration
 	LongestIdemdHolder string
+	// LongestOther is the longest any other session held a snapshot (the
+	// API's, a test's own, an earlier release's daemon), and its
+	// application_name.
+	LongestOther       time.Duration
+	LongestOtherHolder string
 	// MaxHorizonAge is the oldest backend_xmin of the database seen at any
 	// sample, of any session (the API's, an operator's), in transactions,
 	// and its holder's application_name.
@@ -110,8 +115,9 @@ func (r Report) Err() error {
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("%d samples (%d failed): %d violations; longest idemd snapshot %s (%s); oldest xmin of the database %d transactions (%s)",
-		r.Samples, r.Errors, len(r.Violations), r.LongestIdemd.Round(time.Millisecond), r.LongestIdemdHolder, r.MaxHorizonAge, r.MaxHorizonAgeHolder)
+	return fmt.Sprintf("%d samples (%d failed): %d violations; longest idemd snapshot %s (%s), longest other %s (%s); oldest xmin of the database %d transactions (%s)",
+		r.Samples, r.Errors, len(r.Violations), r.LongestIdemd.Round(time.Millisecond), r.LongestIdemdHolder,
+		r.LongestOther.Round(time.Millisecond), r.LongestOtherHolder, r.MaxHorizonAge, r.MaxHorizonAgeHolder)
 }
 
 // Sampler samples until Stop.
@@ -237,6 +243,9 @@ func (s *Sampler) sample(ctx context.Context) {
 			s.rep.MaxHorizonAge, s.rep.MaxHorizonAgeHolder = r.v.XminAge, r.v.ApplicationName
 		}
 		if !r.idemd {
+			if r.v.Held > s.rep.LongestOther {
+				s.rep.LongestOther, s.rep.LongestOtherHolder = r.v.Held, r.v.ApplicationName
+			}
 			continue
 		}
 		if r.v.Held > s.rep.LongestIdemd {

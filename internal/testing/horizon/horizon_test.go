@@ -86,6 +86,9 @@ func TestSamplerCatchesAWaitThatHoldsASnapshot(t *testing.T) {
 	if rep.Err() == nil {
 		t.Fatal("a report with a violation is not an error")
 	}
+	if rep.LongestOtherHolder != "api-long-tx" && rep.LongestOtherHolder != "api-holder" {
+		t.Fatalf("the longest other holder: %s", rep)
+	}
 	if rep.MaxHorizonAge < 0 || rep.MaxHorizonAgeHolder == "" {
 		t.Fatalf("the horizon's holder was not recorded: %s", rep)
 	}
