@@ -103,7 +103,7 @@ func line(s Sample, daemons []string) string {
 		ts := s.Tables[t]
 		fmt.Fprintf(&b, "  %s %.1fMB %d/%d av%d", short(t), float64(ts.Total)/(1<<20), ts.Live, ts.Dead, ts.Autovacuums)
 	}
-	fmt.Fprintf(&b, "  %.0f xact/s  horizon %d (%.1fs) %s  staged %d  open %d  reaped %.0f  river pending %d",
+	fmt.Fprintf(&b, "  %.0f xact/s  horizon %d (%.1fs) %s  backlog %d  open %d  reaped %.0f  river pending %d",
 		s.XIDRate, s.Horizon.Age, s.Horizon.Seconds(s.XIDRate), orNone(s.Horizon.Holder), s.Staged, s.OpenKeys, s.ReaperDeleted, s.RiverPending)
 	return b.String()
 }
