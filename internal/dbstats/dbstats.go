@@ -198,7 +198,7 @@ func (s *Service) exportPass(ctx context.Context, res *Result) error {
 	if a.TookOver(s.holder) {
 		res.TookOverFrom = a.PrevHolder
 	}
-	rows, lastSuccess, throttled, horizon, err := s.query(ctx)
+	rd, err := s.query(ctx)
 	if err != nil {
 		// Numbers that can no longer be refreshed are not exported.
 		s.stopExporting("reading the stats failed", err)
@@ -210,15 +210,15 @@ func (s *Service) exportPass(ctx context.Context, res *Result) error {
 	}
 	s.exporting = true
 	res.Exporting = true
-	res.Queues = buildStats(rows, s.known)
-	res.ReaperLastSuccess = lastSuccess
-	res.ReaperThrottled = throttled
-	res.Horizon = horizon
+	res.Queues = buildStats(rd.rows, s.known)
+	res.ReaperLastSuccess = rd.lastSuccess
+	res.ReaperThrottled = rd.throttled
+	res.Horizon = rd.horizon
 	for _, q := range res.Queues {
 		s.known[q.Queue] = true
 	}
-	s.noteHidden(!horizon.ReadAllStats)
-	s.metrics.set(&snapshot{queues: res.Queues, reaperLastSuccess: lastSuccess, reaperThrottled: throttled, horizon: horizon})
+	s.noteHidden(!rd.horizon.ReadAllStats)
+	s.metrics.set(&snapshot{queues: res.Queues, reaperLastSuccess: rd.lastSuccess, reaperThrottled: rd.throttled, horizon: rd.horizon})
 	return nil
 }
 
@@ -259,13 +259,18 @@ type statsRow struct {
 	OldestSecs   float64
 }
 
+// reading is what a pass's transaction read.
+type reading struct {
+	rows        []statsRow
+	lastSuccess *time.Time
+	throttled   *float64
+	horizon     *Horizon
+}
+
 // query reads a pass's stats in one transaction: River's jobs, the
 // reaper's last complete run and the xmin horizon's holders.
-func (s *Service) query(ctx context.Context) ([]statsRow, *time.Time, *float64, *Horizon, error) {
-	var rows []statsRow
-	var lastSuccess *time.Time
-	var throttled *float64
-	var horizon *Horizon
+func (s *Service) query(ctx context.Context) (*reading, error) {
+	var rd reading
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		// Local to the transaction, so nothing outlives it on a pooled
 		// server connection.
@@ -276,22 +281,22 @@ func (s *Service) query(ctx context.Context) ([]statsRow, *time.Time, *float64, 
 		if err != nil {
 			return fmt.Errorf("count river_job: %w", err)
 		}
-		if rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[statsRow]); err != nil {
+		if rd.rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[statsRow]); err != nil {
 			return fmt.Errorf("count river_job: %w", err)
 		}
-		if lastSuccess, err = runhistory.LastSuccess(ctx, tx); err != nil {
+		if rd.lastSuccess, err = runhistory.LastSuccess(ctx, tx); err != nil {
 			return err
 		}
-		if throttled, err = runhistory.LastThrottledShare(ctx, tx); err != nil {
+		if rd.throttled, err = runhistory.LastThrottledShare(ctx, tx); err != nil {
 			return err
 		}
-		horizon, err = readHorizon(ctx, tx)
+		rd.horizon, err = readHorizon(ctx, tx)
 		return err
 	})
 	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("db-stats: %w", err)
+		return nil, fmt.Errorf("db-stats: %w", err)
 	}
-	return rows, lastSuccess, throttled, horizon, nil
+	return &rd, nil
 }
 
 // Querier is what CountJobs reads through: a pool, a connection or a
