@@ -115,7 +115,6 @@ type sampler struct {
 	api     *system.RocketRides
 	reaper  *system.Proc
 	clients *recorder
-	indexes []string
 	prev    *Sample
 	start   time.Time
 }

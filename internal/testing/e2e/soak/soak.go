@@ -6,8 +6,9 @@
 // Every interval it samples each process's memory and goroutines, the
 // sessions by application_name, the API's throughput, the watched tables'
 // and indexes' sizes, dead tuples and autovacuums, the database's xmin
-// horizon and the staged backlog; every second it looks for an idemd
-// session holding a snapshot. It ends by SIGKILLing the drainer enqueuer
+// horizon and the staged backlog; all along, internal/testing/horizon's
+// sampler looks for an idemd session holding a snapshot longer than the
+// bound. It ends by SIGKILLing the drainer enqueuer
 // (the other one must take over), the oracle of the end-to-end suite
 // (internal/testing/e2e/oracle) and the flatness checks (Flatness).
 // TestSoak in internal/testing/e2e runs it (`make soak`); docs/benchmarks/soak.md
@@ -303,7 +304,7 @@ func (r *run) soak(ctx context.Context) error {
 	trafficCtx, stopTraffic := context.WithCancel(ctx)
 	defer stopTraffic()
 	trafficDone := make(chan error, 1)
-	smp := &sampler{admin: r.admin, procs: r.daemons(), api: r.rr, reaper: r.reaper, clients: rec, indexes: indexes, start: time.Now()}
+	smp := &sampler{admin: r.admin, procs: r.daemons(), api: r.rr, reaper: r.reaper, clients: rec, start: time.Now()}
 	go func() {
 		st, err := simulator.Run(trafficCtx, simulator.Config{
 			BaseURL: r.rr.APIURL, APIKeys: riders, Concurrency: o.Clients, Duration: o.Duration + takeoverDeadline + time.Minute,
