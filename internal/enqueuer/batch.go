@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -37,7 +38,7 @@ func (s *Service) runBatch(ctx context.Context, cur *cursor, spec drainSpec) (*b
 		// River's schema is one the enqueuer does not write (or could not
 		// be read): nothing is taken, the rows wait staged.
 		s.metrics.batchErrors.Inc()
-		s.batchFailed(err)
+		s.batchFailed(err, math.MaxInt64)
 		return nil, err
 	}
 	from := cur.claim(s.cfg.BatchSize)
@@ -60,10 +61,10 @@ func (s *Service) runBatch(ctx context.Context, cur *cursor, spec drainSpec) (*b
 	s.metrics.batchDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.batchErrors.Inc()
-		s.batchFailed(err)
+		s.batchFailed(err, from)
 		return nil, err
 	}
-	s.batchCommitted()
+	s.batchCommitted(from)
 	s.metrics.moved.Add(float64(res.moved - res.duplicates))
 	s.metrics.uniqueDuplicates.Add(float64(res.duplicates))
 	if res.taken > 0 {

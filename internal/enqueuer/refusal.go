@@ -102,6 +102,10 @@ type refusalState struct {
 	mu      sync.Mutex
 	current *refusal
 	err     string // the batch's error, for /readyz
+	// from is where the refused batch started taking rows: a batch that
+	// commits from there or below has taken what it could not (or found
+	// it gone). Another worker's batch further on proves nothing about it.
+	from int64
 }
 
 // blocked is /readyz's view: why the enqueuer moves nothing, River's
@@ -119,9 +123,10 @@ func (s *Service) blocked() error {
 	return fmt.Errorf("moves refused (%s): %s; fix: %s", r.current.cause, r.err, r.current.fix)
 }
 
-// batchFailed records a failed batch's error when it is a refusal: counted
-// every time, logged when the refusal starts or its cause changes.
-func (s *Service) batchFailed(err error) {
+// batchFailed records the error of a batch that took rows from id from
+// (math.MaxInt64: it failed before taking any) when it is a refusal:
+// counted every time, logged when the refusal starts or its cause changes.
+func (s *Service) batchFailed(err error, from int64) {
 	ref := classifyRefusal(err)
 	if ref == nil {
 		return
@@ -135,15 +140,20 @@ func (s *Service) batchFailed(err error) {
 		s.logger.Error("enqueuer moves refused: no staged job is moved until the cause is fixed; they wait in staged_jobs, none is dead-lettered",
 			zap.String("cause", ref.cause), zap.String("fix", ref.fix), zap.Error(err))
 	}
+	if r.current == nil || from < r.from {
+		r.from = from
+	}
 	r.current, r.err = ref, err.Error()
 }
 
-// batchCommitted ends a refusal.
-func (s *Service) batchCommitted() {
+// batchCommitted ends a refusal when a batch taking rows from id from on
+// committed: one that took the refused batch's rows, or came after a
+// refusal that took none.
+func (s *Service) batchCommitted(from int64) {
 	r := &s.refusals
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.current == nil {
+	if r.current == nil || from > r.from {
 		return
 	}
 	s.logger.Info("enqueuer moves no longer refused: moving staged jobs", zap.String("cause", r.current.cause))
