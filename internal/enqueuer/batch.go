@@ -203,7 +203,7 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 // errors that are not about the data (connection lost, serialization)
 // fail the batch and it is retried whole. A refusal that is the table's
 // and not the row's fails the batch too, even for a lone row, and
-// dead-letters nothing (rowRefusal): otherwise a column or constraint
+// dead-letters nothing (tableRefusal): otherwise a column or constraint
 // added to river_job by hand would empty staged_jobs into
 // staged_jobs_dead. So does an insert that wrote fewer jobs than it was
 // given (errJobsDropped).

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -280,7 +281,9 @@ func TestDeadLetterBesideAnEarlierDeadRowOfTheSameID(t *testing.T) {
 
 // Three replicas moving rows over a few hot unique keys at once take
 // River's unique-key locks in one order: no batch fails with a deadlock
-// (40P01), or anything else, and every unique key ends as one job.
+// (40P01), or anything else, and every unique key ends as one job. One
+// row in 100 is invalid, so about half the batches take the Go path
+// (River's InsertManyTx) and the others the SQL move, side by side.
 func TestReplicasOnHotUniqueKeysDoNotDeadlock(t *testing.T) {
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
@@ -288,9 +291,9 @@ func TestReplicasOnHotUniqueKeysDoNotDeadlock(t *testing.T) {
 	// Keys in a shuffled order of ids, so every batch takes them in an
 	// order of its own.
 	if _, err := pool.Exec(ctx, `
-INSERT INTO staged_jobs (job_name, job_args, unique_key, unique_states)
-SELECT 'k', jsonb_build_object('key', k), sha256(('key' || k)::bytea), $2::bit(8)
-FROM (SELECT (hashint4(g) & 2147483647) % $1::int AS k FROM generate_series(1, $3::int) g) s`,
+INSERT INTO staged_jobs (job_name, job_args, unique_key, unique_states, priority)
+SELECT 'k', jsonb_build_object('key', k), sha256(('key' || k)::bytea), $2::bit(8), CASE WHEN g % 100 = 0 THEN 9 END
+FROM (SELECT g, (hashint4(g) & 2147483647) % $1::int AS k FROM generate_series(1, $3::int) g) s`,
 		keys, fmt.Sprintf("%08b", uniqueRequired), rows); err != nil {
 		t.Fatal(err)
 	}
@@ -333,10 +336,48 @@ FROM (SELECT (hashint4(g) & 2147483647) % $1::int AS k FROM generate_series(1, $
 	if n := count(t, pool, `SELECT count(*) FROM staged_jobs`); n != 0 {
 		t.Fatalf("%d rows still staged", n)
 	}
+	if n := count(t, pool, `SELECT count(*) FROM staged_jobs_dead`); n != rows/100 {
+		t.Fatalf("%d rows dead-lettered, want the %d invalid ones", n, rows/100)
+	}
 	if n := count(t, pool, `SELECT count(DISTINCT unique_key) FROM river_job`); n != keys {
 		t.Fatalf("%d unique keys in River, want %d", n, keys)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM river_job`); n != keys {
 		t.Fatalf("%d River jobs, want one per unique key (%d)", n, keys)
+	}
+}
+
+// classifyRefusal tells a refusal no retry heals from a failure a retry
+// may, and names the fix for each.
+func TestClassifyRefusal(t *testing.T) {
+	pg := func(code, msg string) error {
+		return fmt.Errorf("enqueuer batch: move: %w", &pgconn.PgError{Code: code, Message: msg})
+	}
+	for _, tc := range []struct {
+		err         error
+		cause, want string // cause "": not a refusal
+	}{
+		{fmt.Errorf("x: %w", errJobsDropped), RefusalJobsDropped, "drop it"},
+		{pg("P0001", "idemd move: 2 staged rows taken but 1 River jobs written or found"), RefusalJobsDropped, "drop it"},
+		{pg("P0001", "raised by a trigger"), "", ""},
+		{fmt.Errorf("x: %w", errTableRefused), RefusalTableRefused, "undo the change"},
+		{pg("42501", "permission denied for table river_migration"), RefusalPermission, "river-grants.sql"},
+		{pg("42501", "permission denied for sequence river_job_id_seq"), RefusalPermission, "river-grants.sql"},
+		{pg("42501", "permission denied for table staged_jobs"), RefusalPermission, "as idemd_migrator"},
+		{pg("42P01", `relation "river_job" does not exist`), RefusalRelationMissing, "idemctl migrate"},
+		{pg("42883", "function river_job_state_in_bitmask does not exist"), RefusalRelationMissing, "idemctl migrate"},
+		{pg("40P01", "deadlock detected"), "", ""},
+		{pg("57014", "canceling statement due to statement timeout"), "", ""},
+		{pg("23514", "check constraint"), "", ""},
+		{context.DeadlineExceeded, "", ""},
+		{errors.New("conn closed"), "", ""},
+	} {
+		r := classifyRefusal(tc.err)
+		switch {
+		case tc.cause == "" && r != nil:
+			t.Errorf("%v: refusal %+v, want none", tc.err, r)
+		case tc.cause != "" && (r == nil || r.cause != tc.cause || !strings.Contains(r.fix, tc.want)):
+			t.Errorf("%v: refusal %+v, want cause %s with a fix naming %q", tc.err, r, tc.cause, tc.want)
+		}
 	}
 }

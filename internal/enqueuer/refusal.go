@@ -24,8 +24,8 @@ import (
 // holds until someone acts, so the first batch it fails says so at once:
 // /readyz fails naming the cause and the fix, idemd_enqueuer_move_refused
 // is 1, the cause is counted in idemd_enqueuer_move_refusals_total and
-// logged once when it starts and once when it ends (the next committed
-// batch).
+// logged once when it starts and once when it ends (a committed batch
+// that took the refused batch's rows).
 
 // Refusal causes: the values of the refusals metric's cause label.
 const (
