@@ -111,6 +111,8 @@ type Service struct {
 	valid      validator
 	// riverGate is the River schema gate's last verdict (riverschema.go).
 	riverGate riverGate
+	// refusals is the refusal the last batch failed with (refusal.go).
+	refusals refusalState
 	// notices limits the insert notifications the server-side move sends
 	// River's workers (servermove.go).
 	notices insertNotices
@@ -220,7 +222,7 @@ func New(cfg Config) (*Service, error) {
 		instance:   lease.Holder("enqueuer"),
 	}
 	if cfg.Ready != nil {
-		cfg.Ready.Blocked = s.riverGate.blocked
+		cfg.Ready.Blocked = s.blocked
 	}
 	s.lw.mark.Store(fullPass)
 	s.takenUpTo.Store(fullPass)
