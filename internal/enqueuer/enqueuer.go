@@ -103,7 +103,7 @@ type Service struct {
 
 	cfg       Config
 	pool      *pgxpool.Pool
-	calls     *dbcall.Bounds // every database call's bound
+	calls     *dbcall.Bounds  // every database call's bound
 	listenCfg *pgx.ConnConfig // the listener's connection (config.go)
 	// listenAuth is the pool's BeforeConnect (--database-password-file),
 	// applied to the listener's connections too, so they authenticate with

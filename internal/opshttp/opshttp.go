@@ -38,8 +38,8 @@ type Readiness struct {
 	// CallTimeout bounds Ping and Schema; zero is ProbeTimeout.
 	CallTimeout time.Duration
 	lastPass    atomic.Int64 // unix nanos
-	started    atomic.Int64
-	maxPassAge atomic.Int64 // a time.Duration; SetMaxPassAge
+	started     atomic.Int64
+	maxPassAge  atomic.Int64 // a time.Duration; SetMaxPassAge
 }
 
 // ProbeTimeout is the longest /readyz waits for the database: under the
