@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemd/idemd/internal/config"
-	"github.com/idemd/idemd/internal/daemon"
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
 	"github.com/idemd/idemd/internal/testing/dbtest"
@@ -36,17 +35,8 @@ func silentSetup(t *testing.T) (direct, pool *pgxpool.Pool, hole *blackhole.Prox
 		t.Fatal(err)
 	}
 	t.Cleanup(direct.Close)
-	hole, holeURL := blackhole.Through(t, dbURL)
-	// A connection gets connect_timeout 5 s from its URL: the bound of
-	// the calls is small, not that of a new connection on a loaded
-	// machine.
-	pool, _, err = daemon.NewPool(context.Background(), config.Database{DatabaseURL: blackhole.WithParam(holeURL, "connect_timeout", "5"), Timeout: testBound, Pooler: config.PoolerNone}, "idemd-enqueuer", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	t.Cleanup(hole.Close) // first (blackhole.Proxy.Close)
-	return direct, pool, hole, dbcall.New(testBound, nil)
+	hole, pool = blackhole.Pool(t, dbURL, testBound)
+	return direct, pool, hole, blackhole.Calls(pool, testBound)
 }
 
 // runOnceWithin runs one pass, failing the test if it does not return
