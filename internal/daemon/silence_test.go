@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -12,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/testwait"
@@ -151,4 +155,43 @@ func (p *daemonProcess) logRecords() []logRecord {
 		}
 	}
 	return recs
+}
+
+// NewPool's connections: on a direct connection the server's keepalives
+// are startup parameters, so the server ends a vanished daemon's session;
+// through a pooler there are none (PgBouncer refuses a startup parameter
+// it does not know, and nothing may be left on a pooled server
+// connection). Either way connect_timeout is --database-timeout unless the
+// URL sets one, and the pool pings an idle connection within a second.
+func TestNewPoolBoundsEveryConnection(t *testing.T) {
+	dbURL := dbtest.NewDatabase(t)
+	for _, pooler := range config.Poolers {
+		pool, _, err := daemon.NewPool(context.Background(), config.Database{DatabaseURL: dbURL, Pooler: pooler, Timeout: 7 * time.Second}, "idemd-test", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		cfg := pool.Config()
+		if cfg.ConnConfig.ConnectTimeout != 7*time.Second || cfg.PingTimeout != time.Second || cfg.ConnConfig.DialFunc == nil {
+			t.Errorf("--pooler %s: connect_timeout %s, ping timeout %s: want 7s and 1s", pooler, cfg.ConnConfig.ConnectTimeout, cfg.PingTimeout)
+		}
+		for _, s := range dbcall.ServerKeepalives {
+			var got string
+			if err := pool.QueryRow(context.Background(), "SELECT current_setting($1)", s.Name).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			direct := pooler == config.PoolerNone
+			if direct && got != s.Value || !direct && got == s.Value {
+				t.Errorf("--pooler %s: %s = %q on a pool connection (%s: %q)", pooler, s.Name, got, map[bool]string{true: "want", false: "want the server's, not"}[direct], s.Value)
+			}
+		}
+	}
+	withOwn, _, err := daemon.NewPool(context.Background(), config.Database{DatabaseURL: blackhole.WithParam(dbURL, "connect_timeout", "3"), Pooler: config.PoolerNone, Timeout: 7 * time.Second}, "idemd-test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer withOwn.Close()
+	if got := withOwn.Config().ConnConfig.ConnectTimeout; got != 3*time.Second {
+		t.Errorf("the URL's connect_timeout=3 became %s", got)
+	}
 }

@@ -131,3 +131,36 @@ func TestServiceRecoversFromABlackHole(t *testing.T) {
 		}
 	}
 }
+
+// The sessions that hold the drainer and polling locks set the server's
+// keepalives a direct pool connection gets as startup parameters
+// (dbcall.ServerKeepalives), so the server ends a vanished replica's
+// session, and releases its locks, as soon as any other's.
+func TestLockSessionsSetTheServersKeepalives(t *testing.T) {
+	for _, s := range dbcall.ServerKeepalives {
+		if !strings.Contains(drainerSessionSQL, "SET "+s.Name+" = "+s.Value+";") &&
+			!strings.Contains(drainerSessionSQL, "SET "+s.Name+" = '"+s.Value+"'") {
+			t.Errorf("drainerSessionSQL does not set %s to %s:\n%s", s.Name, s.Value, drainerSessionSQL)
+		}
+	}
+	// And the server takes them: the session's settings, read back.
+	pool := dbtest.NewPool(t)
+	conn, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer conn.Exec(context.Background(), "RESET ALL") //nolint:errcheck // a pooled connection of this test only
+	if _, err := conn.Exec(context.Background(), drainerSessionSQL); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range dbcall.ServerKeepalives {
+		var got string
+		if err := conn.QueryRow(context.Background(), "SELECT current_setting($1)", s.Name).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != s.Value {
+			t.Errorf("%s = %q after drainerSessionSQL, want %q", s.Name, got, s.Value)
+		}
+	}
+}
