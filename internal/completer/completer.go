@@ -225,10 +225,11 @@ func New(cfg Config) (*Service, error) {
 			retryLeft, retry := s.retries.next(s.now())
 			return nextPass(last, cfg.PollInterval, s.breaker.Remaining(), retryLeft, retry)
 		},
-		Beside:       func() []lifecycle.Loop { return []lifecycle.Loop{s.gaugesLoop()} },
-		Retry:        passRetry(cfg.PollInterval),
-		Summary:      "completer pass",
-		SummaryLevel: zap.InfoLevel,
+		Beside:        func() []lifecycle.Loop { return []lifecycle.Loop{s.gaugesLoop()} },
+		Retry:         passRetry(cfg.PollInterval),
+		Summary:       "completer pass",
+		QuietTimeouts: true,
+		SummaryLevel:  zap.InfoLevel,
 		// A pass that claimed nothing logs no line.
 		Summarize: func(last *Result, _ error) ([]zap.Field, bool) { return last.fields(), last.worthALine() },
 	}
