@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/review"
 )
@@ -27,7 +28,11 @@ func (s *Service) maybePrune(ctx context.Context, from position) {
 	s.lastPrune = time.Now()
 	s.mu.Unlock()
 	if n, err := s.prune(ctx, from); err != nil && ctx.Err() == nil {
-		s.log.Warn("pruning idemd_unfinished_keys failed", zap.Error(err))
+		log := s.log.Warn
+		if dbcall.IsTimeout(err) {
+			log = s.log.Debug // internal/dbcall logs the database's silence once
+		}
+		log("pruning idemd_unfinished_keys failed", zap.Error(err))
 	} else if n > 0 {
 		s.log.Debug("pruned idemd_unfinished_keys", zap.Int("deleted", n))
 	}
@@ -57,7 +62,7 @@ func (s *Service) prune(ctx context.Context, from position) (int, error) {
 	for {
 		var walked, pruned int
 		args := pgx.NamedArgs{"cursor_at": cursorAt, "cursor_id": cursorID, "walk": pruneBatch}
-		if err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
+		if err := s.inWalkTx(ctx, "completer: prune", func(ctx context.Context, tx pgx.Tx) error {
 			return tx.QueryRow(ctx, pruneSQL, args).Scan(&walked, &pruned, &cursorAt, &cursorID)
 		}); err != nil {
 			return deleted, fmt.Errorf("completer: prune: %w", err)
@@ -124,13 +129,20 @@ func (s *Service) gaugesLoop() lifecycle.Loop {
 		Pass: func(ctx context.Context) error {
 			err := s.RefreshGauges(ctx)
 			if err != nil && ctx.Err() == nil {
-				s.log.Warn("refreshing backlog gauges failed", zap.Error(err))
+				log := s.log.Warn
+				if dbcall.IsTimeout(err) {
+					log = s.log.Debug // internal/dbcall logs the database's silence once
+				}
+				log("refreshing backlog gauges failed", zap.Error(err))
 			}
 			return err
 		},
 		Next: func() time.Duration { return s.cfg.PollInterval },
 	}
 }
+
+// gaugesOp names the gauges' reads when they run out of their bound.
+const gaugesOp = "completer: gauges"
 
 // RefreshGauges recomputes keys pending by recovery point and the oldest
 // unfinished key's age (countUnfinished from the low-water mark, in a walk
@@ -143,7 +155,7 @@ func (s *Service) RefreshGauges(ctx context.Context) error {
 	from := s.walk.state.mark
 	s.walk.mu.Unlock()
 	var groups []UnfinishedKeys
-	if err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
+	if err := s.inWalkTx(ctx, gaugesOp, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		groups, err = countUnfinished(ctx, tx, from)
 		return err
@@ -157,7 +169,11 @@ func (s *Service) RefreshGauges(ctx context.Context) error {
 		oldest = max(oldest, g.OldestAge)
 	}
 	s.metrics.oldestAge.Set(oldest.Seconds())
-	reviews, err := review.Open(ctx, s.pool)
+	var reviews []review.OpenGroup
+	err := s.calls.Do(ctx, gaugesOp, func(ctx context.Context) (err error) {
+		reviews, err = review.Open(ctx, s.pool)
+		return err
+	})
 	if err != nil {
 		return err
 	}

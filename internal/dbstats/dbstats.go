@@ -154,9 +154,10 @@ func New(cfg Config) (*Service, error) {
 		Next:   func(*Result) time.Duration { return cfg.Interval },
 		// A failed pass (the database is unreachable) is retried sooner
 		// than the interval, so the gauges come back with the database.
-		Retry:   lifecycle.Retry{Base: time.Second, Max: cfg.Interval},
-		Finally: s.release,
-		Summary: "db-stats pass",
+		Retry:         lifecycle.Retry{Base: time.Second, Max: cfg.Interval},
+		Finally:       s.release,
+		Summary:       "db-stats pass",
+		QuietTimeouts: true,
 		// The exporter logs when it starts and stops exporting, not
 		// every pass: only a failed pass gets a line.
 		Summarize: func(last *Result, _ error) ([]zap.Field, bool) {
@@ -185,7 +186,11 @@ func (s *Service) pass(ctx context.Context, _ lifecycle.Stop) (*Result, error) {
 }
 
 func (s *Service) exportPass(ctx context.Context, res *Result) error {
-	a, err := lease.Acquire(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
+	var a lease.Attempt
+	err := s.cfg.Calls.Do(ctx, "db-stats lease: acquire", func(ctx context.Context) (err error) {
+		a, err = lease.Acquire(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
+		return err
+	})
 	if err != nil {
 		s.stopExporting("the db-stats lease could not be renewed", err)
 		return fmt.Errorf("db-stats: %w", err)
@@ -267,11 +272,23 @@ type reading struct {
 	horizon     *Horizon
 }
 
-// query reads a pass's stats in one transaction: River's jobs, the
+// query reads a pass's stats in one transaction, one call bounded by
+// --db-stats-statement-timeout and --database-timeout: River's jobs, the
 // reaper's last complete run and the xmin horizon's holders.
 func (s *Service) query(ctx context.Context) (*reading, error) {
 	var rd reading
-	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+	err := s.cfg.Calls.DoStatement(ctx, "db-stats query", s.cfg.StatementTimeout, func(ctx context.Context) error {
+		rd = reading{}
+		return s.queryTx(ctx, &rd)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("db-stats: %w", err)
+	}
+	return &rd, nil
+}
+
+func (s *Service) queryTx(ctx context.Context, rd *reading) error {
+	return pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		// Local to the transaction, so nothing outlives it on a pooled
 		// server connection.
 		if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", fmt.Sprint(s.cfg.StatementTimeout.Milliseconds())); err != nil {
@@ -293,10 +310,6 @@ func (s *Service) query(ctx context.Context) (*reading, error) {
 		rd.horizon, err = readHorizon(ctx, tx)
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("db-stats: %w", err)
-	}
-	return &rd, nil
 }
 
 // Querier is what CountJobs reads through: a pool, a connection or a
@@ -365,9 +378,11 @@ func buildStats(rows []statsRow, known map[string]bool) []QueueStats {
 // cancelled. Failing, the lease expires by itself.
 func (s *Service) release(ctx context.Context) {
 	s.stopExporting("stopping", nil)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, err := lease.Release(rctx, s.cfg.Pool, LeaseName, s.holder); err != nil {
+	err := s.cfg.Calls.Do(context.WithoutCancel(ctx), "db-stats lease: release", func(ctx context.Context) error {
+		_, err := lease.Release(ctx, s.cfg.Pool, LeaseName, s.holder)
+		return err
+	})
+	if err != nil {
 		s.logger.Warn("releasing the db-stats lease failed; it expires by itself",
 			zap.Duration("lease_ttl", s.cfg.LeaseTTL), zap.Error(err))
 	}

@@ -92,7 +92,10 @@ func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err 
 	if got {
 		return wakeReconnect, nil
 	}
-	if _, err := conn.Exec(ctx, "UNLISTEN *"); err != nil {
+	if err := s.calls.Do(ctx, "enqueuer listen: unlisten to stand by", func(ctx context.Context) error {
+		_, err := conn.Exec(ctx, "UNLISTEN *")
+		return err
+	}); err != nil {
 		return "", fmt.Errorf("enqueuer listen: unlisten to stand by: %w", err)
 	}
 	s.metrics.standby.Set(1)
@@ -103,7 +106,10 @@ func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err 
 	if err := s.standBy(ctx, conn); err != nil {
 		return "", err
 	}
-	if _, err := conn.Exec(ctx, listenSQL); err != nil {
+	if err := s.calls.Do(ctx, "enqueuer listen: listen after the takeover", func(ctx context.Context) error {
+		_, err := conn.Exec(ctx, listenSQL)
+		return err
+	}); err != nil {
 		return "", fmt.Errorf("enqueuer listen: %w", err)
 	}
 	s.logger.Info("took over as the drainer: the previous drainer's session ended")
@@ -143,15 +149,16 @@ func (s *Service) standBy(ctx context.Context, conn *pgx.Conn) error {
 	}
 }
 
-// tryDrainerLock is one attempt at the drainer lock. It is bounded by
-// --listener-check-timeout, the time this session is given to prove it
-// hears notifications: a listener whose server does not answer an
-// attempt within it is as good as gone, and reconnects.
+// tryDrainerLock is one attempt at the drainer lock, bounded by
+// --database-timeout: a standby whose session went silent (a black-holed
+// network) finds out at its next attempt and connects again, instead of
+// standing by on a dead session while the drainer's is gone.
 func (s *Service) tryDrainerLock(ctx context.Context, conn *pgx.Conn) (bool, error) {
-	actx, cancel := context.WithTimeout(ctx, s.cfg.ListenerCheckTimeout)
-	defer cancel()
 	var got bool
-	if err := conn.QueryRow(actx, drainerTryLockSQL, pgx.QueryExecModeSimpleProtocol).Scan(&got); err != nil {
+	err := s.calls.Do(ctx, "enqueuer listen: try the drainer lock", func(ctx context.Context) error {
+		return conn.QueryRow(ctx, drainerTryLockSQL, pgx.QueryExecModeSimpleProtocol).Scan(&got)
+	})
+	if err != nil {
 		return false, fmt.Errorf("enqueuer listen: try the drainer lock: %w", err)
 	}
 	return got, nil

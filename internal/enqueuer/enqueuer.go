@@ -44,6 +44,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"go.uber.org/zap"
 
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/lifecycle/testsignal"
@@ -102,6 +103,7 @@ type Service struct {
 
 	cfg       Config
 	pool      *pgxpool.Pool
+	calls     *dbcall.Bounds  // every database call's bound
 	listenCfg *pgx.ConnConfig // the listener's connection (config.go)
 	// listenAuth is the pool's BeforeConnect (--database-password-file),
 	// applied to the listener's connections too, so they authenticate with
@@ -211,6 +213,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		cfg:        cfg,
 		pool:       cfg.Pool,
+		calls:      cfg.Calls,
 		listenCfg:  listenCfg,
 		listenAuth: cfg.Pool.Config().BeforeConnect,
 		river:      rc,
@@ -246,9 +249,10 @@ func New(cfg Config) (*Service, error) {
 		ReadyAfter: func(last *Result) bool { return last.Batches > 0 },
 		// Under a stream of commits a pass moves rows hundreds of times
 		// a second: its line is for debugging.
-		Summary:      "enqueuer pass",
-		SummaryLevel: zap.DebugLevel,
-		Summarize:    func(last *Result, _ error) ([]zap.Field, bool) { return last.fields(), last.taken() > 0 },
+		Summary:       "enqueuer pass",
+		QuietTimeouts: true,
+		SummaryLevel:  zap.DebugLevel,
+		Summarize:     func(last *Result, _ error) ([]zap.Field, bool) { return last.fields(), last.taken() > 0 },
 	}
 	return s, nil
 }
