@@ -216,9 +216,10 @@ func TestRequestedCheckpointSlowsTheRun(t *testing.T) {
 	}
 }
 
-// The defaults measure their limits on the server before the first batch
-// (the commit budget from the probe, the WAL rate from the checkpoint
-// settings) and start at the smallest batch.
+// The defaults measure their limits on the server (the WAL rate from the
+// checkpoint settings before the first batch, the commit budget from the
+// probe after it) and start at the smallest batch; a run with one batch
+// to do does not probe.
 func TestDefaultLoadLimitsAreMeasured(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	insertOldKeys(t, pool, 3000)
@@ -234,5 +235,10 @@ func TestDefaultLoadLimitsAreMeasured(t *testing.T) {
 	// range: more than one batch.
 	if res.Batches < 2 {
 		t.Fatalf("%d batches: want the first at %d keys", res.Batches, throttle.MinBatch)
+	}
+	insertOldKeys(t, pool, 100)
+	res, err = svc.RunOnce(context.Background())
+	if err != nil || !res.Complete || res.Deleted != 100 || res.CommitBudget != 0 {
+		t.Fatalf("a run of one batch: %+v, %v; want no budget measured", res, err)
 	}
 }

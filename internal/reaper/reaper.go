@@ -427,6 +427,12 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 			res.Complete = true
 			return stop{}, nil
 		}
+		if err := s.measureBudget(soft, thr, res); err != nil {
+			if soft.Err() != nil {
+				return stop{reason: stopShutdown}, nil
+			}
+			return stop{reason: stopError}, err
+		}
 		s.pause(soft)
 	}
 }

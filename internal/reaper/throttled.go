@@ -27,8 +27,10 @@ type runThrottle struct {
 	// size is the batch size adapting to the commit budget and the WAL
 	// pacer (batchSize).
 	size *throttle.Sizer
-	// budget is the commit_latency the sizer adapts to; 0: none.
-	budget time.Duration
+	// budget is the commit_latency the sizer adapts to; 0: none (yet:
+	// autoBudget, commit_latency=auto, measures it after the first round).
+	budget     time.Duration
+	autoBudget bool
 	// stretch is the throttled stretch in progress, for its two log lines.
 	stretch stretch
 	// roundCommit is the probes' median commit while the last round ran
@@ -66,11 +68,11 @@ func (s *Service) newRunThrottle() *runThrottle {
 	}
 }
 
-// startThrottle settles the limits a run measures before its first batch:
-// wal_rate=auto's rate from the server's checkpoint settings, and
-// commit_latency=auto's budget from the probe's quiet commit. With either
-// load limit the batches start at the smallest size and grow while the
-// limits allow.
+// startThrottle settles the limits a run reads before its first batch:
+// wal_rate=auto's rate from the server's checkpoint settings. With a
+// commit_latency budget the batches start at the smallest size and grow
+// while the budget allows (commit_latency=auto's is measured after the
+// first round: measureBudget).
 func (s *Service) startThrottle(ctx context.Context, t *runThrottle, res *Result) error {
 	l := s.cfg.Throttle.limits()
 	if l.MaxLoad.PacesWAL() {
@@ -89,21 +91,33 @@ func (s *Service) startThrottle(ctx context.Context, t *runThrottle, res *Result
 		}
 	}
 	t.budget = l.MaxLoad.CommitLatency
-	if l.MaxLoad.CommitLatencyAuto {
-		quiet, err := t.read.QuietCommit(ctx)
-		if err != nil {
-			return fmt.Errorf("reaper: throttle: %w", err)
-		}
-		t.budget = throttle.AutoCommitBudget(quiet)
-		t.decide.SetCommitBudget(t.budget)
-	}
 	res.CommitBudget = t.budget
-	if t.budget > 0 {
+	t.autoBudget = l.MaxLoad.CommitLatencyAuto
+	if t.budget > 0 || t.autoBudget {
 		// The batch grows from the smallest while the API's commits keep
 		// the budget. (The pacer alone sizes the first round at the
 		// smallest too, until it knows the WAL per key: batchSize.)
 		t.size = throttle.NewSizer(throttle.MinBatch, s.cfg.BatchSize, throttle.MinBatch)
 	}
+	return nil
+}
+
+// measureBudget measures commit_latency=auto's budget after the run's
+// first round, when that round left keys to reap: a round of the smallest
+// batch, whose WAL is flushed by then, so the probes see the API's commits
+// without the reaper; a run with one batch or none (an idle pass on a
+// schedule) does without the fifth of a second the probes take.
+func (s *Service) measureBudget(ctx context.Context, t *runThrottle, res *Result) error {
+	if !t.autoBudget || t.budget > 0 {
+		return nil
+	}
+	quiet, err := t.read.QuietCommit(ctx)
+	if err != nil {
+		return fmt.Errorf("reaper: throttle: %w", err)
+	}
+	t.budget = throttle.AutoCommitBudget(quiet)
+	t.decide.SetCommitBudget(t.budget)
+	res.CommitBudget = t.budget
 	return nil
 }
 

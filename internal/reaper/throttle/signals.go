@@ -158,15 +158,15 @@ func (r *Reader) Read(ctx context.Context) Signals {
 }
 
 // quietProbes is how many probes QuietCommit takes, quietProbeEvery apart:
-// a fifth of a second before the run's first batch.
+// a fifth of a second, after the run's first batch.
 const (
 	quietProbes     = 9
 	quietProbeEvery = 20 * time.Millisecond
 )
 
-// QuietCommit is the median of a few probe commits before the run's first
-// batch: what the API's commits wait without the reaper, the base of the
-// default commit_latency budget.
+// QuietCommit is the median of a few probe commits between batches (the
+// reaper's WAL flushed): what the API's commits wait without the reaper,
+// the base of the default commit_latency budget.
 func (r *Reader) QuietCommit(ctx context.Context) (time.Duration, error) {
 	var ds []time.Duration
 	for i := range quietProbes {

@@ -60,8 +60,8 @@ type Load struct {
 	// and the ceiling between rounds.
 	CommitLatency time.Duration
 	// CommitLatencyAuto (commit_latency=auto, --max-load only): the budget
-	// is AutoCommitBudget of the probe's quiet commit, measured before the
-	// run's first batch.
+	// is AutoCommitBudget of the probe's quiet commit, measured after the
+	// run's first batch of the smallest size.
 	CommitLatencyAuto bool
 }
 
@@ -357,7 +357,7 @@ func (t *Throttle) Pacer() *WALPacer { return t.pacer }
 // from the count requested.
 func (t *Throttle) WatchCheckpoints(requested int64) { t.requested, t.watching = requested, true }
 
-// SetCommitBudget sets commit_latency=auto's budget, measured before the
+// SetCommitBudget sets commit_latency=auto's budget, measured after the
 // run's first batch.
 func (t *Throttle) SetCommitBudget(d time.Duration) { t.limits.MaxLoad.CommitLatency = d }
 
