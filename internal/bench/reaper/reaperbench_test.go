@@ -59,6 +59,7 @@ func TestFullRun(t *testing.T) {
 		t.Skip("REAPERBENCH_KEYS not set")
 	}
 	s := reaper.DefaultSettings()
+	s.Throttle.MaxLoad = "" // as Run's default: the batches' speed, not the server's WAL budget
 	if v, err := strconv.Atoi(os.Getenv("REAPERBENCH_BATCH")); err == nil {
 		s.BatchSize = v
 	}
