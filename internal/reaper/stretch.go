@@ -43,6 +43,13 @@ func (s *stretch) start(now time.Time, reason throttle.Reason) bool {
 // its WAL takes at the rate) does not end one.
 const stretchQuiet = time.Second
 
+// first reports whether the stretch in progress has not yet waited for
+// reason.
+func (s *stretch) first(reason throttle.Reason) bool {
+	_, seen := s.by[reason]
+	return s.active && !seen
+}
+
 // waited adds a wait that ended at now to the stretch.
 func (s *stretch) waited(now time.Time, reason throttle.Reason, d time.Duration) {
 	if !s.active {

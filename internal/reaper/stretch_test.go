@@ -30,6 +30,9 @@ func TestStretchTotals(t *testing.T) {
 	if s.start(t0, throttle.ReasonReplicaLag) {
 		starts++
 	}
+	if s.first(throttle.ReasonWALRate) || !s.first(throttle.ReasonReplicaLag) {
+		t.Fatal("first: want the reason not yet waited for only")
+	}
 	s.waited(t0.Add(2*time.Second), throttle.ReasonReplicaLag, 300*time.Millisecond)
 	if starts != 1 {
 		t.Fatalf("%d starts, want 1", starts)

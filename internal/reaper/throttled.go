@@ -237,7 +237,11 @@ func (s *Service) throttleWait(soft context.Context, start time.Time, run int64,
 			t.preRound, t.roundKeys = sig.WALPosition, 0
 			return w
 		}
-		if t.stretch.start(time.Now(), d.Reason) {
+		// The stretch's first wait, and the first wait for each other
+		// reason inside it: a paced run is one stretch, and a replica
+		// falling behind or a signal that cannot be read during it must
+		// still be said when it starts.
+		if t.stretch.start(time.Now(), d.Reason) || t.stretch.first(d.Reason) {
 			level := zap.InfoLevel
 			if d.Reason == throttle.ReasonSignalError {
 				// A signal it cannot read: degraded, not the throttle at

@@ -10,7 +10,10 @@
 // a ceiling (--pause-min, --pause-max): it doubles while the pressure
 // lasts, so a replica that is minutes behind is asked how it is doing a few
 // times a minute rather than fifty times a second, and it falls back to the
-// floor the moment the pressure is gone.
+// floor the moment the pressure is gone. Two limits are averages kept
+// round by round instead: the server's WAL rate (WALPacer, a token bucket,
+// with its checkpoint budget: Checkpoints) and the commit budget the batch
+// size adapts to (Sizer).
 package throttle
 
 import (
@@ -47,9 +50,10 @@ func Reasons() []Reason {
 
 // Load is a ceiling on the primary's load; a zero field is no ceiling.
 type Load struct {
-	// WALRate is WAL bytes per second. In --max-load it is the rate the
-	// run's own batches write at, on average (WALPacer); in
-	// --critical-load the whole server's rate between two readings.
+	// WALRate is the server's WAL bytes per second (the API's writes and
+	// the reaper's). In --max-load it is held on average while the run
+	// reaps (WALPacer); in --critical-load it is the rate between two
+	// readings.
 	WALRate float64
 	// WALRateAuto (wal_rate=auto, --max-load only): the rate that lets
 	// the server's checkpoints come on checkpoint_timeout's schedule
@@ -270,9 +274,10 @@ type Signals struct {
 	At          time.Time
 	WALPosition int64
 	// RoundWAL is the WAL the server wrote while the previous round of
-	// batches ran (the first reading after it), for the log. 0: no round
-	// since the last decision. The pacer charges every byte between two
-	// readings (WALPosition).
+	// batches ran (the first reading after it): how long the pacer may
+	// hold the run after it (allow), and the log's measurement. 0: no
+	// round since the last decision. The pacer charges every byte between
+	// two readings (WALPosition).
 	RoundWAL int64
 	// RequestedCheckpoints is the server's count of requested checkpoints
 	// (Checkpoints.Requested); read only when the run watches them.
@@ -295,8 +300,9 @@ type Decision struct {
 	// run's record.
 	Detail string
 	// AfterRound: the wait is for the reaper's own previous round, which
-	// slowed the API's commits; it recurs round after round while the
-	// reaper settles on its pause, so it is not logged as a stretch.
+	// slowed the API's commits although its batch could not shrink
+	// further; it recurs round after round while the reaper settles on its
+	// pause.
 	AfterRound bool
 	// Paced: the wait is the WAL pacer's, the time the previous round's
 	// WAL takes at the rate: the run's pace, not a pressure, so it is not
