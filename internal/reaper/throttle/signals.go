@@ -40,9 +40,29 @@ type Reader struct {
 	// Timeout bounds each reading, so a replica that does not answer makes
 	// the run wait (signal_error) rather than hang.
 	Timeout time.Duration
+	// Now is the clock the readings are stamped with (Signals.At); nil:
+	// time.Now.
+	Now func() time.Time
 
 	prevLSN uint64
 	prevAt  time.Time
+	// requestedSQL reads the requested checkpoints' count, set by
+	// ReadCheckpoints; empty: not read.
+	requestedSQL string
+}
+
+func (r *Reader) timeout() time.Duration {
+	if r.Timeout <= 0 {
+		return 5 * time.Second
+	}
+	return r.Timeout
+}
+
+func (r *Reader) now() time.Time {
+	if r.Now == nil {
+		return time.Now()
+	}
+	return r.Now()
 }
 
 // primarySQL reads the replicas the primary streams to, in one statement
@@ -99,7 +119,8 @@ func (r *Reader) Read(ctx context.Context) Signals {
 		s.Err = fmt.Errorf("read pg_stat_replication: %w", err)
 		return s
 	}
-	now := time.Now()
+	now := r.now()
+	s.At, s.WALPosition = now, lsn
 	s.Replicas = int(seen)
 	s.Lag = seconds(lagSeconds)
 	if !r.prevAt.IsZero() && uint64(lsn) >= r.prevLSN {
@@ -130,12 +151,52 @@ func (r *Reader) Read(ctx context.Context) Signals {
 			s.LagBytes = behind
 		}
 	}
+	if r.requestedSQL != "" {
+		if err := r.Primary.QueryRow(ctx, r.requestedSQL).Scan(&s.RequestedCheckpoints); err != nil {
+			s.Err = fmt.Errorf("read the requested checkpoints: %w", err)
+			return s
+		}
+	}
 	if r.ProbeCommit {
 		if s.CommitLatency, err = probeCommit(ctx, r.Primary); err != nil {
 			s.Err = err
 		}
 	}
 	return s
+}
+
+// quietProbes is how many probes QuietCommit takes, quietProbeEvery apart:
+// a fifth of a second, after the run's first batch.
+const (
+	quietProbes     = 9
+	quietProbeEvery = 20 * time.Millisecond
+)
+
+// QuietCommit is the median of a few probe commits between batches (the
+// reaper's WAL flushed): what the API's commits wait without the reaper,
+// the base of the default commit_latency budget.
+func (r *Reader) QuietCommit(ctx context.Context) (time.Duration, error) {
+	var ds []time.Duration
+	for i := range quietProbes {
+		if i > 0 {
+			t := time.NewTimer(quietProbeEvery)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return 0, ctx.Err()
+			case <-t.C:
+			}
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.timeout())
+		d, err := probeCommit(pctx, r.Primary)
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		ds = append(ds, d)
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], nil
 }
 
 // ProbeCommit times the COMMIT of a transaction that wrote WAL, so its
