@@ -93,14 +93,6 @@ SELECT pg_is_in_recovery(),
             ELSE COALESCE(EXTRACT(epoch FROM now() - pg_last_xact_replay_timestamp()), 0) END::float8,
        COALESCE(pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0'), 0)::int8`
 
-// timeout is Timeout, or 5 s when it is not set.
-func (r *Reader) timeout() time.Duration {
-	if r.Timeout <= 0 {
-		return 5 * time.Second
-	}
-	return r.Timeout
-}
-
 // ErrHiddenReplicas: the role cannot see the replicas' positions.
 var ErrHiddenReplicas = errors.New("pg_stat_replication hides the replicas' positions from this role: " +
 	"GRANT pg_read_all_stats TO the reaper's role (deploy/sql/roles.sql does), or set --max-lag 0 and --max-lag-bytes 0 to reap without watching replicas")
