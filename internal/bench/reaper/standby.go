@@ -640,11 +640,13 @@ func medianProbe(ctx context.Context, pool *pgxpool.Pool, window time.Duration) 
 			return 0, ctx.Err()
 		case <-tick.C:
 		}
-		d, err := throttle.ProbeCommit(ctx, pool)
-		if err != nil {
-			return 0, fmt.Errorf("reaperbench: probe: %w", err)
+		// The throttle's own reading, as a run with a commit_latency
+		// limit takes it: the probe commit is the reaper's, not a copy.
+		s := (&throttle.Reader{Primary: pool, ProbeCommit: true}).Read(ctx)
+		if s.Err != nil {
+			return 0, fmt.Errorf("reaperbench: probe: %w", s.Err)
 		}
-		ds = append(ds, d)
+		ds = append(ds, s.CommitLatency)
 	}
 	slices.Sort(ds)
 	return ds[len(ds)/2], nil

@@ -191,7 +191,7 @@ func (r *Reader) QuietCommit(ctx context.Context) (time.Duration, error) {
 	return ds[len(ds)/2], nil
 }
 
-// ProbeCommit times the COMMIT of a transaction that wrote WAL, so its
+// probeCommit times the COMMIT of a transaction that wrote WAL, so its
 // commit waits for the WAL flush (and for the synchronous standbys, if any)
 // like every API transaction that wrote a key: it queues behind the same
 // flushes, the reaper's among them, which is what the API's commits feel.
@@ -204,8 +204,6 @@ func (r *Reader) QuietCommit(ctx context.Context) (time.Duration, error) {
 // to the server, which a ceiling must allow for. pg_stat_statements was not
 // used: it is not always installed, and its times are averages since its
 // last reset, not the wait now.
-func ProbeCommit(ctx context.Context, db Querier) (time.Duration, error) { return probeCommit(ctx, db) }
-
 func probeCommit(ctx context.Context, db Querier) (time.Duration, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
