@@ -113,11 +113,20 @@ helm-test:
 e2e: ensure-postgres ensure-pgbouncer ensure-promtool ensure-runtimes
 	$(GO) test -tags e2e -count=1 -timeout 15m ./internal/testing/e2e/...
 
-lint:
+# golangci-lint, pinned in tools/lint/go.mod (a module of its own, so its
+# dependencies stay out of the main go.mod and the release tools'), built
+# once into bin/; its configuration is .golangci.yml.
+GOLANGCI := $(BIN)/golangci-lint
+$(GOLANGCI): tools/lint/go.mod tools/lint/go.sum
+	@mkdir -p $(BIN)
+	cd tools/lint && $(GO) build -o $(abspath $(GOLANGCI)) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+
+lint: $(GOLANGCI)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags e2e ./internal/testing/e2e/...
 	cd deploy/helm && $(GO) vet ./...
+	$(GOLANGCI) run ./...
 
 bench: ensure-postgres ensure-pgbouncer
 	$(GO) run ./internal/bench/report/cmd -out bench-report.txt

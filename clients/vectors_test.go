@@ -41,19 +41,6 @@ func sec(t *testing.T, raw string) replayauth.Secret {
 	return s
 }
 
-func signer(t *testing.T, raw ...string) *replayauth.Signer {
-	t.Helper()
-	var ss []replayauth.Secret
-	for _, r := range raw {
-		ss = append(ss, sec(t, r))
-	}
-	s, err := replayauth.NewSigner(ss...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
 // build is one vector under construction.
 type build struct {
 	t *testing.T

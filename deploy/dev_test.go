@@ -106,7 +106,7 @@ func TestDevOverlayRunsAsShipped(t *testing.T) {
 	var init map[string]string
 	for _, v := range pg.Spec.Template.Spec.Volumes {
 		if v.ConfigMap != nil && strings.HasPrefix(v.ConfigMap.Name, "postgres-initdb") {
-			init, ok = r.configData("ConfigMap", v.ConfigMap.Name)
+			init, _ = r.configData("ConfigMap", v.ConfigMap.Name)
 		}
 	}
 	if init == nil {

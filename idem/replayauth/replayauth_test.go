@@ -14,10 +14,7 @@ import (
 	"github.com/idemd/idemd/internal/testing/replayvectors"
 )
 
-type (
-	vector     = replayvectors.Vector
-	vectorStep = replayvectors.Step
-)
+type vector = replayvectors.Vector
 
 // vectorErrors are the refusals a step may expect, by name.
 var vectorErrors = map[string]error{

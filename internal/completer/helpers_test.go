@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -364,7 +363,5 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
 }
-
-func keyName(prefix string, i int) string { return fmt.Sprintf("%s-%d", prefix, i) }
 
 var _ = strings.Contains

@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -88,7 +89,10 @@ func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {
 	if err := srv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("console: shutdown: %w", err)
 	}
-	<-served
+	// Serve returns http.ErrServerClosed once Shutdown has begun.
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("console: %w", err)
+	}
 	g.Logger.Info("console stopped")
 	return nil
 }

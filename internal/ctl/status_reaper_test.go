@@ -153,7 +153,9 @@ func TestStatusSaysWhenRetentionIsTheDefault(t *testing.T) {
 	url, _ := setup(t)
 	const note = "--retention is the reaper's default here"
 	t.Setenv("IDEMD_RETENTION", "")
-	os.Unsetenv("IDEMD_RETENTION")
+	if err := os.Unsetenv("IDEMD_RETENTION"); err != nil {
+		t.Fatal(err)
+	}
 	if code, out, errs := run(t, "--database-url", url, "status"); code != 0 || !strings.Contains(out, note) {
 		t.Errorf("status at the default: exit %d, want the note\n%s%s", code, out, errs)
 	}
@@ -174,7 +176,9 @@ func TestStatusCountsByTheRecordedRetention(t *testing.T) {
 	url, pool := setup(t)
 	ctx := context.Background()
 	t.Setenv("IDEMD_RETENTION", "")
-	os.Unsetenv("IDEMD_RETENTION")
+	if err := os.Unsetenv("IDEMD_RETENTION"); err != nil {
+		t.Fatal(err)
+	}
 	status := func() ctl.Status {
 		t.Helper()
 		return statusJSON(t, url)

@@ -21,7 +21,9 @@ import (
 func TestDeprecatedIntervalSpellings(t *testing.T) {
 	for _, env := range []string{"IDEMD_POLL_INTERVAL", "IDEMD_POLLING_INTERVAL", "IDEMD_SWEEP_INTERVAL", "IDEMD_BUSY_POLL_INTERVAL"} {
 		t.Setenv(env, "") // registers the restore; unset below
-		os.Unsetenv(env)
+		if err := os.Unsetenv(env); err != nil {
+			t.Fatal(err)
+		}
 	}
 	def := DefaultSettings()
 	cases := []struct {

@@ -70,7 +70,7 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 	defer func() {
 		cctx, cancel := s.calls.Cleanup(ctx)
 		defer cancel()
-		conn.Close(cctx) //nolint:errcheck // closing also releases the drainer lock
+		conn.Close(cctx) // closing also releases the drainer lock
 	}()
 	// The first self-check proves this session hears what is committed
 	// through the pool (LISTEN through a transaction-mode pooler is deaf):
@@ -139,7 +139,7 @@ func (s *Service) listenConnect(ctx context.Context) (*pgx.Conn, error) {
 		if err != nil {
 			cctx, cancel := s.calls.Cleanup(ctx)
 			defer cancel()
-			conn.Close(cctx) //nolint:errcheck // failed already
+			conn.Close(cctx) // failed already
 		}
 		return err
 	})

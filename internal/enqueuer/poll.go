@@ -199,7 +199,7 @@ func (g *gate) connect(ctx context.Context) error {
 func (g *gate) closeConn(ctx context.Context, conn *pgx.Conn) {
 	cctx, cancel := g.calls.Cleanup(ctx)
 	defer cancel()
-	conn.Close(cctx) //nolint:errcheck // the session's end releases P
+	conn.Close(cctx) // the session's end releases P
 }
 
 // reopenEvery bounds how often the drainer retries a gate whose session

@@ -80,7 +80,7 @@ func listening(t *testing.T, pool *pgxpool.Pool) *pgx.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close(context.Background()) }) //nolint:errcheck
+	t.Cleanup(func() { conn.Close(context.Background()) })
 	if _, err := conn.Exec(context.Background(), listenSQL); err != nil {
 		t.Fatal(err)
 	}

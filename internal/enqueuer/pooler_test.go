@@ -46,8 +46,8 @@ func TestDeafListenerIsDetected(t *testing.T) {
 	}
 	defer s.Stop(ctx) //nolint:errcheck
 	// Two failed self-checks.
-	s.signals.listenerCheckFailed.WaitOrTimeout(t)
-	s.signals.listenerCheckFailed.WaitOrTimeout(t)
+	_ = s.signals.listenerCheckFailed.WaitOrTimeout(t)
+	_ = s.signals.listenerCheckFailed.WaitOrTimeout(t)
 	if up := testutil.ToFloat64(s.metrics.listenerUp); up != 0 {
 		t.Fatalf("listener_up %v for a listener that hears nothing", up)
 	}

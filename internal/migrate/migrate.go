@@ -434,7 +434,7 @@ func holdLock(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration, ca
 	}, timeout); err != nil {
 		cctx, cancel := calls.Cleanup(ctx)
 		defer cancel()
-		conn.Close(cctx) //nolint:errcheck // closing also ends any transaction
+		conn.Close(cctx) // closing also ends any transaction
 		return nil, err
 	}
 	return func() {
@@ -443,7 +443,7 @@ func holdLock(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration, ca
 		unlockCtx, cancel := calls.Cleanup(ctx)
 		defer cancel()
 		_ = lockTx.Rollback(unlockCtx)
-		conn.Close(unlockCtx) //nolint:errcheck // closing also ends the lock's transaction
+		conn.Close(unlockCtx) // closing also ends the lock's transaction
 	}, nil
 }
 

@@ -69,7 +69,9 @@ func TestIdempotencyKeySemantics(t *testing.T) {
 		t.Fatalf("expired key must charge again: %v %v", c3, err)
 	}
 	// No key: every request charges.
-	sc.V1Charges.Create(ctx, params(100, "cus_1", ""))
+	if _, err := sc.V1Charges.Create(ctx, params(100, "cus_1", "")); err != nil {
+		t.Fatal(err)
+	}
 	if fake.ChargeCount() != 3 {
 		t.Fatalf("%d charges", fake.ChargeCount())
 	}

@@ -151,7 +151,7 @@ func Run(ctx context.Context, adminURL string, opts Options) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("adoptionbench: %w", err)
 		}
-		defer os.RemoveAll(dir) //nolint:errcheck // a temp dir
+		defer os.RemoveAll(dir) // a temp dir
 		opts.CompleterBin = filepath.Join(dir, "completer")
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", opts.CompleterBin, "./cmd/completer")
 		cmd.Dir = opts.Root
@@ -209,7 +209,7 @@ func DrainWith(ctx context.Context, adminURL string, opts Options, args []string
 	if err != nil {
 		return d, fmt.Errorf("adoptionbench: %w", err)
 	}
-	defer os.RemoveAll(dir) //nolint:errcheck // a temp dir
+	defer os.RemoveAll(dir) // a temp dir
 	secretFile := filepath.Join(dir, "replay-secret")
 	if err := os.WriteFile(secretFile, []byte(randomHex(32)), 0o600); err != nil {
 		return d, fmt.Errorf("adoptionbench: secret: %w", err)

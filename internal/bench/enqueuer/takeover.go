@@ -60,7 +60,7 @@ func RunTakeover(ctx context.Context, adminURL string, opts TakeoverOptions) ([]
 	if err != nil {
 		return nil, fmt.Errorf("takeover: %w", err)
 	}
-	defer os.RemoveAll(dir) //nolint:errcheck // a temp dir
+	defer os.RemoveAll(dir) // a temp dir
 	type target struct {
 		bin   TakeoverBinary
 		pool  *pgxpool.Pool

@@ -29,7 +29,7 @@ func (e *env) startSurroundings(ctx context.Context, target string) system.Daemo
 	if e.proxy, err = tcpproxy.New(target); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.proxy.Close() })
+	t.Cleanup(func() { _ = e.proxy.Close() })
 	u, err := url.Parse(e.dbURL)
 	if err != nil {
 		t.Fatal(err)

@@ -4,12 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"go/build"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"text/template"
@@ -105,7 +105,8 @@ func goBin(t *testing.T) string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	p := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// The toolchain the tests run under, when its bin is not on PATH.
+	p := filepath.Join(build.Default.GOROOT, "bin", "go")
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("no go command on PATH or in GOROOT: %v", err)
 	}

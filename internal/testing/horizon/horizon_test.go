@@ -24,7 +24,7 @@ func session(t *testing.T, pool *pgxpool.Pool, app string) *pgx.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close(context.Background()) }) //nolint:errcheck
+	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
 }
 

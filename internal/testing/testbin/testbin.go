@@ -48,7 +48,7 @@ func RemoveAll() {
 	mu.Lock()
 	defer mu.Unlock()
 	if dir != "" {
-		os.RemoveAll(dir) //nolint:errcheck // a temp dir; nothing to do on failure
+		os.RemoveAll(dir) // a temp dir; nothing to do on failure
 	}
 	dir = ""
 	built = map[string]string{}

@@ -230,7 +230,7 @@ func Migrations(ctx context.Context, adminURL string, opts MigrationsOptions) (*
 	if err != nil {
 		return nil, fmt.Errorf("migrations: lock sampler: %w", err)
 	}
-	defer samplerConn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a scratch database
+	defer samplerConn.Close(context.WithoutCancel(ctx)) // a scratch database
 	sampler := &lockSampler{interval: opts.LockSampleInterval}
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	sampled := make(chan error, 1)
@@ -305,7 +305,7 @@ func anchorIndex(ctx context.Context, migratorURL string, ld *apiLoad, logf func
 	if err != nil {
 		return w, fmt.Errorf("migrations: anchor index: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a scratch database
+	defer conn.Close(context.WithoutCancel(ctx)) // a scratch database
 	select {
 	case <-ctx.Done():
 		return w, ctx.Err()
@@ -360,7 +360,7 @@ func articleSchema(ctx context.Context, migratorURL string) error {
 	if err != nil {
 		return fmt.Errorf("migrations: article schema: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a scratch database
+	defer conn.Close(context.WithoutCancel(ctx)) // a scratch database
 	if _, err := conn.Exec(ctx, migrations.ArticleSchema+`
 CREATE TABLE staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL);
 INSERT INTO users (email) SELECT 'u' || g || '@example.com' FROM generate_series(1, 100000) g;`); err != nil {

@@ -313,7 +313,7 @@ func (s *staging) run(ctx context.Context, variant string, clients int) (ph Stag
 		if err != nil {
 			return ph, fmt.Errorf("staging: %w", err)
 		}
-		defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // ends the lock's session
+		defer conn.Close(context.WithoutCancel(ctx)) // ends the lock's session
 		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock((x'1d3e0001'::bigint << 32) | 'staged_jobs'::regclass::oid::bigint)`); err != nil {
 			return ph, fmt.Errorf("staging: polling lock: %w", err)
 		}
