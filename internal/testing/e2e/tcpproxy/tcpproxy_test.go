@@ -72,7 +72,9 @@ func TestForwardSeverDelay(t *testing.T) {
 	if n := p.Sever(); n != 2 {
 		t.Fatalf("Sever closed %d sockets, want 2 (client and server side)", n)
 	}
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := roundTrip(c, r); err == nil {
 		t.Fatal("a severed connection still works")
 	}
