@@ -433,11 +433,11 @@ func (e *env) script(ctx context.Context) {
 		e.logf("proxy: severed %d sockets", n)
 		sleep(ctx, jitter(700*time.Millisecond))
 	}
-	e.proxy.SetDelay(40 * time.Millisecond)
+	e.proxy.SetLatency(40 * time.Millisecond)
 	e.logf("proxy: 40 ms per chunk")
 	sleep(ctx, jitter(2*time.Second))
-	e.proxy.SetDelay(0)
-	e.logf("proxy: delay off")
+	e.proxy.SetLatency(0)
+	e.logf("proxy: latency off")
 
 	e.clockSkew(ctx)
 
@@ -624,8 +624,8 @@ func (e *env) checkProcesses(others ...*system.Proc) {
 	if kills == 0 {
 		e.t.Error("the killer never killed anything")
 	}
-	acc, sev := e.proxy.Stats()
-	e.logf("proxy: %d connections accepted, %d sockets severed", acc, sev)
+	st := e.proxy.Stats()
+	e.logf("proxy: %d connections accepted, %d sockets severed", st.Accepted, st.Severed)
 	e.logf("replay front: %s", e.front.summary())
 }
 
