@@ -208,6 +208,20 @@ func runFaults(t *testing.T, pooled bool) {
 
 func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	t.Helper()
+	e, opts := prepare(ctx, t, pooled)
+	opts.Enqueuers, opts.Completers, opts.Reaper = 2, 2, true
+	e.startDaemons(ctx, opts)
+	e.logf("set up in its own cluster (port %d), daemons through proxy %s (PgBouncer: %v), all ready", e.cluster.Port(), e.proxy.Addr(), pooled)
+	return e
+}
+
+// prepare builds the binaries and starts everything but the daemons: the
+// run's own cluster and database (roles applied, migrated with idemctl),
+// optionally a PgBouncer in front of it, and the surroundings. It returns
+// the daemon options that point at them, with Dir and, pooled, the
+// pooler's arguments set; the caller says how many daemons of each.
+func prepare(ctx context.Context, t *testing.T, pooled bool) (*env, system.DaemonOptions) {
+	t.Helper()
 	e := &env{t: t, dir: t.TempDir()}
 	var err error
 	if e.bins, err = system.Build(ctx, filepath.Join(e.dir, "bin")); err != nil {
@@ -259,8 +273,17 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	t.Cleanup(e.pool.Close)
 
 	opts := e.startSurroundings(ctx, target)
-	opts.Enqueuers, opts.Completers, opts.Reaper, opts.Dir = 2, 2, true, e.dir
+	opts.Dir = e.dir
 	opts.ExtraArgs, opts.ExtraEnqueuerArgs = extraArgs, enqueuerArgs
+	return e, opts
+}
+
+// startDaemons starts the daemon set of opts and waits until every daemon
+// is ready and every enqueuer is the drainer or a standby.
+func (e *env) startDaemons(ctx context.Context, opts system.DaemonOptions) {
+	t := e.t
+	t.Helper()
+	var err error
 	if e.daemons, err = system.NewDaemons(e.bins, opts); err != nil {
 		t.Fatal(err)
 	}
@@ -300,8 +323,6 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 			t.Fatalf("%s is neither the drainer nor a standby: %v\n%s", p.Name, err, p.LogTail(3000))
 		}
 	}
-	e.logf("set up in its own cluster (port %d), daemons through proxy %s (PgBouncer: %v), all ready", e.cluster.Port(), e.proxy.Addr(), pooled)
-	return e
 }
 
 // installStagedLog records every staged row that commits (a row staged by
@@ -583,7 +604,8 @@ func (e *env) clockSkew(ctx context.Context) {
 }
 
 // settle waits, with a deadline, until the system has drained: nothing
-// staged, every River job worked, every key finished or flagged.
+// staged, every River job worked (but those of unworkedQueue), every key
+// finished or flagged.
 func (e *env) settle(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(ctx, settleWithin)
 	defer cancel()
@@ -592,9 +614,9 @@ func (e *env) settle(ctx context.Context) {
 		var staged, pendingJobs, open int
 		err := e.pool.QueryRow(wctx, `SELECT
 			(SELECT count(*) FROM staged_jobs),
-			(SELECT count(*) FROM river_job WHERE state NOT IN ('completed', 'cancelled', 'discarded')),
+			(SELECT count(*) FROM river_job WHERE state NOT IN ('completed', 'cancelled', 'discarded') AND queue <> $1),
 			(SELECT count(*) FROM idempotency_keys k WHERE k.recovery_point <> 'finished'
-				AND NOT EXISTS (SELECT 1 FROM idempotency_key_reviews r WHERE r.key_id = k.id))`).Scan(&staged, &pendingJobs, &open)
+				AND NOT EXISTS (SELECT 1 FROM idempotency_key_reviews r WHERE r.key_id = k.id))`, unworkedQueue).Scan(&staged, &pendingJobs, &open)
 		if err != nil {
 			return false, err
 		}
