@@ -513,7 +513,7 @@ func (s *silentRun) dump(ctx context.Context, p *system.Proc) {
 // stuckCalls summarises a Go goroutine dump: one line per goroutine that
 // waits inside pgx (a database call), naming the outermost pgx call and
 // the first idemd frame that made it (or, for a goroutine pgx started
-// itself, what started it). The pool's idle health check is left out.
+// itself, what started it). The pool's own upkeep is left out.
 func stuckCalls(dump string) []string {
 	var out []string
 	for _, g := range strings.Split(dump, "\n\n") {
@@ -543,8 +543,8 @@ func stuckCalls(dump string) []string {
 				ownFrame = shortFunc(fn) + " (" + at + ")"
 			}
 		}
-		if pgxFrame == "" || strings.Contains(pgxFrame, "backgroundHealthCheck") {
-			continue
+		if pgxFrame == "" || strings.Contains(pgxFrame, "backgroundHealthCheck") || strings.HasPrefix(createdBy, "pgxpool.NewWithConfig") {
+			continue // the pool's own upkeep, not a call
 		}
 		if ownFrame == "" {
 			ownFrame = "started by " + createdBy
