@@ -50,7 +50,7 @@ func (s *Service) claim(ctx context.Context, limit int) ([]claimedKey, error) {
 // claimWith runs claimSQL or claimOneSQL (in a walk transaction: mark.go).
 func (s *Service) claimWith(ctx context.Context, sql string, args pgx.NamedArgs) ([]claimedKey, error) {
 	var keys []claimedKey
-	err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
+	err := s.inWalkTx(ctx, "completer: claim", func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, sql, args)
 		if err != nil {
 			return err
@@ -146,7 +146,7 @@ func chooseProbes(cands []probeCandidate, suspect func(id int64, attempts int) b
 // candidate is left.
 func (s *Service) claimProbe(ctx context.Context) ([]claimedKey, error) {
 	var cands []probeCandidate
-	err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
+	err := s.inWalkTx(ctx, "completer: claim", func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, probeCandidatesSQL, s.candidateArgs(s.cfg.BatchSize))
 		if err != nil {
 			return err

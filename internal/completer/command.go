@@ -91,6 +91,7 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 	svc, err := New(Config{
 		Settings: c.Settings,
 		Pool:     env.Pool,
+		Calls:    env.Calls,
 		Signer:   signer,
 		Logger:   env.Logger,
 		Registry: env.Registry,
@@ -123,7 +124,7 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 // service's whole life; on ctx's end both stop within one
 // --shutdown-timeout.
 func (c *Command) runWithStats(ctx context.Context, env *daemon.Env, svc *Service) error {
-	stats, err := dbstats.New(dbstats.Config{Settings: c.Stats, Pool: env.Pool, Logger: env.Logger, Registry: env.Registry})
+	stats, err := dbstats.New(dbstats.Config{Settings: c.Stats, Pool: env.Pool, Calls: env.Calls, Logger: env.Logger, Registry: env.Registry})
 	if err != nil {
 		return err
 	}

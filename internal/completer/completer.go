@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
 
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/lifecycle/testsignal"
 )
@@ -128,6 +129,7 @@ type Service struct {
 
 	cfg     Config
 	pool    *pgxpool.Pool
+	calls   *dbcall.Bounds // every database call's bound
 	log     *zap.Logger
 	client  *http.Client
 	base    *url.URL
@@ -197,6 +199,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		cfg:     cfg,
 		pool:    cfg.Pool,
+		calls:   cfg.Calls,
 		log:     cfg.Logger,
 		client:  client,
 		base:    base,

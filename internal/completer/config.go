@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemd/idemd/idem/replayauth"
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/opshttp"
 )
 
@@ -160,6 +161,9 @@ type Config struct {
 	Settings
 
 	Pool *pgxpool.Pool
+	// Calls bounds every database call (--database-timeout); nil bounds
+	// them by its default and counts nothing.
+	Calls *dbcall.Bounds
 	// Signer signs each replay (one secret, or two during a rotation).
 	Signer *replayauth.Signer
 	// HTTPClient is optional; the default does not follow redirects and

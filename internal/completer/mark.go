@@ -123,8 +123,15 @@ func nextMark(st markState, full bool, r markReading) (next markState, gaps int)
 
 // inWalkTx runs fn in a transaction begun with lowwater.BeginSQL, so its walks
 // of idemd_unfinished_keys go through the primary key from the mark.
-func (s *Service) inWalkTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: lowwater.BeginSQL}, fn)
+//
+// The transaction is one call, op, bounded by --database-timeout: fn gets
+// the call's context and must run its statements on it.
+func (s *Service) inWalkTx(ctx context.Context, op string, fn func(context.Context, pgx.Tx) error) error {
+	return s.calls.Do(ctx, op, func(ctx context.Context) error {
+		return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: lowwater.BeginSQL}, func(tx pgx.Tx) error {
+			return fn(ctx, tx)
+		})
+	})
 }
 
 // walker holds the mark between passes.
@@ -161,10 +168,13 @@ func (s *Service) startWalks(ctx context.Context, force bool) (position, error) 
 		"from_at": from.At, "from_id": from.ID,
 		"below_at": below.At, "below_id": below.ID,
 	}
-	if err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, markSQL, args).Scan(&r.bound, &lowAt, &lowID, &belowN)
+	if err := s.inWalkTx(ctx, "completer: low-water mark", func(ctx context.Context, tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, markSQL, args).Scan(&r.bound, &lowAt, &lowID, &belowN); err != nil {
+			return fmt.Errorf("completer: low-water mark: %w", err)
+		}
+		return nil
 	}); err != nil {
-		return st.mark, fmt.Errorf("completer: low-water mark: %w", err)
+		return st.mark, err
 	}
 	if lowAt != nil && lowID != nil {
 		r.lowest = &position{At: *lowAt, ID: *lowID}

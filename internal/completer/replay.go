@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
@@ -19,9 +20,14 @@ import (
 	"github.com/idemd/idemd/internal/review"
 )
 
-// writeTimeout bounds each write after a replay, which runs even when
-// shutdown cancelled the replay: the request may have reached the API.
-const writeTimeout = 10 * time.Second
+// The re-read and the writes after a replay run even when shutdown
+// cancelled the replay (the request may have reached the API): on a
+// context without the shutdown's end, each one call bounded by
+// --database-timeout.
+const (
+	rereadOp = "completer: re-read"
+	writeOp  = "completer: write"
+)
 
 // process drives one leased key and returns its outcome: the verdict
 // (outcome.go) on what it finds, applied by settle.
@@ -53,8 +59,7 @@ func (s *Service) process(ctx context.Context, k claimedKey, leaseDeadline time.
 	rep := s.send(ctx, k, tc)
 	s.metrics.duration.Observe(time.Since(start).Seconds())
 
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	defer cancel()
+	wctx := context.WithoutCancel(ctx)
 	st, err := s.reread(wctx, k)
 	if err != nil {
 		s.breaker.Cancel()
@@ -79,7 +84,7 @@ func (s *Service) settle(ctx context.Context, log *zap.Logger, k claimedKey, v v
 	}
 	switch v.write {
 	case writeUntrack:
-		if _, err := s.pool.Exec(ctx, untrackSQL, keyArgs(k)); err != nil {
+		if err := s.exec(ctx, untrackSQL, keyArgs(k)); err != nil {
 			log.Warn("untracking a deleted key failed (harmless: the next prune removes it)", zap.Error(err))
 		}
 	case writeFinished:
@@ -96,6 +101,21 @@ func (s *Service) settle(ctx context.Context, log *zap.Logger, k claimedKey, v v
 		log.Warn("lease lost during replay")
 	}
 	return v.outcome
+}
+
+// exec runs one of a key's writes, a call bounded by --database-timeout.
+func (s *Service) exec(ctx context.Context, sql string, args pgx.NamedArgs) error {
+	_, err := s.execTag(ctx, sql, args)
+	return err
+}
+
+// execTag is exec returning the statement's tag.
+func (s *Service) execTag(ctx context.Context, sql string, args pgx.NamedArgs) (tag pgconn.CommandTag, err error) {
+	err = s.calls.Do(ctx, writeOp, func(ctx context.Context) (err error) {
+		tag, err = s.pool.Exec(ctx, sql, args)
+		return err
+	})
+	return tag, err
 }
 
 // keyArgs names k for the statements after its claim.
@@ -200,8 +220,10 @@ func (s *Service) send(ctx context.Context, k claimedKey, tc trace.SpanContext) 
 // reread reads the key's row after its replay (rereadSQL).
 func (s *Service) reread(ctx context.Context, k claimedKey) (keyState, error) {
 	st := keyState{exists: true}
-	err := s.pool.QueryRow(ctx, rereadSQL, pgx.NamedArgs{"key_id": k.ID, "leased_until": k.Lease, "give_up_after": s.cfg.GiveUpAfter, "lock_timeout": s.cfg.LockTimeout}).
-		Scan(&st.recoveryPoint, &st.finished, &st.leaseOurs, &st.pastHorizon, &st.locked)
+	err := s.calls.Do(ctx, rereadOp, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, rereadSQL, pgx.NamedArgs{"key_id": k.ID, "leased_until": k.Lease, "give_up_after": s.cfg.GiveUpAfter, "lock_timeout": s.cfg.LockTimeout}).
+			Scan(&st.recoveryPoint, &st.finished, &st.leaseOurs, &st.pastHorizon, &st.locked)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return keyState{}, nil
 	}
@@ -211,7 +233,7 @@ func (s *Service) reread(ctx context.Context, k claimedKey) (keyState, error) {
 // markFinished clears our bookkeeping on a finished key and stops tracking
 // it.
 func (s *Service) markFinished(ctx context.Context, log *zap.Logger, k claimedKey) {
-	if _, err := s.pool.Exec(ctx, finishedSQL, keyArgs(k)); err != nil {
+	if err := s.exec(ctx, finishedSQL, keyArgs(k)); err != nil {
 		log.Warn("clearing the lease of a finished key failed (harmless: finished keys are never claimed)", zap.Error(err))
 	}
 	log.Debug("key finished")
@@ -219,9 +241,7 @@ func (s *Service) markFinished(ctx context.Context, log *zap.Logger, k claimedKe
 
 // release hands a key back without counting an attempt.
 func (s *Service) release(ctx context.Context, log *zap.Logger, k claimedKey) {
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	defer cancel()
-	if _, err := s.pool.Exec(wctx, releaseSQL, keyArgs(k)); err != nil {
+	if err := s.exec(context.WithoutCancel(ctx), releaseSQL, keyArgs(k)); err != nil {
 		log.Warn("releasing a lease failed; it will expire", zap.Error(err))
 	}
 }
@@ -229,7 +249,7 @@ func (s *Service) release(ctx context.Context, log *zap.Logger, k claimedKey) {
 func (s *Service) inProgress(ctx context.Context, log *zap.Logger, k claimedKey) Outcome {
 	args := keyArgs(k)
 	args["in_progress_delay"] = s.cfg.InProgressDelay
-	tag, err := s.pool.Exec(ctx, inProgressSQL, args)
+	tag, err := s.execTag(ctx, inProgressSQL, args)
 	if err != nil {
 		log.Error("recording in-progress failed; the lease will expire", zap.Error(err))
 		return OutcomeLeaseLost
@@ -251,7 +271,7 @@ func (s *Service) recordAttempt(ctx context.Context, log *zap.Logger, k claimedK
 	delay := backoff.Delay(v.attempts, base, s.cfg.BackoffMax, s.jitter)
 	args := keyArgs(k)
 	args["attempts"], args["last_error"], args["retry_in"], args["give_up_after"] = v.attempts, v.lastError, delay, s.cfg.GiveUpAfter
-	tag, err := s.pool.Exec(ctx, attemptSQL, args)
+	tag, err := s.execTag(ctx, attemptSQL, args)
 	if err != nil {
 		log.Error("recording a failed attempt failed; the lease will expire", zap.Error(err))
 		return OutcomeLeaseLost
@@ -276,8 +296,6 @@ func (s *Service) recordAttempt(ctx context.Context, log *zap.Logger, k claimedK
 // for review in one transaction, only if we still hold the lease and the
 // key is unfinished.
 func (s *Service) giveUp(ctx context.Context, log *zap.Logger, k claimedKey, v verdict) Outcome {
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	defer cancel()
 	detail := "completer gave up: " + v.giveUpWhy
 	if v.lastError != "" {
 		detail += "; last error: " + v.lastError
@@ -285,23 +303,25 @@ func (s *Service) giveUp(ctx context.Context, log *zap.Logger, k claimedKey, v v
 	args := keyArgs(k)
 	args["attempts"], args["last_error"] = v.attempts, v.lastError
 	var outcome Outcome
-	err := pgx.BeginFunc(wctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(wctx, giveUpSQL, args)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			outcome = OutcomeLeaseLost
+	err := s.calls.Do(context.WithoutCancel(ctx), writeOp, func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, giveUpSQL, args)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				outcome = OutcomeLeaseLost
+				return nil
+			}
+			if _, err := tx.Exec(ctx, untrackSQL, args); err != nil {
+				return err
+			}
+			if _, err := review.Flag(ctx, tx, k.ID, review.ReasonCompleterGaveUp, detail, FlaggedBy); err != nil {
+				return err
+			}
+			outcome = OutcomeGaveUp
 			return nil
-		}
-		if _, err := tx.Exec(wctx, untrackSQL, args); err != nil {
-			return err
-		}
-		if _, err := review.Flag(wctx, tx, k.ID, review.ReasonCompleterGaveUp, detail, FlaggedBy); err != nil {
-			return err
-		}
-		outcome = OutcomeGaveUp
-		return nil
+		})
 	})
 	if err != nil {
 		log.Error("giving up failed; the lease will expire and the key be retried", zap.Error(err))

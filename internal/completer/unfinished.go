@@ -57,7 +57,7 @@ func (s *Service) prune(ctx context.Context, from position) (int, error) {
 	for {
 		var walked, pruned int
 		args := pgx.NamedArgs{"cursor_at": cursorAt, "cursor_id": cursorID, "walk": pruneBatch}
-		if err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
+		if err := s.inWalkTx(ctx, "completer: prune", func(ctx context.Context, tx pgx.Tx) error {
 			return tx.QueryRow(ctx, pruneSQL, args).Scan(&walked, &pruned, &cursorAt, &cursorID)
 		}); err != nil {
 			return deleted, fmt.Errorf("completer: prune: %w", err)
@@ -132,6 +132,9 @@ func (s *Service) gaugesLoop() lifecycle.Loop {
 	}
 }
 
+// gaugesOp names the gauges' reads when they run out of their bound.
+const gaugesOp = "completer: gauges"
+
 // RefreshGauges recomputes keys pending by recovery point and the oldest
 // unfinished key's age (countUnfinished from the low-water mark, in a walk
 // transaction), and the open reviews by reason and the oldest one's age
@@ -143,7 +146,7 @@ func (s *Service) RefreshGauges(ctx context.Context) error {
 	from := s.walk.state.mark
 	s.walk.mu.Unlock()
 	var groups []UnfinishedKeys
-	if err := s.inWalkTx(ctx, func(tx pgx.Tx) error {
+	if err := s.inWalkTx(ctx, gaugesOp, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		groups, err = countUnfinished(ctx, tx, from)
 		return err
@@ -157,7 +160,11 @@ func (s *Service) RefreshGauges(ctx context.Context) error {
 		oldest = max(oldest, g.OldestAge)
 	}
 	s.metrics.oldestAge.Set(oldest.Seconds())
-	reviews, err := review.Open(ctx, s.pool)
+	var reviews []review.OpenGroup
+	err := s.calls.Do(ctx, gaugesOp, func(ctx context.Context) (err error) {
+		reviews, err = review.Open(ctx, s.pool)
+		return err
+	})
 	if err != nil {
 		return err
 	}

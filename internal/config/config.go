@@ -44,6 +44,19 @@ type Database struct {
 	// roles): the one rotation that never refuses a new connection.
 	UserFile string `name:"database-user-file" help:"File holding the database user, read with --database-password-file for every new connection and used instead of the URL's user: for credentials that change role at each rotation (Vault dynamic roles, two roles used in turn, docs/operations.md). Needs --database-password-file."`
 	Pooler   string `name:"pooler" default:"none" help:"What --database-url goes through: none (direct), session (a session-mode pooler) or transaction (PgBouncer's transaction mode, or any proxy that moves a client between server connections). transaction turns off pgx's named prepared statements, which such a pooler cannot keep (docs/operations.md)."`
+	// Timeout bounds every database call that has no timeout of its own
+	// (internal/dbcall), so a silent fault costs a failed call, not a
+	// daemon blocked for minutes.
+	Timeout time.Duration `name:"database-timeout" default:"${database_timeout}" help:"The longest any database call may take where no timeout of its own applies (acquiring a connection, BEGIN, COMMIT, an enqueuer batch, a lease renewal, a low-water mark, a stats query), and each new connection's connect_timeout when the URL sets none. A call that runs out fails and is retried on a new connection, so a black-holed network or a frozen server costs seconds, not minutes (docs/operations.md)."`
+}
+
+// DatabaseDefaults are the defaults of Database's flags that are not
+// written in their tags. The database timeout: ten times an enqueuer
+// batch's p99 at the sizes docs/operations.md recommends (about a
+// second), so a slow moment never fails a healthy call, and short enough
+// that a daemon is moving again within seconds of a silent fault's end.
+func DatabaseDefaults() Database {
+	return Database{Timeout: 10 * time.Second}
 }
 
 // Check returns the problems with the database setting.
@@ -57,6 +70,9 @@ func (d *Database) Check() []string {
 	}
 	if !slices.Contains(Poolers, d.Pooler) {
 		p = append(p, fmt.Sprintf("--pooler %q must be one of %s", d.Pooler, strings.Join(Poolers, ", ")))
+	}
+	if d.Timeout <= 0 {
+		p = append(p, "--database-timeout must be positive")
 	}
 	return p
 }
@@ -257,7 +273,8 @@ func unknownCommand(kctx *kong.Context, err error) string {
 // which environment variables each reads, their defaults): Parse's and
 // Model's, so a test of the model tests what Parse parses.
 func modelOptions(cli any) ([]kong.Option, error) {
-	opts := []kong.Option{kong.DefaultEnvars(EnvPrefix)}
+	opts := []kong.Option{kong.DefaultEnvars(EnvPrefix),
+		kong.Vars{"database_timeout": FormatDuration(DatabaseDefaults().Timeout)}}
 	if d, ok := cli.(DatabaseSometimes); ok {
 		opts = append(opts, kong.Vars{"database_url_need": d.DatabaseNeed()})
 	}

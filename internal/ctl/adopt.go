@@ -59,7 +59,7 @@ func (a *AdoptFlags) run(ctx context.Context, g *Globals, migrateLockTimeout tim
 	}
 	res, err := migrate.AdoptArticleSchema(ctx, g.Pool, migrate.AdoptOptions{
 		BatchSize: a.BatchSize, Pause: a.Pause, LockTimeout: a.LockTimeout, LockWait: a.LockWait,
-		MigrateLockTimeout: migrateLockTimeout, Logger: logging.Slog(g.Logger),
+		MigrateLockTimeout: migrateLockTimeout, Logger: logging.Slog(g.Logger), Calls: g.Calls,
 	})
 	if err != nil {
 		return err

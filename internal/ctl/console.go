@@ -107,5 +107,20 @@ func (c *ConsoleCmd) handler(ctx context.Context, g *Globals) (http.Handler, err
 		}
 		cfg.River = river
 	}
-	return console.New(cfg)
+	h, err := console.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return boundRequests(h, g.Calls.Timeout()), nil
+}
+
+// boundRequests gives each request's context a deadline d away: every
+// database call a page makes ends within it, so a database that does not
+// answer fails the page instead of holding the operator's browser.
+func boundRequests(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), d)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/logging"
 	"github.com/idemd/idemd/internal/migrate"
 )
@@ -64,6 +65,11 @@ func (c *CLI) DatabaseNeed() string {
 type Globals struct {
 	Pool   *pgxpool.Pool
 	Pooler string // --pooler: what Pool goes through
+	// Calls bounds the database calls (--database-timeout): the whole of
+	// a command that reads or changes a few rows (boundedCommand), the
+	// calls around the migrations (migrate.Options.Calls), each page of
+	// the console.
+	Calls  *dbcall.Bounds
 	Logger *zap.Logger
 	Stdout io.Writer
 	Stderr io.Writer
@@ -107,7 +113,11 @@ func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
 		if m.Adopt.ArticleSchema {
 			return &config.Error{Problems: []string{"--print-sql and --adopt-article-schema exclude each other: the adoption is an online backfill, not SQL to print"}}
 		}
-		sql, err := migrate.PendingSQL(ctx, g.Pool)
+		var sql string
+		err := g.Calls.Do(ctx, "idemctl migrate --print-sql", func(ctx context.Context) (err error) {
+			sql, err = migrate.PendingSQL(ctx, g.Pool)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -123,7 +133,7 @@ func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	res, err := migrate.Up(ctx, g.Pool, migrate.Options{
 		LockWait: m.wait(), DDLLockTimeout: m.DDLLockTimeout,
-		TransactionPooler: g.Pooler == config.PoolerTransaction, Logger: logging.Slog(g.Logger),
+		TransactionPooler: g.Pooler == config.PoolerTransaction, Logger: logging.Slog(g.Logger), Calls: g.Calls,
 	})
 	if err != nil {
 		return err
@@ -197,6 +207,43 @@ func (g *Globals) source(name string) string {
 	return fromDefault
 }
 
+// run runs the command kctx selected. A command that reads or changes a
+// few rows (status, review, keys, dead, reaper runs|pause|resume) is one
+// call bounded by --database-timeout as a whole, so a database that does
+// not answer fails it with the reason instead of hanging a terminal or a
+// script; migrate and the console bound their own calls, and the
+// commands without a database have none.
+func run(ctx context.Context, kctx *kong.Context, g *Globals) error {
+	cmd, bounded := boundedCommand(kctx)
+	if !bounded {
+		kctx.BindTo(ctx, (*context.Context)(nil))
+		return kctx.Run(g)
+	}
+	return g.Calls.Do(ctx, "idemctl "+cmd, func(ctx context.Context) error {
+		kctx.BindTo(ctx, (*context.Context)(nil))
+		return kctx.Run(g)
+	})
+}
+
+// unboundedCommands run longer than one call by design, or reach no
+// database.
+var unboundedCommands = []string{"migrate", "console", "conformance", "help", "version", "completion", "__complete"}
+
+// boundedCommand is the selected command's name without its arguments
+// (keys retry), and whether run bounds it as one call.
+func boundedCommand(kctx *kong.Context) (string, bool) {
+	var words []string
+	for _, w := range strings.Fields(kctx.Command()) {
+		if !strings.HasPrefix(w, "<") {
+			words = append(words, w)
+		}
+	}
+	if len(words) == 0 || slices.Contains(unboundedCommands, words[0]) {
+		return "", false
+	}
+	return strings.Join(words, " "), true
+}
+
 // Main runs idemctl and returns its exit code. With no arguments it prints
 // the help (exit 0): a bare command is a question, not a mistake.
 func Main(args []string, stdout, stderr io.Writer) int {
@@ -212,10 +259,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	defer base.Close()
 
-	g := &Globals{Pool: base.Pool, Pooler: cli.Database.Pooler, Logger: base.Logger, Stdout: stdout, Stderr: stderr, Kctx: kctx,
+	g := &Globals{Pool: base.Pool, Pooler: cli.Database.Pooler, Calls: base.Calls, Logger: base.Logger, Stdout: stdout, Stderr: stderr, Kctx: kctx,
 		HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}
-	kctx.BindTo(base.Ctx, (*context.Context)(nil))
-	err := daemon.SchemaHint(kctx.Run(g))
+	err := daemon.SchemaHint(run(base.Ctx, kctx, g))
 	var printed exitStatus
 	if errors.As(err, &printed) {
 		return int(printed)

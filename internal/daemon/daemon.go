@@ -23,6 +23,7 @@ import (
 
 	"github.com/idemd/idemd/internal/buildinfo"
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/dbcred"
 	"github.com/idemd/idemd/internal/logging"
 	"github.com/idemd/idemd/internal/opshttp"
@@ -65,9 +66,12 @@ type Command interface {
 
 // Env is what Main builds for a command.
 type Env struct {
-	Name     string
-	Logger   *zap.Logger
-	Pool     *pgxpool.Pool
+	Name   string
+	Logger *zap.Logger
+	Pool   *pgxpool.Pool
+	// Calls bounds every database call by --database-timeout where no
+	// timeout of its own applies (internal/dbcall).
+	Calls    *dbcall.Bounds
 	Registry *prometheus.Registry
 	Ready    *opshttp.Readiness
 	Stdout   io.Writer
@@ -87,9 +91,12 @@ type Base struct {
 	Ctx    context.Context
 	Logger *zap.Logger
 	Pool   *pgxpool.Pool
+	// Calls bounds the command's database calls (--database-timeout).
+	Calls *dbcall.Bounds
 	// Collectors are the pool's own metrics (internal/dbcred): refused
 	// logins, and unreadable credential files with
-	// --database-password-file.
+	// --database-password-file; and the calls that ran out of their
+	// bound (internal/dbcall).
 	Collectors []prometheus.Collector
 	close      []func()
 }
@@ -139,7 +146,8 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 		fmt.Fprintf(stderr, "%s: invalid configuration:\n  - --database-url: %v\n", name, err)
 		return nil, nil, ExitConfig
 	}
-	b := &Base{Ctx: ctx, Logger: logger, Pool: pool, Collectors: collectors}
+	calls := dbcall.New(db.Timeout, logger)
+	b := &Base{Ctx: ctx, Logger: logger, Pool: pool, Calls: calls, Collectors: append(collectors, calls.Collectors()...)}
 	b.close = []func(){func() { logger.Sync() }, stop, pool.Close} //nolint:errcheck
 	return kctx, b, ExitOK
 }
@@ -164,8 +172,9 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 	// instead of sending work to a daemon that cannot do it. On a newer
 	// schema (a newer release migrated first) it stays ready and says so.
 	schema := newSchemaWatch(pool, oldestSchema(cmd), logger, reg)
-	ready := &opshttp.Readiness{Ping: pool.Ping, Schema: schema.check, Note: schema.readyNote}
-	env := &Env{Name: name, Logger: logger, Pool: pool, Registry: reg, Ready: ready, Stdout: stdout}
+	ready := &opshttp.Readiness{Ping: pool.Ping, Schema: schema.check, Note: schema.readyNote,
+		Database: base.Calls.Fault, CallTimeout: min(opshttp.ProbeTimeout, base.Calls.Timeout())}
+	env := &Env{Name: name, Logger: logger, Pool: pool, Calls: base.Calls, Registry: reg, Ready: ready, Stdout: stdout}
 
 	if addr := opsAddr(cmd, kctx, common.HTTPAddr); addr != "" {
 		srv, err := opshttp.Start(addr, opshttp.Handler(reg, ready))
@@ -265,6 +274,18 @@ func opsAddr(cmd Command, kctx *kong.Context, addr string) string {
 // (dbcred.Connect with pool.Config()). Every connection, the ones outside
 // the pool too, is watched for the server refusing its credentials. The
 // returned collectors are those two watches' metrics.
+//
+// Every connection, in the pool and outside it (which copy the pool's
+// ConnConfig), ends in bounded time whatever the network does
+// (internal/dbcall): TCP keepalives and TCP_USER_TIMEOUT on its socket,
+// connect_timeout (db.Timeout unless the URL sets one), and on a direct
+// connection the server's keepalives as startup parameters, so the server
+// ends a vanished client's session and releases what it held. A pooler
+// gets none of those parameters: PgBouncer refuses one it does not know,
+// and the server's client there is the pooler. An idle connection the pool
+// hands out is pinged within a second (unless the URL sets
+// pool_ping_timeout), so connections a fault left dead are replaced
+// without each costing a call its whole bound.
 func NewPool(ctx context.Context, db config.Database, appName string, logger *zap.Logger) (*pgxpool.Pool, []prometheus.Collector, error) {
 	cfg, err := pgxpool.ParseConfig(db.DatabaseURL)
 	if err != nil {
@@ -281,6 +302,17 @@ func NewPool(ctx context.Context, db config.Database, appName string, logger *za
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	}
+	timeout := db.Timeout
+	if timeout <= 0 {
+		timeout = config.DatabaseDefaults().Timeout
+	}
+	dbcall.Connections(&cfg.ConnConfig.Config, timeout)
+	if db.Pooler == config.PoolerNone || db.Pooler == "" {
+		dbcall.StartupKeepalives(cfg.ConnConfig.RuntimeParams)
+	}
+	if cfg.PingTimeout <= 0 {
+		cfg.PingTimeout = min(idlePingTimeout, timeout)
+	}
 	tracer := &multitracer.Tracer{ConnectTracers: []pgx.ConnectTracer{refusals}}
 	if db.Pooler == config.PoolerTransaction {
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
@@ -294,6 +326,11 @@ func NewPool(ctx context.Context, db config.Database, appName string, logger *za
 	}
 	return pool, collectors, nil
 }
+
+// idlePingTimeout bounds the ping of an idle connection the pool is about
+// to hand out: a round trip with nothing to do, so a second means the
+// connection is dead, and it is replaced.
+const idlePingTimeout = time.Second
 
 // Service is what a long-running command runs until SIGTERM.
 type Service interface {

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/dbcall"
 )
 
 // Settings are the exporter's knobs, as flags of the command that runs it
@@ -54,7 +55,10 @@ func (s *Settings) Check() []string {
 type Config struct {
 	Settings
 
-	Pool     *pgxpool.Pool
+	Pool *pgxpool.Pool
+	// Calls bounds every database call (--database-timeout); nil bounds
+	// them by its default and counts nothing.
+	Calls    *dbcall.Bounds
 	Logger   *zap.Logger
 	Registry prometheus.Registerer // nil: the collector is not registered
 }

@@ -175,7 +175,11 @@ func (s *Service) pass(ctx context.Context, _ lifecycle.Stop) (*Result, error) {
 }
 
 func (s *Service) exportPass(ctx context.Context, res *Result) error {
-	a, err := lease.Acquire(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
+	var a lease.Attempt
+	err := s.cfg.Calls.Do(ctx, "db-stats lease: acquire", func(ctx context.Context) (err error) {
+		a, err = lease.Acquire(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
+		return err
+	})
 	if err != nil {
 		s.stopExporting("the db-stats lease could not be renewed", err)
 		return fmt.Errorf("db-stats: %w", err)
@@ -231,13 +235,24 @@ type statsRow struct {
 	OldestSecs   float64
 }
 
-// query reads a pass's stats in one transaction: River's jobs and the
-// reaper's last complete run.
+// query reads a pass's stats in one transaction, one call bounded by
+// --db-stats-statement-timeout and --database-timeout: River's jobs and
+// the reaper's last complete run.
 func (s *Service) query(ctx context.Context) ([]statsRow, *time.Time, *float64, error) {
 	var rows []statsRow
 	var lastSuccess *time.Time
 	var throttled *float64
-	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+	err := s.cfg.Calls.DoStatement(ctx, "db-stats query", s.cfg.StatementTimeout, func(ctx context.Context) error {
+		return s.queryTx(ctx, &rows, &lastSuccess, &throttled)
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("db-stats: %w", err)
+	}
+	return rows, lastSuccess, throttled, nil
+}
+
+func (s *Service) queryTx(ctx context.Context, rows *[]statsRow, lastSuccess **time.Time, throttled **float64) error {
+	return pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		// Local to the transaction, so nothing outlives it on a pooled
 		// server connection.
 		if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", fmt.Sprint(s.cfg.StatementTimeout.Milliseconds())); err != nil {
@@ -247,19 +262,15 @@ func (s *Service) query(ctx context.Context) ([]statsRow, *time.Time, *float64, 
 		if err != nil {
 			return fmt.Errorf("count river_job: %w", err)
 		}
-		if rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[statsRow]); err != nil {
+		if *rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[statsRow]); err != nil {
 			return fmt.Errorf("count river_job: %w", err)
 		}
-		if lastSuccess, err = runhistory.LastSuccess(ctx, tx); err != nil {
+		if *lastSuccess, err = runhistory.LastSuccess(ctx, tx); err != nil {
 			return err
 		}
-		throttled, err = runhistory.LastThrottledShare(ctx, tx)
+		*throttled, err = runhistory.LastThrottledShare(ctx, tx)
 		return err
 	})
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("db-stats: %w", err)
-	}
-	return rows, lastSuccess, throttled, nil
 }
 
 // Querier is what CountJobs reads through: a pool, a connection or a
@@ -328,9 +339,11 @@ func buildStats(rows []statsRow, known map[string]bool) []QueueStats {
 // cancelled. Failing, the lease expires by itself.
 func (s *Service) release(ctx context.Context) {
 	s.stopExporting("stopping", nil)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, err := lease.Release(rctx, s.cfg.Pool, LeaseName, s.holder); err != nil {
+	err := s.cfg.Calls.Do(context.WithoutCancel(ctx), "db-stats lease: release", func(ctx context.Context) error {
+		_, err := lease.Release(ctx, s.cfg.Pool, LeaseName, s.holder)
+		return err
+	})
+	if err != nil {
 		s.logger.Warn("releasing the db-stats lease failed; it expires by itself",
 			zap.Duration("lease_ttl", s.cfg.LeaseTTL), zap.Error(err))
 	}

@@ -65,13 +65,13 @@ func (s *Service) statsLoop() lifecycle.Loop {
 }
 
 func (s *Service) refreshStats(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
 	var b *StagedBacklog
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: beginSQL}, func(tx pgx.Tx) error {
-		var err error
-		b, err = backlog(ctx, tx, s.lw.mark.Load())
-		return err
+	err := s.calls.Do(ctx, "enqueuer stats", func(ctx context.Context) error {
+		return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: beginSQL}, func(tx pgx.Tx) error {
+			var err error
+			b, err = backlog(ctx, tx, s.lw.mark.Load())
+			return err
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("enqueuer stats: %w", err)

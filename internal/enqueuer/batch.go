@@ -109,12 +109,26 @@ func (s *Service) serverBatch(ctx context.Context, from, gapBelow int64, riverVe
 // or River refuses. rowByRow inserts each job under its own savepoint, so
 // a job River rejects is dead-lettered alone; otherwise the batch goes to
 // River in one statement (insertMany).
+//
+// Each step is a call bounded by --database-timeout (the take, the
+// insert or each row's, the dead letters, the commit): the row-by-row
+// path's round trips grow with the batch, and a bound on the whole would
+// fail a large batch on a slow link every time.
 func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow bool, riverVersion int) (*batchResult, error) {
-	tx, staged, err := s.beginTake(ctx, from, riverVersion)
+	var tx pgx.Tx
+	var staged []stagedRow
+	err := s.calls.Do(ctx, batchOp, func(ctx context.Context) (err error) {
+		tx, staged, err = s.beginTake(ctx, from, riverVersion)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	defer func() {
+		cctx, cancel := s.calls.Cleanup(ctx)
+		defer cancel()
+		tx.Rollback(cctx) //nolint:errcheck // no-op after commit
+	}()
 
 	res := &batchResult{taken: len(staged), last: fullPass}
 	if len(staged) == 0 {
@@ -170,11 +184,17 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 	}
 	res.duplicates += dups
 	dead = append(dead, more...)
-	if err := insertDead(ctx, tx, dead); err != nil {
+	err = s.calls.Do(ctx, batchOp, func(ctx context.Context) error {
+		if err := insertDead(ctx, tx, dead); err != nil {
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("enqueuer batch: commit: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("enqueuer batch: commit: %w", err)
 	}
 	res.moved = moved + res.duplicates - dups
 	res.deadLettered = len(dead)
@@ -204,7 +224,11 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 		return 0, 0, nil, nil
 	}
 	if !rowByRow {
-		n, d, err := s.insertMany(ctx, tx, params)
+		var n, d int
+		err := s.calls.Do(ctx, batchOp, func(ctx context.Context) (err error) {
+			n, d, err = s.insertMany(ctx, tx, params)
+			return err
+		})
 		if err == nil {
 			return n, d, nil, nil
 		}
@@ -215,27 +239,38 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 	}
 	var codes []string
 	for i := range params {
-		sp, err := tx.Begin(ctx)
+		var rejected error // River refused the row
+		var d int
+		err := s.calls.Do(ctx, batchOp, func(ctx context.Context) error {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return fmt.Errorf("enqueuer batch: savepoint: %w", err)
+			}
+			if _, d, err = s.insertMany(ctx, sp, params[i:i+1]); err != nil {
+				if !isDataError(err, tx.Conn()) {
+					return fmt.Errorf("enqueuer batch: insert into river: %w", err)
+				}
+				if err := sp.Rollback(ctx); err != nil {
+					return fmt.Errorf("enqueuer batch: rollback savepoint: %w", err)
+				}
+				rejected = err
+				return nil
+			}
+			if err := sp.Commit(ctx); err != nil {
+				return fmt.Errorf("enqueuer batch: release savepoint: %w", err)
+			}
+			return nil
+		})
 		if err != nil {
-			return 0, 0, nil, fmt.Errorf("enqueuer batch: savepoint: %w", err)
+			return 0, 0, nil, err
 		}
-		_, d, err := s.insertMany(ctx, sp, params[i:i+1])
-		if err != nil {
-			if !isDataError(err, tx.Conn()) {
-				return 0, 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
-			}
-			if err := sp.Rollback(ctx); err != nil {
-				return 0, 0, nil, fmt.Errorf("enqueuer batch: rollback savepoint: %w", err)
-			}
+		if rejected != nil {
 			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) {
+			if errors.As(rejected, &pgErr) {
 				codes = append(codes, pgErr.Code)
 			}
-			dead = append(dead, deadRow{row: rows[i], why: &invalid{ReasonRejectedByRiver, err.Error()}})
+			dead = append(dead, deadRow{row: rows[i], why: &invalid{ReasonRejectedByRiver, rejected.Error()}})
 			continue
-		}
-		if err := sp.Commit(ctx); err != nil {
-			return 0, 0, nil, fmt.Errorf("enqueuer batch: release savepoint: %w", err)
 		}
 		moved++
 		dups += d
@@ -403,24 +438,36 @@ func (s *Service) beginTake(ctx context.Context, from int64, riverVersion int) (
 		err = tx.QueryRow(ctx, riverVersionSQL).Scan(&version)
 	}
 	if err != nil {
-		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the error is err
+		s.rollback(ctx, tx)
 		return nil, nil, fmt.Errorf("enqueuer batch: river schema version: %w", err)
 	}
 	if version != riverVersion {
-		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // nothing written
+		s.rollback(ctx, tx)
 		s.riverGate.invalidate()
 		return nil, nil, fmt.Errorf("enqueuer batch: %w: River's schema is at version %d, not %d", errRiverSchema, version, riverVersion)
 	}
 	rows, err := tx.Query(ctx, takeSQL, takeArgs(from, s.cfg.BatchSize))
 	if err != nil {
-		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the error is err
+		s.rollback(ctx, tx)
 		return nil, nil, fmt.Errorf("enqueuer batch: take: %w", err)
 	}
 	if staged, err = s.scanTaken(rows); err != nil {
-		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the error is err
+		s.rollback(ctx, tx)
 		return nil, nil, err
 	}
 	return tx, staged, nil
+}
+
+// batchOp is the operation a move transaction's calls are counted under
+// when they run out of their bound (idemd_database_call_timeouts_total).
+const batchOp = "enqueuer batch"
+
+// rollback ends tx after a failure, within its own bound: the call that
+// failed may have been cut short, and a shutdown must still roll back.
+func (s *Service) rollback(ctx context.Context, tx pgx.Tx) {
+	cctx, cancel := s.calls.Cleanup(ctx)
+	defer cancel()
+	tx.Rollback(cctx) //nolint:errcheck // the caller's error is the one to report
 }
 
 // scanTaken reads the take's rows and closes them.

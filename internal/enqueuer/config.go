@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/opshttp"
 )
 
@@ -126,6 +127,9 @@ type Config struct {
 	Settings
 
 	Pool *pgxpool.Pool
+	// Calls bounds every database call (--database-timeout); nil bounds
+	// them by its default and counts nothing.
+	Calls *dbcall.Bounds
 	// Logger; nil discards.
 	Logger   *zap.Logger
 	Registry prometheus.Registerer // nil: metrics are not registered
@@ -144,8 +148,11 @@ func (c *Config) check() error {
 }
 
 // listenConfig is the listener's connection: --listen-database-url's, with
-// an application_name of its own unless the URL sets one, or the pool's.
-// LISTEN is session state, so it is never a pooled connection.
+// an application_name of its own unless the URL sets one and the bounds
+// every connection of the pool has (internal/dbcall), or the pool's.
+// LISTEN is session state, so it is never a pooled connection. Its
+// session sets the server's keepalives itself (drainerSessionSQL): the
+// URL may be a session-mode pooler's.
 func (c *Config) listenConfig() (*pgx.ConnConfig, error) {
 	if c.ListenDatabaseURL == "" {
 		return c.Pool.Config().ConnConfig.Copy(), nil
@@ -157,5 +164,6 @@ func (c *Config) listenConfig() (*pgx.ConnConfig, error) {
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = listenerApplicationName
 	}
+	dbcall.Connections(&cfg.Config, c.Calls.Timeout())
 	return cfg, nil
 }

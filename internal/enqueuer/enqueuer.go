@@ -44,6 +44,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"go.uber.org/zap"
 
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/lifecycle/testsignal"
@@ -102,6 +103,7 @@ type Service struct {
 
 	cfg       Config
 	pool      *pgxpool.Pool
+	calls     *dbcall.Bounds  // every database call's bound
 	listenCfg *pgx.ConnConfig // the listener's connection (config.go)
 	// listenAuth is the pool's BeforeConnect (--database-password-file),
 	// applied to the listener's connections too, so they authenticate with
@@ -208,6 +210,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		cfg:        cfg,
 		pool:       cfg.Pool,
+		calls:      cfg.Calls,
 		listenCfg:  listenCfg,
 		listenAuth: cfg.Pool.Config().BeforeConnect,
 		river:      rc,

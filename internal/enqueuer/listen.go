@@ -63,17 +63,15 @@ func (s *Service) listenLoop() lifecycle.Loop {
 const listenerCheckPrefix = "idemd-listener-check:"
 
 func (s *Service) listenOnce(ctx context.Context, connected func()) error {
-	conn, err := dbcred.Connect(ctx, s.listenCfg, s.listenAuth)
+	conn, err := s.listenConnect(ctx)
 	if err != nil {
-		return fmt.Errorf("enqueuer listen: %w", err)
+		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing also releases the drainer lock
-	if _, err := conn.Exec(ctx, drainerSessionSQL); err != nil {
-		return fmt.Errorf("enqueuer listen: set up the session: %w", err)
-	}
-	if _, err := conn.Exec(ctx, listenSQL); err != nil {
-		return fmt.Errorf("enqueuer listen: %w", err)
-	}
+	defer func() {
+		cctx, cancel := s.calls.Cleanup(ctx)
+		defer cancel()
+		conn.Close(cctx) //nolint:errcheck // closing also releases the drainer lock
+	}()
 	// The first self-check proves this session hears what is committed
 	// through the pool (LISTEN through a transaction-mode pooler is deaf):
 	// only then may it hold the drainer lock, a session lock.
@@ -94,7 +92,7 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 	if s.cfg.BusyPollInterval > 0 {
 		// The polling lock's session (poll.go) lives as long as this
 		// replica is the drainer.
-		if err := s.gate.open(ctx, s.listenCfg, s.listenAuth); err != nil {
+		if err := s.gate.open(ctx, s.listenCfg, s.listenAuth, s.calls); err != nil {
 			s.pollingFailed(err)
 		}
 		defer s.gate.close(ctx)
@@ -123,6 +121,29 @@ func (s *Service) listenOnce(ctx context.Context, connected func()) error {
 		}
 		s.heard(n.Payload, check)
 	}
+}
+
+// listenConnect opens the listener's session, sets it up and listens: one
+// call bounded by --database-timeout.
+func (s *Service) listenConnect(ctx context.Context) (*pgx.Conn, error) {
+	var conn *pgx.Conn
+	err := s.calls.Do(ctx, "enqueuer listen: connect", func(ctx context.Context) (err error) {
+		if conn, err = dbcred.Connect(ctx, s.listenCfg, s.listenAuth); err != nil {
+			return fmt.Errorf("enqueuer listen: %w", err)
+		}
+		if _, err = conn.Exec(ctx, drainerSessionSQL); err != nil {
+			err = fmt.Errorf("enqueuer listen: set up the session: %w", err)
+		} else if _, err = conn.Exec(ctx, listenSQL); err != nil {
+			err = fmt.Errorf("enqueuer listen: %w", err)
+		}
+		if err != nil {
+			cctx, cancel := s.calls.Cleanup(ctx)
+			defer cancel()
+			conn.Close(cctx) //nolint:errcheck // failed already
+		}
+		return err
+	})
+	return conn, err
 }
 
 // listenSQL starts listening on the channel.
@@ -244,8 +265,14 @@ func (s *Service) sendCheck(ctx context.Context, check *selfCheck, name string) 
 	// Expected before it is sent: the listener may hear it before
 	// pg_notify returns.
 	came := check.expect(payload)
-	if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, payload); err != nil {
-		return nil, fmt.Errorf("enqueuer listen: send the self-check NOTIFY: %w", err)
+	err := s.calls.Do(ctx, "enqueuer listen: self-check", func(ctx context.Context) error {
+		if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", NotifyChannel, payload); err != nil {
+			return fmt.Errorf("enqueuer listen: send the self-check NOTIFY: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return came, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/dbcred"
 )
 
@@ -152,6 +153,7 @@ type gate struct {
 	mu      sync.Mutex
 	cfg     *pgx.ConnConfig                              // the listener's, kept to reconnect
 	auth    func(context.Context, *pgx.ConnConfig) error // the pool's BeforeConnect, or nil
+	calls   *dbcall.Bounds                               // the bound of its calls
 	conn    *pgx.Conn                                    // nil while closed
 	gen     uint64                                       // counts sessions
 	polling int64                                        // P's key; 0 until the first open
@@ -159,33 +161,45 @@ type gate struct {
 	lastTry time.Time                                    // the last reopen attempt
 }
 
-// open connects the gate with cfg, the listener's.
-func (g *gate) open(ctx context.Context, cfg *pgx.ConnConfig, auth func(context.Context, *pgx.ConnConfig) error) error {
+// open connects the gate with cfg, the listener's, its calls bounded by
+// calls.
+func (g *gate) open(ctx context.Context, cfg *pgx.ConnConfig, auth func(context.Context, *pgx.ConnConfig) error, calls *dbcall.Bounds) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.cfg, g.auth = cfg, auth
+	g.cfg, g.auth, g.calls = cfg, auth, calls
 	return g.connect(ctx)
 }
 
 // connect opens a new session with cfg, a new generation, and reads P's and
-// H's keys. g.mu is held.
+// H's keys: one bounded call. The session sets the server's keepalives, as
+// the listener's does (drainerSessionSQL): it holds P. g.mu is held.
 func (g *gate) connect(ctx context.Context) error {
-	conn, err := dbcred.Connect(ctx, g.cfg, g.auth)
-	if err != nil {
-		return fmt.Errorf("enqueuer polling: the gate: %w", err)
-	}
-	var p, h int64
-	if _, err := conn.Exec(ctx, drainerSessionSQL); err != nil {
-		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // failed already
-		return fmt.Errorf("enqueuer polling: set up the gate session: %w", err)
-	}
-	if err := conn.QueryRow(ctx, pollKeysSQL, pollingLockClass, handoffLockClass).Scan(&p, &h); err != nil {
-		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // failed already
-		return fmt.Errorf("enqueuer polling: lock keys: %w", err)
-	}
-	g.conn, g.polling, g.handoff = conn, p, h
-	g.gen++
-	return nil
+	return g.calls.Do(ctx, "enqueuer polling: gate", func(ctx context.Context) error {
+		conn, err := dbcred.Connect(ctx, g.cfg, g.auth)
+		if err != nil {
+			return fmt.Errorf("enqueuer polling: the gate: %w", err)
+		}
+		var p, h int64
+		if _, err = conn.Exec(ctx, drainerSessionSQL); err != nil {
+			err = fmt.Errorf("enqueuer polling: set up the gate session: %w", err)
+		} else if err = conn.QueryRow(ctx, pollKeysSQL, pollingLockClass, handoffLockClass).Scan(&p, &h); err != nil {
+			err = fmt.Errorf("enqueuer polling: lock keys: %w", err)
+		}
+		if err != nil {
+			g.closeConn(ctx, conn)
+			return err
+		}
+		g.conn, g.polling, g.handoff = conn, p, h
+		g.gen++
+		return nil
+	})
+}
+
+// closeConn closes a gate session within its own bound.
+func (g *gate) closeConn(ctx context.Context, conn *pgx.Conn) {
+	cctx, cancel := g.calls.Cleanup(ctx)
+	defer cancel()
+	conn.Close(cctx) //nolint:errcheck // the session's end releases P
 }
 
 // reopenEvery bounds how often the drainer retries a gate whose session
@@ -219,7 +233,7 @@ func (g *gate) close(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.conn != nil {
-		g.conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the session's end releases P
+		g.closeConn(ctx, g.conn)
 	}
 	g.conn, g.cfg = nil, nil
 }
@@ -260,13 +274,21 @@ func (g *gate) take(ctx context.Context) (uint64, error) {
 	return gen, err
 }
 
-// takeOnce is take on the current session; g.mu is held.
-func (g *gate) takeOnce(ctx context.Context) (uint64, error) {
+// takeOnce is take on the current session, one bounded call; g.mu is held.
+func (g *gate) takeOnce(ctx context.Context) (gen uint64, err error) {
+	err = g.calls.Do(ctx, "enqueuer polling: take", func(ctx context.Context) (err error) {
+		gen, err = g.takeTx(ctx)
+		return err
+	})
+	return gen, err
+}
+
+func (g *gate) takeTx(ctx context.Context) (uint64, error) {
 	tx, err := g.conn.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("enqueuer polling: begin taking the polling lock: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
+	defer g.rollback(ctx, tx)
 	if ok, err := lockWithin(ctx, tx, "SELECT pg_advisory_lock($1)", g.polling); !ok || err != nil {
 		return 0, err
 	}
@@ -275,6 +297,13 @@ func (g *gate) takeOnce(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("enqueuer polling: commit taking the polling lock: %w", err)
 	}
 	return g.gen, nil
+}
+
+// rollback ends tx within its own bound; after Commit, a no-op.
+func (g *gate) rollback(ctx context.Context, tx pgx.Tx) {
+	cctx, cancel := g.calls.Cleanup(ctx)
+	defer cancel()
+	tx.Rollback(cctx) //nolint:errcheck // the caller's error is the one to report
 }
 
 // lockWithin runs the locking statement sql in tx within handoffTimeout;
@@ -306,6 +335,15 @@ func (g *gate) release(ctx context.Context, pool *pgxpool.Pool, held uint64) (ok
 	if g.handoff == 0 {
 		return true, nil // never opened: nothing was ever skipped
 	}
+	err = g.calls.Do(ctx, "enqueuer polling: handoff", func(ctx context.Context) (err error) {
+		ok, err = g.releaseTx(ctx, pool, held)
+		return err
+	})
+	return ok, err
+}
+
+// releaseTx is release's transaction; g.mu is held.
+func (g *gate) releaseTx(ctx context.Context, pool *pgxpool.Pool, held uint64) (ok bool, err error) {
 	var tx pgx.Tx
 	onGate := held != 0 && g.conn != nil && g.gen == held
 	if onGate {
@@ -316,7 +354,7 @@ func (g *gate) release(ctx context.Context, pool *pgxpool.Pool, held uint64) (ok
 	if err != nil {
 		return false, fmt.Errorf("enqueuer polling: begin the handoff: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
+	defer g.rollback(ctx, tx)
 	if ok, err := lockWithin(ctx, tx, "SELECT pg_advisory_xact_lock($1)", g.handoff); !ok || err != nil {
 		return false, err
 	}

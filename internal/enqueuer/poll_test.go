@@ -242,7 +242,7 @@ func TestHandoffWaitsForSkippedCommits(t *testing.T) {
 	ctx := context.Background()
 	listener := listening(t, pool)
 	var g gate
-	if err := g.open(ctx, pool.Config().ConnConfig, nil); err != nil {
+	if err := g.open(ctx, pool.Config().ConnConfig, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	defer g.close(ctx)
@@ -430,7 +430,7 @@ func TestPollingLockDiesWithItsSession(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	var g gate
-	if err := g.open(ctx, pool.Config().ConnConfig, nil); err != nil {
+	if err := g.open(ctx, pool.Config().ConnConfig, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	gen1, err := g.take(ctx)
@@ -479,7 +479,7 @@ func TestGateReopensAfterAFailedOpen(t *testing.T) {
 	bad.Database = "idemd_no_such_database"
 	var g gate
 	defer g.close(ctx)
-	if err := g.open(ctx, bad, nil); err == nil {
+	if err := g.open(ctx, bad, nil, nil); err == nil {
 		t.Fatal("open with a database that does not exist succeeded")
 	}
 	if g.current() != 0 {

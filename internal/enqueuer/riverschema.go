@@ -233,7 +233,11 @@ func (s *Service) riverVersion(ctx context.Context) (int, error) {
 	// Read again when due, and at every batch while the schema is not
 	// supported, so moves resume with the first batch after River's is.
 	if !g.ok || g.checked.IsZero() || time.Since(g.checked) >= riverSchemaRecheck {
-		rs, err := readRiverSchema(ctx, s.pool)
+		var rs riverSchema
+		err := s.calls.Do(ctx, "enqueuer river schema", func(ctx context.Context) (err error) {
+			rs, err = readRiverSchema(ctx, s.pool)
+			return err
+		})
 		if err != nil {
 			return 0, err
 		}

@@ -142,7 +142,21 @@ type serverMoveResult struct {
 // moveInServer runs one move in one round trip. A batch with an invalid
 // row comes back with invalid > 0 and nothing moved; an error that River's
 // table raised for a row's data is errRiverRejected.
+//
+// The whole move, from the pool's acquire to COMMIT, is one call bounded
+// by --database-timeout: a batch takes well under a second
+// (docs/operations.md, "Sizing"), and one the database does not answer
+// is abandoned (its connection closed, the server rolls it back) and
+// retried on another connection.
 func (s *Service) moveInServer(ctx context.Context, from, gapBelow int64, riverVersion int) (res serverMoveResult, err error) {
+	err = s.calls.Do(ctx, batchOp, func(ctx context.Context) (err error) {
+		res, err = s.moveInServerOnce(ctx, from, gapBelow, riverVersion)
+		return err
+	})
+	return res, err
+}
+
+func (s *Service) moveInServerOnce(ctx context.Context, from, gapBelow int64, riverVersion int) (res serverMoveResult, err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return res, fmt.Errorf("enqueuer batch: acquire: %w", err)
@@ -152,7 +166,9 @@ func (s *Service) moveInServer(ctx context.Context, from, gapBelow int64, riverV
 	// connection it gets back in a transaction.
 	defer func() {
 		if err != nil {
-			conn.Exec(context.WithoutCancel(ctx), "ROLLBACK") //nolint:errcheck // the error is err
+			cctx, cancel := s.calls.Cleanup(ctx)
+			conn.Exec(cctx, "ROLLBACK") //nolint:errcheck // the error is err
+			cancel()
 		}
 		conn.Release()
 	}()

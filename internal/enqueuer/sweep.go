@@ -103,6 +103,18 @@ func (s *Service) sweepOnce(ctx context.Context, regular bool) (*int64, error) {
 		full = lw.reads.Full(false)
 		lw.reads = lw.reads.Next()
 	}
+	var low *int64
+	err := s.calls.Do(ctx, "enqueuer sweep", func(ctx context.Context) (err error) {
+		low, err = s.sweepTx(ctx, full)
+		return err
+	})
+	return low, err
+}
+
+// sweepTx is the sweep's transaction, one call bounded by
+// --database-timeout.
+func (s *Service) sweepTx(ctx context.Context, full bool) (*int64, error) {
+	lw := &s.lw
 	// The mark's statements and the read run in one transaction begun as a
 	// move transaction is, so the read walks the index from the mark
 	// whatever the planner thinks of the table (see beginSQL).
@@ -110,7 +122,7 @@ func (s *Service) sweepOnce(ctx context.Context, regular bool) (*int64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enqueuer sweep: begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
+	defer s.rollback(ctx, tx) // read-only: after Commit, a no-op
 
 	var (
 		seq    seqReading

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/dbcall"
 )
 
 // Adoption of the article's schema (docs/operations.md, "Adopting a
@@ -68,6 +69,8 @@ type AdoptOptions struct {
 	// migrate` (5m when zero).
 	MigrateLockTimeout time.Duration
 	Logger             *slog.Logger
+	// Calls bounds the calls for the migration lock (Options.Calls).
+	Calls *dbcall.Bounds
 }
 
 // AdoptResult says what AdoptArticleSchema did.
@@ -133,7 +136,7 @@ func AdoptArticleSchema(ctx context.Context, pool *pgxpool.Pool, opts AdoptOptio
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	release, err := holdLock(ctx, pool, opts.MigrateLockTimeout)
+	release, err := holdLock(ctx, pool, opts.MigrateLockTimeout, opts.Calls)
 	if err != nil {
 		return nil, err
 	}

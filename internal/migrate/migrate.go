@@ -26,6 +26,7 @@ import (
 
 	rolesql "github.com/idemd/idemd/deploy/sql"
 	"github.com/idemd/idemd/internal/backoff"
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/dbcred"
 	"github.com/idemd/idemd/migrations"
 )
@@ -73,6 +74,13 @@ type Options struct {
 	// times out is still retried.
 	TransactionPooler bool
 	Logger            *slog.Logger
+	// Calls bounds the calls around the migrations (--database-timeout):
+	// the lock's connection and each try for it, the reads of what is
+	// applied, the grants. The migrations' own statements are not: a
+	// CREATE INDEX on a large table runs as long as it needs, its lock
+	// wait bounded by DDLLockTimeout and a vanished server found by the
+	// connection's keepalives. nil bounds them by the default.
+	Calls *dbcall.Bounds
 }
 
 // Up applies River's migrations and then idemd's, then the grants on
@@ -108,7 +116,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 	}
 	deadline := time.Now().Add(opts.LockWait)
 
-	release, err := holdLock(ctx, pool, opts.LockWait)
+	release, err := holdLock(ctx, pool, opts.LockWait, opts.Calls)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +131,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 
 	res := &Result{}
 	for attempt := 1; ; attempt++ {
-		err := upOnce(ctx, ddl, logger, res)
+		err := upOnce(ctx, ddl, logger, res, opts.Calls)
 		if err == nil {
 			return res, nil
 		}
@@ -153,8 +161,12 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 // TRANSACTION, as statements that are each safe to run again, and both
 // record a version only once it is applied, so after a failure a new run
 // resumes where this one stopped.
-func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *Result) error {
-	river, err := readRiverTables(ctx, pool)
+func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *Result, calls *dbcall.Bounds) error {
+	var river riverTables
+	err := calls.Do(ctx, "migrate: read River's tables", func(ctx context.Context) (err error) {
+		river, err = readRiverTables(ctx, pool)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -221,10 +233,12 @@ func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *R
 	// tables were handed to the migrator, or whose grants someone changed,
 	// is put right by the next migrate. Without arguments Exec sends the
 	// file as one simple-protocol query, as psql -f would.
-	if _, err := pool.Exec(ctx, rolesql.Grants); err != nil {
-		return fmt.Errorf("migrate: apply grants (deploy/sql/grants.sql): %w", err)
-	}
-	return nil
+	return calls.Do(ctx, "migrate: grants", func(ctx context.Context) error {
+		if _, err := pool.Exec(ctx, rolesql.Grants); err != nil {
+			return fmt.Errorf("migrate: apply grants (deploy/sql/grants.sql): %w", err)
+		}
+		return nil
+	})
 }
 
 // ddlPool is a pool for the migrations' statements: pool's settings, at
@@ -379,44 +393,63 @@ func (t *lockTimeoutTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d
 
 // holdLock takes LockKey (see Up) and returns the function that releases
 // it.
-func holdLock(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (func(), error) {
+//
+// The lock's connection is dialed as the pool's are (internal/dbcall: on a
+// direct connection the server ends its session, releasing the lock, once
+// a vanished migrator stops answering its keepalives), and opening it and
+// each try for the lock are calls bounded by calls.
+func holdLock(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration, calls *dbcall.Bounds) (func(), error) {
 	// The lock lives on its own connection, outside the pool: migrators
 	// waiting for it must not hold pool connections the winner needs.
 	pc := pool.Config()
-	conn, err := dbcred.Connect(ctx, pc.ConnConfig, pc.BeforeConnect)
+	var conn *pgx.Conn
+	err := calls.Do(ctx, lockOp, func(ctx context.Context) (err error) {
+		if conn, err = dbcred.Connect(ctx, pc.ConnConfig, pc.BeforeConnect); err != nil {
+			return fmt.Errorf("migrate: open lock connection: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("migrate: open lock connection: %w", err)
+		return nil, err
 	}
 
 	var lockTx pgx.Tx
-	if err := acquireLock(ctx, func(ctx context.Context) (bool, error) {
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return false, err
-		}
-		var ok bool
-		// The simple protocol: an extended-protocol portal would outlive
-		// the statement and keep its snapshot (and so an xmin) for the
-		// whole transaction, and CREATE INDEX CONCURRENTLY waits for that.
-		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", pgx.QueryExecModeSimpleProtocol, LockKey).Scan(&ok); err != nil || !ok {
-			_ = tx.Rollback(ctx)
-			return false, err
-		}
-		lockTx = tx
-		return true, nil
+	if err := acquireLock(ctx, func(ctx context.Context) (got bool, err error) {
+		err = calls.Do(ctx, lockOp, func(ctx context.Context) error {
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			// The simple protocol: an extended-protocol portal would outlive
+			// the statement and keep its snapshot (and so an xmin) for the
+			// whole transaction, and CREATE INDEX CONCURRENTLY waits for that.
+			if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", pgx.QueryExecModeSimpleProtocol, LockKey).Scan(&got); err != nil || !got {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			lockTx = tx
+			return nil
+		})
+		return got, err
 	}, timeout); err != nil {
-		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing also ends any transaction
+		cctx, cancel := calls.Cleanup(ctx)
+		defer cancel()
+		conn.Close(cctx) //nolint:errcheck // closing also ends any transaction
 		return nil, err
 	}
 	return func() {
 		// On a fresh context: the caller's may be cancelled. If the
 		// rollback fails, closing the connection ends the transaction.
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		unlockCtx, cancel := calls.Cleanup(ctx)
 		defer cancel()
 		_ = lockTx.Rollback(unlockCtx)
 		conn.Close(unlockCtx) //nolint:errcheck // closing also ends the lock's transaction
 	}, nil
 }
+
+// lockOp names the calls for the migrations' lock when they run out of
+// their bound.
+const lockOp = "migrate: lock"
 
 // Files returns the embedded idemd migrations.
 func Files() fs.FS { return migrations.FS }

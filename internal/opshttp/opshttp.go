@@ -30,11 +30,23 @@ type Readiness struct {
 	// Blocked, when it returns an error, says the service cannot do its
 	// work at all, whatever its passes do (the enqueuer on a River schema
 	// it does not write). Optional; set before the daemon serves.
-	Blocked    func() error
-	lastPass   atomic.Int64 // unix nanos
-	started    atomic.Int64
-	maxPassAge atomic.Int64 // a time.Duration; SetMaxPassAge
+	Blocked func() error
+	// Database, when it returns an error, is the database call that ran
+	// out of its bound (a *dbcall.TimeoutError, naming the operation) and
+	// has not been followed by one that answered. Optional.
+	Database func() error
+	// CallTimeout bounds Ping and Schema; zero is ProbeTimeout.
+	CallTimeout time.Duration
+	lastPass    atomic.Int64 // unix nanos
+	started     atomic.Int64
+	maxPassAge  atomic.Int64 // a time.Duration; SetMaxPassAge
 }
+
+// ProbeTimeout is the longest /readyz waits for the database: under the
+// probe's own timeout (3 s in deploy/base), so a database that does not
+// answer fails the probe with a reason rather than by the kubelet's
+// timeout.
+const ProbeTimeout = 2 * time.Second
 
 // SetMaxPassAge sets how old the last successful pass may be before
 // /readyz fails (zero, the default, disables the check). A service sets it
@@ -49,15 +61,26 @@ func (r *Readiness) MarkPass(t time.Time) { r.lastPass.Store(t.UnixNano()) }
 
 // Check returns nil when ready, or why not.
 func (r *Readiness) Check(ctx context.Context, now time.Time) error {
+	// First: it names the operation the service is stuck on, where a
+	// ping says only that the database is unreachable.
+	if r.Database != nil {
+		if err := r.Database(); err != nil {
+			return err
+		}
+	}
+	timeout := r.CallTimeout
+	if timeout <= 0 {
+		timeout = ProbeTimeout
+	}
 	if r.Ping != nil {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		pctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		if err := r.Ping(pctx); err != nil {
 			return fmt.Errorf("database unreachable: %w", err)
 		}
 	}
 	if r.Schema != nil {
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		sctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		if err := r.Schema(sctx); err != nil {
 			return err

@@ -111,17 +111,29 @@ func (s *Service) runBatch(ctx context.Context, job batchJob) (batchResult, erro
 var errRangeEmpty = errors.New("range batch deleted nothing before its bound")
 
 // tryBatch runs one form of a batch in a transaction and commits it when
-// checkBatch accepts what it did.
-func (s *Service) tryBatch(ctx context.Context, form batchForm, job batchJob) (batchResult, error) {
-	bctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout+10*time.Second)
-	defer cancel()
+// checkBatch accepts what it did: one call bounded by --statement-timeout
+// (the server's, SET LOCAL, which ends a slow batch with an error that
+// halves the next) and --database-timeout for the rest.
+func (s *Service) tryBatch(ctx context.Context, form batchForm, job batchJob) (b batchResult, err error) {
+	err = s.cfg.Calls.DoStatement(ctx, "reaper batch", s.cfg.StatementTimeout, func(ctx context.Context) (err error) {
+		b, err = s.batchTx(ctx, form, job)
+		return err
+	})
+	return b, err
+}
+
+func (s *Service) batchTx(bctx context.Context, form batchForm, job batchJob) (batchResult, error) {
 	started := time.Now()
 
 	tx, err := s.cfg.Pool.Begin(bctx)
 	if err != nil {
 		return batchResult{}, fmt.Errorf("begin: %w", err)
 	}
-	defer tx.Rollback(bctx) //nolint:errcheck // a no-op after Commit
+	defer func() {
+		cctx, cancel := s.cfg.Calls.Cleanup(bctx)
+		defer cancel()
+		tx.Rollback(cctx) //nolint:errcheck // a no-op after Commit
+	}()
 
 	if err := s.beginBatch(bctx, tx, form.lockTimeout, job.walCompression); err != nil {
 		return batchResult{}, err

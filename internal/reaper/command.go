@@ -71,6 +71,7 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 	svc, err := New(Config{
 		Settings: c.Settings,
 		Pool:     env.Pool,
+		Calls:    env.Calls,
 		Logger:   env.Logger,
 		Registry: env.Registry,
 		Ready:    env.Ready,

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/opshttp"
 	"github.com/idemd/idemd/internal/reaper/throttle"
 )
@@ -240,7 +241,10 @@ func (s *Settings) Check() []string {
 type Config struct {
 	Settings
 
-	Pool     *pgxpool.Pool
+	Pool *pgxpool.Pool
+	// Calls bounds every database call (--database-timeout); nil bounds
+	// them by its default and counts nothing.
+	Calls    *dbcall.Bounds
 	Logger   *zap.Logger
 	Registry prometheus.Registerer // nil: metrics are not registered
 	// Ready, when set, is marked after every scheduled run that did its job

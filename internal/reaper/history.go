@@ -29,15 +29,22 @@ func (s *Service) mode() string {
 // console count keys past retention with). Even when the run is being
 // stopped: its end will be recorded too.
 func (s *Service) startRun(ctx context.Context, start time.Time) (int64, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	id, err := runhistory.Start(ctx, s.cfg.Pool, time.Since(start), s.mode(), s.holder,
-		runhistory.Settings{Retention: s.cfg.Retention, LockWindow: s.cfg.LockWindow})
+	var id int64
+	err := s.cfg.Calls.Do(context.WithoutCancel(ctx), historyOp, func(ctx context.Context) (err error) {
+		id, err = runhistory.Start(ctx, s.cfg.Pool, time.Since(start), s.mode(), s.holder,
+			runhistory.Settings{Retention: s.cfg.Retention, LockWindow: s.cfg.LockWindow})
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("reaper: %w", err)
 	}
 	return id, nil
 }
+
+// historyOp names the run history's writes when they run out of their
+// bound. They run on a context without the run's end (a run being stopped
+// is still recorded), each one call bounded by --database-timeout.
+const historyOp = "reaper history"
 
 // recordBatch adds a batch's counts to its run's row, in the batch's
 // transaction: a run killed later still shows what it committed.
@@ -52,18 +59,18 @@ func recordBatch(ctx context.Context, tx pgx.Tx, run int64, b batchResult) error
 // itself within --lease-ttl (the next run waits that long) and the row
 // reads as interrupted.
 func (s *Service) endRun(ctx context.Context, run int64, res *Result, runErr error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
 	released := false
-	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		if run != 0 {
-			if err := runhistory.End(ctx, tx, run, runOutcome(res, runErr)); err != nil {
-				return err
+	err := s.cfg.Calls.Do(context.WithoutCancel(ctx), historyOp, func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+			if run != 0 {
+				if err := runhistory.End(ctx, tx, run, runOutcome(res, runErr)); err != nil {
+					return err
+				}
 			}
-		}
-		var err error
-		released, err = lease.Release(ctx, tx, LeaseName, s.holder)
-		return err
+			var err error
+			released, err = lease.Release(ctx, tx, LeaseName, s.holder)
+			return err
+		})
 	})
 	switch {
 	case err != nil:
@@ -78,9 +85,10 @@ func (s *Service) endRun(ctx context.Context, run int64, res *Result, runErr err
 // recordUnleasedRun records a run that never held the lease (another run
 // held it, or the run failed before it had it) as one finished row.
 func (s *Service) recordUnleasedRun(ctx context.Context, start time.Time, res *Result, runErr error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := runhistory.RecordUnleased(ctx, s.cfg.Pool, time.Since(start), s.mode(), s.holder, runOutcome(res, runErr)); err != nil {
+	err := s.cfg.Calls.Do(context.WithoutCancel(ctx), historyOp, func(ctx context.Context) error {
+		return runhistory.RecordUnleased(ctx, s.cfg.Pool, time.Since(start), s.mode(), s.holder, runOutcome(res, runErr))
+	})
+	if err != nil {
 		s.logger.Warn("recording the run in idemd_reaper_runs failed", zap.Error(err))
 	}
 }

@@ -72,7 +72,11 @@ func (s *Service) checkCaps(ctx context.Context) error {
 		l := s.cfg.MaxDeletes + 1
 		limit = &l
 	}
-	p, err := plan(ctx, s.cfg.Pool, eligibilityArgs(s.cfg.Eligibility, s.pinnedNow), limit)
+	var p *Plan
+	err := s.cfg.Calls.DoWithin(ctx, planOp, s.cfg.MaxRuntime, func(ctx context.Context) (err error) {
+		p, err = plan(ctx, s.cfg.Pool, eligibilityArgs(s.cfg.Eligibility, s.pinnedNow), limit)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -88,9 +92,22 @@ func (s *Service) checkCaps(ctx context.Context) error {
 // dryRunListLimit bounds the keys a dry run lists one by one.
 const dryRunListLimit = 100
 
+// planOp names the counts of keys past retention (the cap check, a dry
+// run) when they run out of their bound: --max-runtime, since a count
+// visits every key past retention, and a run may take no longer.
+const planOp = "reaper plan"
+
 // dryRun plans what a run would do now, changing nothing; the command
 // prints it.
-func (s *Service) dryRun(ctx context.Context) (*Plan, error) {
+func (s *Service) dryRun(ctx context.Context) (p *Plan, err error) {
+	err = s.cfg.Calls.DoWithin(ctx, planOp, s.cfg.MaxRuntime, func(ctx context.Context) (err error) {
+		p, err = s.dryRunPlan(ctx)
+		return err
+	})
+	return p, err
+}
+
+func (s *Service) dryRunPlan(ctx context.Context) (*Plan, error) {
 	p, err := plan(ctx, s.cfg.Pool, eligibilityArgs(s.cfg.Eligibility, s.pinnedNow), nil)
 	if err != nil {
 		return nil, err

@@ -303,9 +303,11 @@ func (s *Service) probeWALCompression(ctx context.Context) bool {
 	if s.cfg.WALCompression == "server" {
 		return false
 	}
-	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, "SELECT set_config('wal_compression', @wal_compression, true)", pgx.NamedArgs{"wal_compression": s.cfg.WALCompression})
-		return err
+	err := s.cfg.Calls.Do(ctx, "reaper wal_compression", func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SELECT set_config('wal_compression', @wal_compression, true)", pgx.NamedArgs{"wal_compression": s.cfg.WALCompression})
+			return err
+		})
 	})
 	if err == nil {
 		return true
@@ -414,10 +416,13 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 // --statement-timeout like any of the run's statements (a renewal waits
 // only for a taker's short upsert or the heartbeat's own renewal).
 func (s *Service) renewLease(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
-	defer cancel()
-	return lease.Renew(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
+	return s.cfg.Calls.DoWithin(ctx, leaseRenewOp, s.cfg.StatementTimeout, func(ctx context.Context) error {
+		return lease.Renew(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
+	})
 }
+
+// leaseRenewOp names the lease's renewals when they run out of their bound.
+const leaseRenewOp = "reaper lease: renew"
 
 // roundFailed ends the run for a failure outside the batches (the lease's
 // renewal, the round's ranges), after batches committed ones.

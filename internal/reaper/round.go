@@ -89,15 +89,19 @@ func (s *Service) planRound(ctx context.Context, job batchJob, width int) ([]bat
 	}
 	args := s.batchArgs(job)
 	args["width"] = width
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
-	defer cancel()
-	rows, err := s.cfg.Pool.Query(ctx, roundBoundsSQL, args)
+	var starts []time.Time
+	err := s.cfg.Calls.DoWithin(ctx, "reaper round", s.cfg.StatementTimeout, func(ctx context.Context) error {
+		rows, err := s.cfg.Pool.Query(ctx, roundBoundsSQL, args)
+		if err == nil {
+			starts, err = pgx.CollectRows(rows, pgx.RowTo[time.Time])
+		}
+		if err != nil {
+			return fmt.Errorf("reaper: find the round's ranges: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("reaper: find the round's ranges: %w", err)
-	}
-	starts, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
-	if err != nil {
-		return nil, fmt.Errorf("reaper: find the round's ranges: %w", err)
+		return nil, err
 	}
 	return roundJobs(job, starts), nil
 }

@@ -75,7 +75,11 @@ func (s *Service) takeLease(ctx context.Context, res *Result) (bool, error) {
 	// that only a broken clock or a stuck database reaches.
 	deadline := time.Now().Add(2*ttl + poll)
 	for {
-		a, err := lease.Acquire(ctx, s.cfg.Pool, LeaseName, s.holder, ttl)
+		var a lease.Attempt
+		err := s.cfg.Calls.Do(ctx, "reaper lease: acquire", func(ctx context.Context) (err error) {
+			a, err = lease.Acquire(ctx, s.cfg.Pool, LeaseName, s.holder, ttl)
+			return err
+		})
 		if err != nil {
 			return false, fmt.Errorf("reaper: take the run's lease: %w", err)
 		}
@@ -115,13 +119,15 @@ func heartbeatInterval(ttl time.Duration) time.Duration { return ttl / 4 }
 // heartbeat renews the lease every heartbeatInterval while it runs beside
 // a run (lifecycle.Beside), so a run busy outside its batches (the cap
 // check's count) still shows it is alive. A renewal waits behind a running
-// batch, which holds the lease row locked.
+// batch, which holds the lease row locked: its bound is a batch's.
 func (s *Service) heartbeat() lifecycle.Loop {
 	every := heartbeatInterval(s.cfg.LeaseTTL)
 	return lifecycle.Loop{
 		First: every,
 		Pass: func(ctx context.Context) error {
-			err := lease.Renew(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
+			err := s.cfg.Calls.DoStatement(ctx, leaseRenewOp, s.cfg.StatementTimeout, func(ctx context.Context) error {
+				return lease.Renew(ctx, s.cfg.Pool, LeaseName, s.holder, s.cfg.LeaseTTL)
+			})
 			if err != nil && ctx.Err() == nil {
 				// The next batch's own renewal stops the run if the lease
 				// is really gone; this only says why.

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/reaper/throttle"
 	"github.com/idemd/idemd/internal/reaperpause"
 	"github.com/idemd/idemd/internal/runhistory"
@@ -77,7 +79,12 @@ func (s *Service) throttleWait(soft context.Context, start time.Time, run int64,
 			return w
 		}
 		sig.RoundCommitLatency, t.roundCommit = t.roundCommit, 0
-		if p, err := reaperpause.Get(soft, s.cfg.Pool); err != nil {
+		var p *reaperpause.State
+		err := s.cfg.Calls.Do(soft, "reaper pause", func(ctx context.Context) (err error) {
+			p, err = reaperpause.Get(ctx, s.cfg.Pool)
+			return err
+		})
+		if err != nil {
 			if sig.Err == nil {
 				sig.Err = err
 			}
@@ -160,9 +167,10 @@ func (s *Service) sleep(soft context.Context, d time.Duration) time.Duration {
 // the row's figure (the metric and the summary still have it): the run
 // goes on.
 func (s *Service) recordThrottle(ctx context.Context, run int64, waited time.Duration, reason throttle.Reason) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
-	defer cancel()
-	if err := runhistory.RecordThrottle(ctx, s.cfg.Pool, run, waited, string(reason)); err != nil && ctx.Err() == nil {
+	err := s.cfg.Calls.DoWithin(ctx, historyOp, s.cfg.StatementTimeout, func(ctx context.Context) error {
+		return runhistory.RecordThrottle(ctx, s.cfg.Pool, run, waited, string(reason))
+	})
+	if err != nil && ctx.Err() == nil {
 		s.logger.Warn("recording the run's throttled time in idemd_reaper_runs failed", zap.Error(err))
 	}
 }
@@ -199,6 +207,15 @@ func OpenReplicas(ctx context.Context, t *ThrottleSettings, primary *pgxpool.Con
 		}
 		// One reading at a time, once per batch: one connection.
 		cfg.MaxConns, cfg.MinConns = 1, 0
+		// Dialed and bounded as the primary's connections are
+		// (internal/dbcall), connect_timeout the primary's unless the URL
+		// sets one: a replica the network lost makes the run wait, it
+		// does not hang it.
+		connectTimeout := config.DatabaseDefaults().Timeout
+		if primary != nil && primary.ConnConfig.ConnectTimeout > 0 {
+			connectTimeout = primary.ConnConfig.ConnectTimeout
+		}
+		dbcall.Connections(&cfg.ConnConfig.Config, connectTimeout)
 		if primary != nil {
 			if cfg.ConnConfig.Password == "" {
 				cfg.BeforeConnect = primary.BeforeConnect

@@ -73,6 +73,14 @@ SELECT pg_is_in_recovery(),
             ELSE COALESCE(EXTRACT(epoch FROM now() - pg_last_xact_replay_timestamp()), 0) END::float8,
        COALESCE(pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0'), 0)::int8`
 
+// timeout is Timeout, or 5 s when it is not set.
+func (r *Reader) timeout() time.Duration {
+	if r.Timeout <= 0 {
+		return 5 * time.Second
+	}
+	return r.Timeout
+}
+
 // ErrHiddenReplicas: the role cannot see the replicas' positions.
 var ErrHiddenReplicas = errors.New("pg_stat_replication hides the replicas' positions from this role: " +
 	"GRANT pg_read_all_stats TO the reaper's role (deploy/sql/roles.sql does), or set --max-lag 0 and --max-lag-bytes 0 to reap without watching replicas")
@@ -80,11 +88,7 @@ var ErrHiddenReplicas = errors.New("pg_stat_replication hides the replicas' posi
 // Read reads every signal. A signal that cannot be read is returned in
 // Signals.Err with what was read; the caller waits rather than reap blind.
 func (r *Reader) Read(ctx context.Context) Signals {
-	timeout := r.Timeout
-	if timeout <= 0 {
-		timeout = 5 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, r.timeout())
 	defer cancel()
 	var s Signals
 	var hidden, seen int64
@@ -154,7 +158,13 @@ func probeCommit(ctx context.Context, db Querier) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("commit probe: begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	defer func() {
+		// Within a bound of its own: a rollback on a connection that
+		// stopped answering must not hang the probe.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		tx.Rollback(cctx) //nolint:errcheck // a no-op after Commit
+	}()
 	var lsn string
 	if err := tx.QueryRow(ctx, "SELECT pg_logical_emit_message(true, 'idemd-reaper-probe', '')::text").Scan(&lsn); err != nil {
 		return 0, fmt.Errorf("commit probe: %w", err)
@@ -193,13 +203,17 @@ func (r *Reader) ProbeRound(ctx context.Context) func() time.Duration {
 		for first := true; ; first = false {
 			// The first probe is finished even when the round ends before
 			// it (a round that found nothing): the result is never of none.
-			pctx := ctx
+			// Each probe within Timeout: one the database does not answer
+			// must not hold the round's end.
+			base := ctx
 			if first {
-				pctx = context.WithoutCancel(ctx)
+				base = context.WithoutCancel(ctx)
 			}
+			pctx, pcancel := context.WithTimeout(base, r.timeout())
 			if d, err := probeCommit(pctx, r.Primary); err == nil {
 				ds = append(ds, d)
 			}
+			pcancel()
 			select {
 			case <-ctx.Done():
 				done <- ds

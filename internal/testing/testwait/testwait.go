@@ -21,3 +21,20 @@ func Until(tb testing.TB, timeout time.Duration, what string, cond func() bool) 
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Returns runs f and fails the test naming what it waited for unless f
+// returns within timeout: for a call that must not hang (a pass on a
+// database that stopped answering). f goes on running after a failure.
+func Returns(tb testing.TB, timeout time.Duration, what string, f func()) {
+	tb.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		tb.Fatalf("timed out after %s waiting for %s to return", timeout, what)
+	}
+}

@@ -1,0 +1,269 @@
+package dbcall
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sys/unix"
+
+	"github.com/idemd/idemd/internal/config"
+)
+
+// Every socket Dial opens carries the keepalives and TCP_USER_TIMEOUT,
+// read back from the kernel.
+func TestDialSetsKeepalivesAndUserTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			defer c.Close()
+			c.Read(make([]byte, 1)) //nolint:errcheck // until the client closes
+		}
+	}()
+	c, err := Dial(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		name       string
+		level, opt int
+		value      int
+	}{
+		{"SO_KEEPALIVE", unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+		{"TCP_KEEPIDLE", unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(KeepAliveIdle.Seconds())},
+		{"TCP_KEEPINTVL", unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(KeepAliveInterval.Seconds())},
+		{"TCP_KEEPCNT", unix.IPPROTO_TCP, unix.TCP_KEEPCNT, KeepAliveCount},
+		{"TCP_USER_TIMEOUT", unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(UserTimeout.Milliseconds())},
+	}
+	for _, w := range want {
+		var got int
+		var gerr error
+		if err := raw.Control(func(fd uintptr) { got, gerr = unix.GetsockoptInt(int(fd), w.level, w.opt) }); err != nil {
+			t.Fatal(err)
+		}
+		if gerr != nil {
+			t.Fatalf("getsockopt %s: %v", w.name, gerr)
+		}
+		if got != w.value {
+			t.Errorf("%s = %d, want %d", w.name, got, w.value)
+		}
+	}
+}
+
+// A Unix socket has no TCP options to set: Dial connects without them.
+func TestDialUnixSocket(t *testing.T) {
+	path := t.TempDir() + "/s"
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := Dial(context.Background(), "unix", path)
+	if err != nil {
+		t.Fatalf("dial a Unix socket: %v", err)
+	}
+	c.Close()
+}
+
+// Connections gives a connection without connect_timeout the bound, keeps
+// one the URL set, and replaces libpq's "forever" (0).
+func TestConnectionsConnectTimeout(t *testing.T) {
+	for url, want := range map[string]time.Duration{
+		"postgres://u@h/db":                   7 * time.Second,
+		"postgres://u@h/db?connect_timeout=3": 3 * time.Second,
+		"postgres://u@h/db?connect_timeout=0": 7 * time.Second,
+	} {
+		cc, err := pgconn.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		Connections(cc, 7*time.Second)
+		if cc.ConnectTimeout != want {
+			t.Errorf("%s: connect timeout %s, want %s", url, cc.ConnectTimeout, want)
+		}
+		if cc.DialFunc == nil {
+			t.Errorf("%s: no DialFunc", url)
+		}
+	}
+}
+
+// StartupKeepalives adds the server's keepalives and leaves what the URL
+// set.
+func TestStartupKeepalives(t *testing.T) {
+	params := map[string]string{"tcp_keepalives_idle": "60"}
+	StartupKeepalives(params)
+	if params["tcp_keepalives_idle"] != "60" {
+		t.Errorf("the URL's tcp_keepalives_idle was replaced: %q", params["tcp_keepalives_idle"])
+	}
+	for _, s := range ServerKeepalives[1:] {
+		if params[s.Name] != s.Value {
+			t.Errorf("%s = %q, want %q", s.Name, params[s.Name], s.Value)
+		}
+	}
+}
+
+// blocked is a call the database never answers: it returns only when its
+// context ends, with what pgx returns then.
+func blocked(ctx context.Context) error {
+	<-ctx.Done()
+	return errors.New("enqueuer batch: begin: timeout: " + ctx.Err().Error())
+}
+
+// A call that runs out of its bound is a TimeoutError naming the
+// operation; the degraded mode it starts is logged once, counted per
+// call, reported by Fault until a call begun after it answers, and its
+// end logged once.
+func TestDoTimesOutAndTheDegradedModeEnds(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	b := New(20*time.Millisecond, zap.New(core))
+	ctx := context.Background()
+	for range 3 {
+		err := b.Do(ctx, "enqueuer batch", blocked)
+		var te *TimeoutError
+		if !errors.As(err, &te) || te.Op != "enqueuer batch" || te.Bound != 20*time.Millisecond {
+			t.Fatalf("Do of a call that never answers: %v, want a TimeoutError of enqueuer batch", err)
+		}
+	}
+	if got := testutil.ToFloat64(b.timeouts.WithLabelValues("enqueuer batch")); got != 3 {
+		t.Errorf("idemd_database_call_timeouts_total{operation=enqueuer batch} = %v, want 3", got)
+	}
+	if got := testutil.ToFloat64(b.unanswered); got != 1 {
+		t.Errorf("idemd_database_unanswered = %v, want 1", got)
+	}
+	fault := b.Fault()
+	if fault == nil || !strings.HasPrefix(fault.Error(), "database did not answer within 20ms: enqueuer batch: begin") {
+		t.Fatalf("Fault = %v, want the operation and the bound", fault)
+	}
+	if n := logs.FilterMessageSnippet("did not answer").Len(); n != 1 {
+		t.Errorf("%d lines say the database did not answer, want 1", n)
+	}
+
+	if err := b.Do(ctx, "completer: claim", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if f := b.Fault(); f != nil {
+		t.Fatalf("Fault after a call answered: %v", f)
+	}
+	if got := testutil.ToFloat64(b.unanswered); got != 0 {
+		t.Errorf("idemd_database_unanswered = %v after an answer, want 0", got)
+	}
+	ended := logs.FilterMessage("the database answers again").All()
+	if len(ended) != 1 || ended[0].ContextMap()["calls_timed_out"] != int64(3) {
+		t.Fatalf("end of the degraded mode logged %d times (%v), want once with 3 calls", len(ended), ended)
+	}
+	if err := b.Do(ctx, "completer: claim", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if n := logs.FilterMessage("the database answers again").Len(); n != 1 {
+		t.Errorf("a second answer logged the end again (%d lines)", n)
+	}
+}
+
+// An answer to a call sent before the last timeout proves nothing about
+// now: the degraded mode goes on.
+func TestAnAnswerFromBeforeTheFaultDoesNotEndIt(t *testing.T) {
+	b := New(20*time.Millisecond, nil)
+	ctx := context.Background()
+	started, release := make(chan struct{}), make(chan struct{})
+	answered := make(chan error)
+	go func() {
+		answered <- b.DoWithin(ctx, "slow", time.Hour, func(context.Context) error {
+			close(started)
+			<-release
+			return nil
+		})
+	}()
+	<-started
+	if err := b.Do(ctx, "enqueuer batch", blocked); !IsTimeout(err) {
+		t.Fatalf("Do: %v, want a timeout", err)
+	}
+	close(release)
+	if err := <-answered; err != nil {
+		t.Fatal(err)
+	}
+	if b.Fault() == nil {
+		t.Fatal("an answer to a call begun before the timeout ended the degraded mode")
+	}
+}
+
+// A call cut short by its caller (a shutdown) or failing on its own is
+// not a timeout, and a timeout inside a call (connect_timeout) is one.
+func TestDoTellsTimeoutsFromOtherEnds(t *testing.T) {
+	b := New(time.Hour, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.Do(ctx, "op", blocked); err == nil || IsTimeout(err) {
+		t.Errorf("a call its caller cancelled: %v, want its own error, not a timeout", err)
+	}
+	refused := errors.New("connection refused")
+	if err := b.Do(context.Background(), "op", func(context.Context) error { return refused }); err != refused {
+		t.Errorf("a failed call: %v, want its error unchanged", err)
+	}
+	inner := func(ctx context.Context) error {
+		cctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+		defer cancel()
+		<-cctx.Done()
+		return cctx.Err()
+	}
+	if err := b.Do(context.Background(), "op", inner); !IsTimeout(err) {
+		t.Errorf("a deadline inside the call: %v, want a timeout", err)
+	}
+	if b.Fault() == nil {
+		t.Error("the inner deadline did not start the degraded mode")
+	}
+}
+
+// Nested calls: the outer bound running out is the outer operation's
+// timeout, not the inner's.
+func TestNestedCallsNameTheBoundThatRanOut(t *testing.T) {
+	b := New(time.Hour, nil)
+	err := b.DoWithin(context.Background(), "outer", 10*time.Millisecond, func(ctx context.Context) error {
+		return b.Do(ctx, "inner", blocked)
+	})
+	var te *TimeoutError
+	if !errors.As(err, &te) || te.Op != "outer" {
+		t.Fatalf("got %v, want the outer call's timeout", err)
+	}
+	var inner *TimeoutError
+	if errors.As(te.Err, &inner) {
+		t.Fatalf("the inner call reported the outer bound as its own: %v", inner)
+	}
+}
+
+// A nil Bounds (a service built without one) bounds calls by
+// --database-timeout's default and records nothing.
+func TestNilBounds(t *testing.T) {
+	var b *Bounds
+	if b.Timeout() != config.DatabaseDefaults().Timeout {
+		t.Fatalf("nil Bounds: timeout %s, want the default %s", b.Timeout(), config.DatabaseDefaults().Timeout)
+	}
+	var deadline time.Time
+	if err := b.Do(context.Background(), "op", func(ctx context.Context) error {
+		deadline, _ = ctx.Deadline()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if deadline.IsZero() {
+		t.Fatal("a nil Bounds gave the call no deadline")
+	}
+	if b.Fault() != nil {
+		t.Fatal("a nil Bounds reports a fault")
+	}
+}
