@@ -42,7 +42,7 @@ type Settings struct {
 
 	ListenDatabaseURL     string        `name:"listen-database-url" help:"Connection URL for LISTEN only: a direct or session-mode URL when --database-url goes through a transaction-mode pooler. Empty: the --database-url connection (with --pooler transaction, no listening: wake every --sweep-interval)."`
 	PollOnly              bool          `name:"poll-only" help:"Do not LISTEN; wake every --sweep-interval. For setups where no connection can LISTEN."`
-	ListenerCheckInterval time.Duration `name:"listener-check-interval" default:"${listener_check_interval}" help:"How often the listener sends itself a NOTIFY through the pool to prove notifications arrive; one that does not come back within --listener-check-timeout marks the listener down and reconnects it."`
+	ListenerCheckInterval time.Duration `name:"listener-check-interval" default:"${listener_check_interval}" help:"How often the listener sends itself a NOTIFY through the pool to prove notifications arrive; one that does not come back within --listener-check-timeout marks the listener down and reconnects it. A standby proves its session as often: each round of its wait for the drainer lock lasts this long."`
 	ListenerCheckTimeout  time.Duration `name:"listener-check-timeout" default:"${listener_check_timeout}" help:"How long the listener waits for its own NOTIFY before it counts as deaf and reconnects."`
 }
 

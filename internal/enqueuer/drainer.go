@@ -2,9 +2,13 @@ package enqueuer
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // One replica listens and drains; the others stand by.
@@ -24,7 +28,8 @@ import (
 // self-check that the session hears what is committed through the pool
 // (LISTEN through a transaction-mode pooler is deaf, and a session lock
 // there would stay with a pooled server connection); then it takes the
-// lock, or UNLISTENs and waits for it in pg_advisory_lock, which costs
+// lock, or UNLISTENs and waits for it in pg_advisory_lock (in rounds that
+// prove its own session alive: waitForDrainerLock), which costs
 // nothing and returns the moment the drainer's session ends: the drainer
 // stopped, was killed (the kernel closes its sockets), or lost its
 // connection, or its self-check failed (which ends the connection). The
@@ -53,7 +58,8 @@ const (
 
 // drainerSessionSQL sets up the listener's session. No server timeout may
 // end a standby's wait or the drainer's idle listening (a role's or
-// database's statement_timeout, lock_timeout or idle_session_timeout), and
+// database's statement_timeout, lock_timeout or idle_session_timeout; the
+// standby's rounds set a lock_timeout of their own), and
 // the server is to notice a client that vanished without closing its
 // socket (a partitioned node) within about half a minute, through
 // keepalives while the session idles (the drainer) and the connection
@@ -83,8 +89,8 @@ func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err 
 	s.signals.standby.Signal(struct{}{})
 	s.logger.Info("standing by: another replica is the drainer; this one sweeps every --sweep-interval and takes over when the drainer goes")
 	defer s.metrics.standby.Set(0)
-	if _, err := conn.Exec(ctx, drainerLockSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return "", fmt.Errorf("enqueuer listen: wait for the drainer lock: %w", err)
+	if err := s.waitForDrainerLock(ctx, conn); err != nil {
+		return "", err
 	}
 	if _, err := conn.Exec(ctx, listenSQL); err != nil {
 		return "", fmt.Errorf("enqueuer listen: %w", err)
@@ -92,4 +98,45 @@ func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err 
 	s.logger.Info("took over as the drainer: the previous drainer's session ended")
 	s.metrics.takeovers.Inc()
 	return wakeDrainer, nil
+}
+
+// waitForDrainerLock is a standby's wait for the drainer lock on conn, in
+// rounds of --listener-check-interval: the standby proves its session as
+// often as the drainer proves its listener. Each round is one
+// pg_advisory_lock under that lock_timeout, bounded on the client by the
+// round plus --database-timeout. A round the server ends with
+// lock_not_available proves the session alive, and the wait goes on; a
+// round without any answer ends the wait with the call's timeout, and the
+// listener connects again and stands by on a live session. Without the
+// rounds, a standby whose connection went silent (a black-holed network,
+// a peer whose kernel still acknowledges, where TCP keepalives see
+// nothing) would wait for ever and never take over, while the drainer's
+// own session ended.
+func (s *Service) waitForDrainerLock(ctx context.Context, conn *pgx.Conn) error {
+	round := s.cfg.ListenerCheckInterval
+	setRound := fmt.Sprintf("SET lock_timeout = %d", round.Milliseconds())
+	for {
+		err := s.calls.DoWithin(ctx, "enqueuer listen: wait for the drainer lock", round+s.calls.Timeout(), func(ctx context.Context) error {
+			if _, err := conn.Exec(ctx, setRound, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fmt.Errorf("enqueuer listen: wait for the drainer lock: %w", err)
+			}
+			if _, err := conn.Exec(ctx, drainerLockSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fmt.Errorf("enqueuer listen: wait for the drainer lock: %w", err)
+			}
+			return nil
+		})
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			// The drainer's session waits for nothing: no lock_timeout.
+			if _, err := conn.Exec(ctx, "SET lock_timeout = 0", pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fmt.Errorf("enqueuer listen: reset lock_timeout: %w", err)
+			}
+			return nil
+		case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable:
+			s.signals.standbyRound.Signal(time.Now())
+		default:
+			return err
+		}
+	}
 }

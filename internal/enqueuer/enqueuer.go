@@ -154,13 +154,14 @@ type Service struct {
 // testSignals tell tests that the enqueuer reached a point; tests only
 // wait on them (internal/lifecycle/testsignal). Free in production.
 type testSignals struct {
-	listenerUp          testsignal.Signal[struct{}] // the listener is the drainer and its first self-check came back: notifications arrive and wake it
-	listenerChecked     testsignal.Signal[int]      // a self-check came back (its sequence number on this connection)
-	listenerCheckFailed testsignal.Signal[error]    // a self-check did not come back in time
-	passed              testsignal.Signal[struct{}] // the loop's pass ended (the first is the start's full pass)
-	standby             testsignal.Signal[struct{}] // the listener stands by, waiting for the drainer lock
-	swept               testsignal.Signal[bool]     // a sweep ended; true when it began with the listener up
-	polling             testsignal.Signal[bool]     // the drainer started (true) or stopped (false) polling; false once the handoff's drain ended
+	listenerUp          testsignal.Signal[struct{}]  // the listener is the drainer and its first self-check came back: notifications arrive and wake it
+	listenerChecked     testsignal.Signal[int]       // a self-check came back (its sequence number on this connection)
+	listenerCheckFailed testsignal.Signal[error]     // a self-check did not come back in time
+	passed              testsignal.Signal[struct{}]  // the loop's pass ended (the first is the start's full pass)
+	standby             testsignal.Signal[struct{}]  // the listener stands by, waiting for the drainer lock
+	standbyRound        testsignal.Signal[time.Time] // a standby's round of waiting for the drainer lock ended, its session alive
+	swept               testsignal.Signal[bool]      // a sweep ended; true when it began with the listener up
+	polling             testsignal.Signal[bool]      // the drainer started (true) or stopped (false) polling; false once the handoff's drain ended
 }
 
 // testHooks are where a test must act inside the service or see every
