@@ -238,6 +238,7 @@ func (s *silentRun) blackHole(ctx context.Context) {
 	st := s.proxy.Stats()
 	s.logf("black hole healed: %d silenced, %d held, %d server sides closed, %d bytes dropped", st.Silenced, st.Held, st.ServerClosed, st.Dropped)
 	s.countWarnings(r, mark)
+	s.saidNotReady(r)
 	s.recover(ctx, r)
 }
 
@@ -261,6 +262,7 @@ func (s *silentRun) freeze(ctx context.Context) {
 	r.end = s.ready.close()
 	s.logf("PostgreSQL thawed")
 	s.countWarnings(r, mark)
+	s.saidNotReady(r)
 	s.recover(ctx, r)
 }
 
@@ -301,8 +303,11 @@ func (s *silentRun) slowLink(ctx context.Context) {
 
 // halfOpen: the server's side of the drainer's listener connection (the
 // session holding the drainer lock) closes, and the drainer hears nothing
-// of it. The standby must take over; the old drainer must find out and
-// stand by.
+// of it. The drainer lock must be held again by a live session with the
+// other enqueuer waiting on one, the old drainer must find its listener
+// dead, and staged rows must keep moving. Who takes over is measured: the
+// standby, waiting for the lock, gets it the moment the server ends the
+// old session.
 func (s *silentRun) halfOpen(ctx context.Context) {
 	r := s.newReport("half-open drainer connection")
 	r.before = s.levelNow(ctx)
@@ -316,7 +321,8 @@ func (s *silentRun) halfOpen(ctx context.Context) {
 		s.t.Errorf("half-open: %v", err)
 		return
 	}
-	before := s.counter(ctx, standby, "idemd_enqueuer_drainer_takeovers_total", nil)
+	takeovers := s.counter(ctx, standby, "idemd_enqueuer_drainer_takeovers_total", nil)
+	checkFailures := s.counter(ctx, drainer, "idemd_enqueuer_listener_check_failures_total", nil)
 	mark := s.logMarks()
 	r.start = time.Now()
 	n := s.proxy.HalfOpen(func(c tcpproxy.Conn) bool { return c.Server.(*net.TCPAddr).Port == port })
@@ -327,8 +333,6 @@ func (s *silentRun) halfOpen(ctx context.Context) {
 	s.ready.open(r)
 	s.logf("half-open: the server side of %s's listener (port %d) closed, its client side silent", drainer.Name, port)
 
-	// Correctness: the standby takes over and the old drainer stands by,
-	// by themselves.
 	wctx, cancel := context.WithTimeout(ctx, recoverWithin)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -342,30 +346,105 @@ func (s *silentRun) halfOpen(ctx context.Context) {
 		}
 		r.moving[what] = time.Since(r.start)
 	}
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		moved(standby.Name+" took over", system.Poll(wctx, 100*time.Millisecond, func() (bool, error) {
-			return s.counter(wctx, standby, "idemd_enqueuer_drainer_takeovers_total", nil) > before &&
-				s.gauge(wctx, standby, "idemd_enqueuer_listener_up") == 1, nil
-		}))
-	}()
-	go func() {
-		defer wg.Done()
-		moved(drainer.Name+" stands by", system.Poll(wctx, 100*time.Millisecond, func() (bool, error) {
-			return s.gauge(wctx, drainer, "idemd_enqueuer_standby") == 1, nil
-		}))
-	}()
+	poll := func(what string, cond func() (bool, error)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			moved(what, system.Poll(wctx, 100*time.Millisecond, cond))
+		}()
+	}
+	poll("drainer lock held by a live session", func() (bool, error) {
+		held, _, err := s.drainerSessions(wctx)
+		return held, err
+	})
+	poll(drainer.Name+" found its listener dead", func() (bool, error) {
+		return s.counter(wctx, drainer, "idemd_enqueuer_listener_check_failures_total", nil) > checkFailures, nil
+	})
+	poll("one drainer, the other standing by on a live session", func() (bool, error) { return s.electionWhole(wctx) })
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		moved("staged job in River", s.stagedReachesRiver(wctx))
 	}()
 	wg.Wait()
+	if s.counter(ctx, standby, "idemd_enqueuer_drainer_takeovers_total", nil) > takeovers {
+		r.note("%s (the standby) took over", standby.Name)
+	} else {
+		r.note("%s (the old drainer) took the lock again", drainer.Name)
+	}
 	// The connection stays half-open; the fault's window ends with the
 	// recovery.
 	r.end = s.ready.close()
 	s.countWarnings(r, mark)
 	s.backToLevel(ctx, r)
+}
+
+// drainerSessions reads the sessions that hold or wait for the drainer
+// lock: held is true when one holds it on a connection the proxy forwards;
+// waiting counts those waiting for it on such connections.
+func (s *silentRun) drainerSessions(ctx context.Context) (held bool, waiting int, err error) {
+	live := map[int]bool{}
+	for _, c := range s.proxy.Conns() {
+		live[c.Server.(*net.TCPAddr).Port] = true
+	}
+	rows, err := s.pool.Query(ctx, drainerLockSQL)
+	if err != nil {
+		return false, 0, err
+	}
+	var granted bool
+	var port int
+	_, err = pgx.ForEachRow(rows, []any{&granted, &port}, func() error {
+		switch {
+		case !live[port]:
+		case granted:
+			held = true
+		default:
+			waiting++
+		}
+		return nil
+	})
+	return held, waiting, err
+}
+
+// electionWhole: exactly one enqueuer is the drainer (listener_up) and
+// the others stand by, the drainer lock is held by a live session and
+// every standby waits for it on one. A standby waiting on a connection
+// that went silent reports itself standing by and would never take over:
+// only the server's view tells.
+func (s *silentRun) electionWhole(ctx context.Context) (bool, error) {
+	drainers, standbys := 0, 0
+	for _, p := range s.daemons.Enqueuers {
+		if s.gauge(ctx, p, "idemd_enqueuer_listener_up") == 1 {
+			drainers++
+		}
+		if s.gauge(ctx, p, "idemd_enqueuer_standby") == 1 {
+			standbys++
+		}
+	}
+	if drainers != 1 || standbys != len(s.daemons.Enqueuers)-1 {
+		return false, fmt.Errorf("%d drainers and %d standbys", drainers, standbys)
+	}
+	held, waiting, err := s.drainerSessions(ctx)
+	if err != nil {
+		return false, err
+	}
+	if !held || waiting != standbys {
+		// Between two rounds of its wait a standby waits for nothing: the
+		// poll catches it in the next.
+		return false, fmt.Errorf("drainer lock held by a live session: %v; %d of %d standbys waiting on live sessions", held, waiting, standbys)
+	}
+	return true, nil
+}
+
+// saidNotReady: every daemon's /readyz said, at least once while the fault
+// lasted, that it was not ready (when is measured, not asserted): a
+// daemon that cannot reach its database must not be counted as serving.
+func (s *silentRun) saidNotReady(r *faultReport) {
+	for _, p := range s.daemons.All() {
+		if _, ok := r.notReady[p.Name]; !ok {
+			s.t.Errorf("%s: %s answered /readyz 200 throughout the fault", r.name, p.Name)
+		}
+	}
 }
 
 // recover measures, from the fault's end, how long until each kind of work
@@ -403,6 +482,9 @@ func (s *silentRun) recover(ctx context.Context, r *faultReport) {
 		}()
 	}
 	probe("staged job in River", s.daemons.Enqueuers, func() error { return s.stagedReachesRiver(wctx) })
+	probe("drainer and standby on live sessions", s.daemons.Enqueuers, func() error {
+		return system.Poll(wctx, 100*time.Millisecond, func() (bool, error) { return s.electionWhole(wctx) })
+	})
 	probe("new key finished", s.daemons.Completers, func() error { return s.keyMoves(wctx, func() { moved("new key claimed") }) })
 	probe("reaper run complete", []*system.Proc{s.daemons.Reaper}, func() error {
 		return system.Poll(wctx, 200*time.Millisecond, func() (bool, error) {
@@ -805,16 +887,22 @@ func (s *silentRun) drainerAndStandby(ctx context.Context) (drainer, standby *sy
 	return drainer, standby, nil
 }
 
+// drainerLockSQL lists the sessions that hold (granted) or wait for the
+// enqueuers' drainer lock (internal/enqueuer's key, a bigint advisory
+// lock: its high and low halves are pg_locks' classid and objid), with
+// their client port, the proxy's end of their connection.
+const drainerLockSQL = `
+WITH k AS (SELECT hashtextextended('idemd enqueuer drainer ' || current_schema(), 0) AS key)
+SELECT l.granted, coalesce(a.client_port, -1) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid, k
+WHERE l.locktype = 'advisory' AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid::bigint = (k.key >> 32) & 4294967295 AND l.objid::bigint = k.key & 4294967295`
+
 // drainerClientPort is the client port (the proxy's side) of the session
 // holding the drainer lock.
 func (s *silentRun) drainerClientPort(ctx context.Context) (int, error) {
 	var port int
-	err := s.pool.QueryRow(ctx, `
-WITH k AS (SELECT hashtextextended('idemd enqueuer drainer ' || current_schema(), 0) AS key)
-SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid, k
-WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid::bigint = (k.key >> 32) & 4294967295 AND l.objid::bigint = k.key & 4294967295`).Scan(&port)
+	err := s.pool.QueryRow(ctx, `SELECT client_port FROM (`+drainerLockSQL+`) d (granted, client_port) WHERE granted`).Scan(&port)
 	if err != nil {
 		return 0, fmt.Errorf("the drainer lock's session: %w", err)
 	}
