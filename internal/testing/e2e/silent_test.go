@@ -44,11 +44,12 @@ const (
 )
 
 // Back to its level (docs/e2e.md, "Silent faults"). Goroutines: what a
-// daemon runs in the steady state varies with what its loops do at the
-// moment of the sample (a pass in flight, a scrape's connection), by two or
-// three here, while a leak of the fault grows with its attempts (a pass
-// retried every few seconds, a connection dialed per attempt: dozens over
-// a minute). Sessions: a pool keeps the connections a burst opened, up to
+// daemon runs in a quiet moment varies by a few with what its loops do at
+// the moment of the sample (a pass in flight, a scrape's connection), and
+// the poll waits out the bursts a fault leaves (the keys abandoned during
+// it are replayed at once), while a leak of the fault grows with its
+// attempts (a pass retried every few seconds, a connection dialed per
+// attempt: dozens over a minute). Sessions: a pool keeps the connections a burst opened, up to
 // its pool_max_conns, for pgxpool's MaxConnIdleTime (30 minutes), so a
 // daemon's sessions after a fault may stay above the steady state's
 // without a leak; what a leak looks like is more sessions than its pools
