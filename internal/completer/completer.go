@@ -38,9 +38,13 @@ import (
 const FlaggedBy = "completer"
 
 // maxPassRetry caps the delay after failed passes (the database is
-// unreachable): backoff.Delay from --poll-interval up to this, or to
-// --poll-interval when that is longer.
-const maxPassRetry = time.Minute
+// unreachable, or did not answer): backoff.Delay from --poll-interval up
+// to this, or to --poll-interval when that is longer. A failed pass costs
+// the database one call, so one every 30 s is nothing to a database that
+// is down, and the completer claims again within 30 s of an outage's end
+// (a minute kept it idle for most of a minute after a silent fault had
+// ended).
+const maxPassRetry = 30 * time.Second
 
 // Result is what one pass (or one batch of it) did.
 type Result struct {
@@ -221,10 +225,11 @@ func New(cfg Config) (*Service, error) {
 			retryLeft, retry := s.retries.next(s.now())
 			return nextPass(last, cfg.PollInterval, s.breaker.Remaining(), retryLeft, retry)
 		},
-		Beside:       func() []lifecycle.Loop { return []lifecycle.Loop{s.gaugesLoop()} },
-		Retry:        passRetry(cfg.PollInterval),
-		Summary:      "completer pass",
-		SummaryLevel: zap.InfoLevel,
+		Beside:        func() []lifecycle.Loop { return []lifecycle.Loop{s.gaugesLoop()} },
+		Retry:         passRetry(cfg.PollInterval),
+		Summary:       "completer pass",
+		QuietTimeouts: true,
+		SummaryLevel:  zap.InfoLevel,
 		// A pass that claimed nothing logs no line.
 		Summarize: func(last *Result, _ error) ([]zap.Field, bool) { return last.fields(), last.worthALine() },
 	}

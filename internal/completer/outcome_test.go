@@ -203,7 +203,7 @@ func TestNextPass(t *testing.T) {
 	}
 	// After failed passes the skeleton backs off from --poll-interval.
 	r := passRetry(poll)
-	for failures, ceiling := range map[int]time.Duration{1: poll, 2: 2 * poll, 3: 4 * poll, 4: maxPassRetry, 100: maxPassRetry} {
+	for failures, ceiling := range map[int]time.Duration{1: poll, 2: 2 * poll, 3: maxPassRetry, 100: maxPassRetry} {
 		if got := backoff.Ceiling(failures, r.Base, r.Max); got != ceiling {
 			t.Fatalf("after %d failed passes: up to %s, want up to %s", failures, got, ceiling)
 		}

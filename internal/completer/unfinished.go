@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/review"
 )
@@ -27,7 +28,11 @@ func (s *Service) maybePrune(ctx context.Context, from position) {
 	s.lastPrune = time.Now()
 	s.mu.Unlock()
 	if n, err := s.prune(ctx, from); err != nil && ctx.Err() == nil {
-		s.log.Warn("pruning idemd_unfinished_keys failed", zap.Error(err))
+		log := s.log.Warn
+		if dbcall.IsTimeout(err) {
+			log = s.log.Debug // internal/dbcall logs the database's silence once
+		}
+		log("pruning idemd_unfinished_keys failed", zap.Error(err))
 	} else if n > 0 {
 		s.log.Debug("pruned idemd_unfinished_keys", zap.Int("deleted", n))
 	}
@@ -124,7 +129,11 @@ func (s *Service) gaugesLoop() lifecycle.Loop {
 		Pass: func(ctx context.Context) error {
 			err := s.RefreshGauges(ctx)
 			if err != nil && ctx.Err() == nil {
-				s.log.Warn("refreshing backlog gauges failed", zap.Error(err))
+				log := s.log.Warn
+				if dbcall.IsTimeout(err) {
+					log = s.log.Debug // internal/dbcall logs the database's silence once
+				}
+				log("refreshing backlog gauges failed", zap.Error(err))
 			}
 			return err
 		},

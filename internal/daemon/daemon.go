@@ -147,6 +147,7 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 		return nil, nil, ExitConfig
 	}
 	calls := dbcall.New(db.Timeout, logger)
+	calls.ResetOnTimeout(pool.Reset)
 	b := &Base{Ctx: ctx, Logger: logger, Pool: pool, Calls: calls, Collectors: append(collectors, calls.Collectors()...)}
 	b.close = []func(){func() { logger.Sync() }, stop, pool.Close} //nolint:errcheck
 	return kctx, b, ExitOK

@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,8 +44,18 @@ type TimeoutError struct {
 	Err   error         // what the call returned, wrapped by the operation's name
 }
 
+// Error names the bound and the call, by its own error when that names
+// the operation (the errors of a call are wrapped with the operation's
+// name), else by Op.
 func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("database did not answer within %s: %v", e.Bound, e.Err)
+	msg := "no answer"
+	if e.Err != nil {
+		msg = e.Err.Error()
+	}
+	if !strings.HasPrefix(msg, e.Op) {
+		msg = e.Op + ": " + msg
+	}
+	return fmt.Sprintf("database did not answer within %s: %s", e.Bound, msg)
 }
 
 func (e *TimeoutError) Unwrap() error { return e.Err }
@@ -66,15 +77,23 @@ type Bounds struct {
 
 	timeouts   *prometheus.CounterVec
 	unanswered prometheus.Gauge
+	// resets are the pools' Reset (ResetOnTimeout).
+	resets []func()
 
-	// degraded is true from a call that ran out of its bound until a call
-	// that began after it answers; read without the lock on every call.
-	degraded atomic.Bool
-	mu       sync.Mutex
-	fault    *TimeoutError // the last call that ran out of its bound
-	faultAt  time.Time     // when it did
-	since    time.Time     // when the degraded mode began
-	count    int           // calls that ran out since then
+	// now is the clock of the degraded mode's decisions; tests replace it.
+	now func() time.Time
+
+	// degraded is true from a call that ran out of its bound until the
+	// database has answered for a bound's time (answered); read without
+	// the lock on every call.
+	degraded   atomic.Bool
+	mu         sync.Mutex
+	fault      *TimeoutError // the last call that ran out of its bound; nil once a later one answered
+	faultAt    time.Time     // when it ran out
+	answeredAt time.Time     // the first answer since then (zero: none yet)
+	lastOp     string        // the operation of the last call that ran out
+	since      time.Time     // when the degraded mode began
+	count      int           // calls that ran out since then
 }
 
 // New returns the Bounds of a process whose calls get timeout where no
@@ -86,6 +105,7 @@ func New(timeout time.Duration, logger *zap.Logger) *Bounds {
 	return &Bounds{
 		timeout: timeout,
 		logger:  logger,
+		now:     time.Now,
 		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemd_database_call_timeouts_total",
 			Help: "Database calls that did not answer within their bound (--database-timeout, or the operation's own timeout), by operation: a black-holed network, a frozen or overloaded server.",
@@ -95,6 +115,18 @@ func New(timeout time.Duration, logger *zap.Logger) *Bounds {
 			Help: "1 while the last database call that ran out of its bound has not been followed by one that answered.",
 		}),
 	}
+}
+
+// ResetOnTimeout has every call that runs out of its bound reset the pool
+// whose Reset is given: close its idle connections at once and the others
+// when they are released. The fault that silenced one connection
+// (a network that dropped its flows, a server that froze) silenced its
+// neighbours too, and each would otherwise cost a later call its whole
+// bound; a pool without them opens new connections, which fail fast
+// while the fault lasts and work the moment it ends. Set it before the
+// first call.
+func (b *Bounds) ResetOnTimeout(reset func()) {
+	b.resets = append(b.resets, reset)
 }
 
 // Collectors are the counter and the gauge, for the daemon's registry.
@@ -121,7 +153,10 @@ func (b *Bounds) Do(ctx context.Context, op string, fn func(context.Context) err
 // DoWithin is Do with an operation's own bound d (a batch's
 // statement_timeout and a margin).
 func (b *Bounds) DoWithin(ctx context.Context, op string, d time.Duration, fn func(context.Context) error) error {
-	started := time.Now()
+	var started time.Time
+	if b != nil {
+		started = b.now()
+	}
 	te := &TimeoutError{Op: op, Bound: d}
 	cctx, cancel := context.WithTimeoutCause(ctx, d, te)
 	err := fn(cctx)
@@ -158,8 +193,8 @@ func (b *Bounds) Cleanup(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(context.WithoutCancel(ctx), b.Timeout())
 }
 
-// Fault is the call that ran out of its bound while the degraded mode
-// lasts, nil otherwise: what /readyz says.
+// Fault is the last call that ran out of its bound, until a call begun
+// after it answers: what /readyz says.
 func (b *Bounds) Fault() error {
 	if b == nil || !b.degraded.Load() {
 		return nil
@@ -179,10 +214,13 @@ func (b *Bounds) timedOut(te *TimeoutError) {
 		return
 	}
 	b.timeouts.WithLabelValues(te.Op).Inc()
-	now := time.Now()
+	for _, reset := range b.resets {
+		reset()
+	}
+	now := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.fault, b.faultAt = te, now
+	b.fault, b.faultAt, b.answeredAt, b.lastOp = te, now, time.Time{}, te.Op
 	b.count++
 	if b.degraded.Load() {
 		return
@@ -195,9 +233,13 @@ func (b *Bounds) timedOut(te *TimeoutError) {
 		zap.String("operation", te.Op), zap.Duration("bound", te.Bound), zap.Error(te.Err))
 }
 
-// answered ends the degraded mode (one line) when a call that began after
-// the last one that ran out of its bound has answered: an answer to a call
-// sent before the fault proves nothing about now.
+// answered notes a call that answered. One that began after the last call
+// that ran out of its bound clears Fault: an answer to a call sent before
+// the fault proves nothing about now. The degraded mode ends (one line)
+// at an answer a bound's time after that first one with no call running
+// out between: just after a fault ends some calls still meet what it left
+// (connections it silenced, a pool's connection attempts it held), and a
+// line for each of those would say the fault began again.
 func (b *Bounds) answered(started time.Time) {
 	if b == nil || !b.degraded.Load() {
 		return
@@ -207,10 +249,17 @@ func (b *Bounds) answered(started time.Time) {
 	if !b.degraded.Load() || started.Before(b.faultAt) {
 		return
 	}
+	now := b.now()
+	b.fault = nil
+	if b.answeredAt.IsZero() {
+		b.answeredAt = now
+	}
+	if now.Sub(b.answeredAt) < b.Timeout() {
+		return
+	}
 	b.degraded.Store(false)
 	b.unanswered.Set(0)
 	b.logger.Info("the database answers again",
-		zap.Duration("unanswered_for", time.Since(b.since).Round(time.Millisecond)),
-		zap.Int("calls_timed_out", b.count), zap.String("last_operation", b.fault.Op))
-	b.fault = nil
+		zap.Duration("unanswered_for", b.answeredAt.Sub(b.since).Round(time.Millisecond)),
+		zap.Int("calls_timed_out", b.count), zap.String("last_operation", b.lastOp))
 }

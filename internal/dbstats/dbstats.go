@@ -144,9 +144,10 @@ func New(cfg Config) (*Service, error) {
 		Next:   func(*Result) time.Duration { return cfg.Interval },
 		// A failed pass (the database is unreachable) is retried sooner
 		// than the interval, so the gauges come back with the database.
-		Retry:   lifecycle.Retry{Base: time.Second, Max: cfg.Interval},
-		Finally: s.release,
-		Summary: "db-stats pass",
+		Retry:         lifecycle.Retry{Base: time.Second, Max: cfg.Interval},
+		Finally:       s.release,
+		Summary:       "db-stats pass",
+		QuietTimeouts: true,
 		// The exporter logs when it starts and stops exporting, not
 		// every pass: only a failed pass gets a line.
 		Summarize: func(last *Result, _ error) ([]zap.Field, bool) {

@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemd/idemd/internal/config"
-	"github.com/idemd/idemd/internal/daemon"
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
 	"github.com/idemd/idemd/internal/testing/dbtest"
@@ -36,17 +35,8 @@ func silentSetup(t *testing.T) (direct, pool *pgxpool.Pool, hole *blackhole.Prox
 		t.Fatal(err)
 	}
 	t.Cleanup(direct.Close)
-	hole, holeURL := blackhole.Through(t, dbURL)
-	// A connection gets connect_timeout 5 s from its URL: the bound of
-	// the calls is small, not that of a new connection on a loaded
-	// machine.
-	pool, _, err = daemon.NewPool(context.Background(), config.Database{DatabaseURL: blackhole.WithParam(holeURL, "connect_timeout", "5"), Timeout: testBound, Pooler: config.PoolerNone}, "idemd-enqueuer", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	t.Cleanup(hole.Close) // first (blackhole.Proxy.Close)
-	return direct, pool, hole, dbcall.New(testBound, nil)
+	hole, pool = blackhole.Pool(t, dbURL, testBound)
+	return direct, pool, hole, blackhole.Calls(pool, testBound)
 }
 
 // runOnceWithin runs one pass, failing the test if it does not return
@@ -138,6 +128,39 @@ func TestServiceRecoversFromABlackHole(t *testing.T) {
 	for i := 1; i < len(ids); i++ {
 		if ids[i] == ids[i-1] {
 			t.Fatalf("staged id %d reached River twice: %v", ids[i], ids)
+		}
+	}
+}
+
+// The sessions that hold the drainer and polling locks set the server's
+// keepalives a direct pool connection gets as startup parameters
+// (dbcall.ServerKeepalives), so the server ends a vanished replica's
+// session, and releases its locks, as soon as any other's.
+func TestLockSessionsSetTheServersKeepalives(t *testing.T) {
+	for _, s := range dbcall.ServerKeepalives {
+		if !strings.Contains(drainerSessionSQL, "SET "+s.Name+" = "+s.Value+";") &&
+			!strings.Contains(drainerSessionSQL, "SET "+s.Name+" = '"+s.Value+"'") {
+			t.Errorf("drainerSessionSQL does not set %s to %s:\n%s", s.Name, s.Value, drainerSessionSQL)
+		}
+	}
+	// And the server takes them: the session's settings, read back.
+	pool := dbtest.NewPool(t)
+	conn, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer conn.Exec(context.Background(), "RESET ALL") //nolint:errcheck // a pooled connection of this test only
+	if _, err := conn.Exec(context.Background(), drainerSessionSQL); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range dbcall.ServerKeepalives {
+		var got string
+		if err := conn.QueryRow(context.Background(), "SELECT current_setting($1)", s.Name).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != s.Value {
+			t.Errorf("%s = %q after drainerSessionSQL, want %q", s.Name, got, s.Value)
 		}
 	}
 }

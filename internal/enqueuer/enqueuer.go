@@ -247,9 +247,10 @@ func New(cfg Config) (*Service, error) {
 		ReadyAfter: func(last *Result) bool { return last.Batches > 0 },
 		// Under a stream of commits a pass moves rows hundreds of times
 		// a second: its line is for debugging.
-		Summary:      "enqueuer pass",
-		SummaryLevel: zap.DebugLevel,
-		Summarize:    func(last *Result, _ error) ([]zap.Field, bool) { return last.fields(), last.taken() > 0 },
+		Summary:       "enqueuer pass",
+		QuietTimeouts: true,
+		SummaryLevel:  zap.DebugLevel,
+		Summarize:     func(last *Result, _ error) ([]zap.Field, bool) { return last.fields(), last.taken() > 0 },
 	}
 	return s, nil
 }

@@ -62,12 +62,19 @@ type Skeleton[R any] struct {
 	// Summary is the message of the pass's summary line: logged at
 	// SummaryLevel after a pass that Summarize finds worth a line, and
 	// after every failed pass at error level with the error (info when
-	// the shutdown cut the pass short, debug when the database did not
-	// answer a call within its bound: internal/dbcall logs that once). A pass's result is never nil,
+	// the shutdown cut the pass short; debug with QuietTimeouts when the
+	// database did not answer a call within its bound). A pass's result is never nil,
 	// even with an error, so what it committed is always in the line.
 	Summary      string
 	SummaryLevel zapcore.Level
 	Summarize    func(last R, err error) (fields []zap.Field, worth bool)
+	// QuietTimeouts logs a pass that failed because the database did not
+	// answer a call within its bound at debug level in the loop, for a
+	// service whose passes retry within seconds: internal/dbcall logs
+	// when that fault begins and when it ends, and a line per retried
+	// pass would say nothing new. A one-shot pass, and a service whose
+	// every pass is worth its line (a reaper run), log it as any failure.
+	QuietTimeouts bool
 
 	runner Runner
 	// setup names the runner and sets readiness's limit once: concurrent
@@ -189,11 +196,7 @@ func (k *Skeleton[R]) pass(ctx context.Context, stop Stop) (R, error) {
 	case err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		// Cut short by the shutdown: not a failure of the service.
 		log.Info(k.Summary, append(fields, zap.Error(err))...)
-	case dbcall.IsTimeout(err) && !stop.OneShot():
-		// The database did not answer: internal/dbcall logs when that
-		// begins and when it ends, and counts the calls; a line per
-		// retried pass would say nothing new. (A one-shot run's one pass
-		// says how it failed.)
+	case k.QuietTimeouts && !stop.OneShot() && dbcall.IsTimeout(err):
 		log.Debug(k.Summary, append(fields, zap.Error(err))...)
 	case err != nil:
 		log.Error(k.Summary, append(fields, zap.Error(err))...)

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/opshttp"
 )
 
@@ -191,5 +193,34 @@ func TestSkeletonCanStartRefusesStart(t *testing.T) {
 	}
 	if len(stops) != 1 {
 		t.Fatalf("RunOnce ran %d passes, want 1", len(stops))
+	}
+}
+
+// With QuietTimeouts a pass that failed because the database did not
+// answer logs at debug in the loop (internal/dbcall logs the fault once)
+// and at error when it runs alone.
+func TestSkeletonQuietTimeouts(t *testing.T) {
+	timeout := fmt.Errorf("svc: %w", &dbcall.TimeoutError{Op: "svc", Bound: time.Second, Err: errors.New("no answer")})
+	stops := make(chan Stop, 2)
+	k, logs := skeletonFor(t, []error{timeout}, stops)
+	k.QuietTimeouts = true
+	k.Retry = Retry{Base: time.Hour, Max: time.Hour} // one pass in the loop
+	if err := k.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-stops
+	if err := k.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.RunOnce(context.Background()); !dbcall.IsTimeout(err) {
+		t.Fatalf("RunOnce: %v, want the timeout", err)
+	}
+	<-stops
+	var levels []zapcore.Level
+	for _, l := range logs.FilterMessage("svc pass").All() {
+		levels = append(levels, l.Level)
+	}
+	if len(levels) != 2 || levels[0] != zapcore.DebugLevel || levels[1] != zapcore.ErrorLevel {
+		t.Fatalf("levels %v: want the loop's timeout at debug and the one-shot's at error", levels)
 	}
 }

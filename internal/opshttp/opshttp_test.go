@@ -78,3 +78,34 @@ func TestReadinessStalePass(t *testing.T) {
 		t.Fatal("stale pass, yet ready")
 	}
 }
+
+// A database call that ran out of its bound makes /readyz fail at once
+// with the call named, before the ping (which would only say the database
+// is unreachable), and the ping and the schema check get CallTimeout.
+func TestReadinessNamesTheUnansweredCall(t *testing.T) {
+	var fault error
+	var pingDeadline time.Time
+	r := &Readiness{
+		Database: func() error { return fault },
+		Ping: func(ctx context.Context) error {
+			pingDeadline, _ = ctx.Deadline()
+			return errors.New("connection refused")
+		},
+		CallTimeout: 300 * time.Millisecond,
+	}
+	fault = errors.New("database did not answer within 10s: enqueuer batch: begin: timeout")
+	start := time.Now()
+	if err := r.Check(context.Background(), start); err == nil || err.Error() != fault.Error() {
+		t.Fatalf("Check with an unanswered call: %v, want %v", err, fault)
+	}
+	if !pingDeadline.IsZero() {
+		t.Fatal("the ping ran although a call had already said the database does not answer")
+	}
+	fault = nil
+	if err := r.Check(context.Background(), start); err == nil || !strings.Contains(err.Error(), "database unreachable") {
+		t.Fatalf("Check after the call answered, ping failing: %v", err)
+	}
+	if pingDeadline.IsZero() || pingDeadline.After(time.Now().Add(300*time.Millisecond)) {
+		t.Fatalf("the ping's deadline %v is not CallTimeout's", pingDeadline)
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/runhistory"
@@ -130,8 +131,13 @@ func (s *Service) heartbeat() lifecycle.Loop {
 			})
 			if err != nil && ctx.Err() == nil {
 				// The next batch's own renewal stops the run if the lease
-				// is really gone; this only says why.
-				s.logger.Warn("renewing the reaper's lease failed", zap.Error(err))
+				// is really gone; this only says why (internal/dbcall says
+				// once that the database does not answer).
+				log := s.logger.Warn
+				if dbcall.IsTimeout(err) {
+					log = s.logger.Debug
+				}
+				log("renewing the reaper's lease failed", zap.Error(err))
 			}
 			return err
 		},

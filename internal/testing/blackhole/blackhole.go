@@ -14,12 +14,20 @@
 package blackhole
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/daemon"
+	"github.com/idemd/idemd/internal/dbcall"
 )
 
 // Proxy forwards the connections accepted on Addr to a target until
@@ -69,6 +77,33 @@ func Through(tb testing.TB, dbURL string) (*Proxy, string) {
 	p := New(tb, u.Host)
 	u.Host = p.ln.Addr().String()
 	return p, u.String()
+}
+
+// Pool is a pool on the database of dbURL through a new black hole, built
+// as a daemon builds its own (daemon.NewPool, a direct connection) with
+// --database-timeout bound; a new connection gets connect_timeout 5 s, so
+// a small bound does not fail connections on a loaded machine. The
+// proxy is closed before the pool (Close says why).
+func Pool(tb testing.TB, dbURL string, bound time.Duration) (*Proxy, *pgxpool.Pool) {
+	tb.Helper()
+	p, holeURL := Through(tb, dbURL)
+	pool, _, err := daemon.NewPool(context.Background(), config.Database{
+		DatabaseURL: WithParam(holeURL, "connect_timeout", "5"), Timeout: bound, Pooler: config.PoolerNone,
+	}, "idemd-test", nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	tb.Cleanup(p.Close)
+	return p, pool
+}
+
+// Calls are the Bounds a daemon gives its services on pool (daemon.Setup):
+// bound, and a call that runs out of it resets the pool.
+func Calls(pool *pgxpool.Pool, bound time.Duration) *dbcall.Bounds {
+	calls := dbcall.New(bound, nil)
+	calls.ResetOnTimeout(pool.Reset)
+	return calls
 }
 
 // WithParam is the connection URL dbURL with the parameter name set to
