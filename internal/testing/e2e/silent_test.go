@@ -254,9 +254,16 @@ func (s *silentRun) freeze(ctx context.Context) {
 	if err != nil {
 		s.t.Fatalf("freeze: %v", err)
 	}
+	thawed := false
+	defer func() {
+		if !thawed {
+			thaw() //nolint:errcheck // a failed test must not leave the cluster stopped
+		}
+	}()
 	s.logf("PostgreSQL frozen: %d processes stopped", n)
 	s.ready.open(r)
 	sleep(ctx, time.Until(r.start.Add(s.hold)))
+	thawed = true
 	if err := thaw(); err != nil {
 		s.t.Fatalf("thaw: %v", err)
 	}
