@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := enqueuer completer reaper idemctl
 PKGS    := ./...
 
-.PHONY: build image release-snapshot test unit helm-test e2e lint demo bench deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
+.PHONY: build image release-snapshot test unit release-test race check helm-test e2e lint demo bench soak deploy-check clean ensure-postgres ensure-promtool ensure-kustomize ensure-pgbouncer ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
 
 # Every binary carries its version (VERSION) and commit: --version prints
 # them, idemd_build_info exports them (scripts/buildinfo.sh).
@@ -66,12 +66,40 @@ release-snapshot: ensure-buildah ensure-runtimes
 
 # Tests run against a real PostgreSQL (internal/testing/dbtest). -p 2: the machine has
 # two cores and the heavy tests are database-bound. `make test` is the README's
-# test command: the package tests, then the end-to-end fault suite.
-test: unit e2e
+# test command: the package tests, the release build and image tests, then the
+# end-to-end fault suite. .ci/run runs the same targets as stages, each timed.
+test:
+	@scripts/stage.sh unit $(MAKE) unit
+	@scripts/stage.sh release $(MAKE) release-test
+	@scripts/stage.sh e2e $(MAKE) e2e
 
-unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-kustomize ensure-buildah ensure-runtimes ensure-chromium ensure-qemu
-	$(GO) test -count=1 -p 2 -timeout 30m $(PKGS)
+# Every package but the release build and the image (release-test).
+UNIT_PKGS = $(shell $(GO) list ./... | grep -v -e /internal/testing/releasetest -e /internal/testing/imagetest)
+RELEASE_PKGS := ./internal/testing/releasetest/ ./internal/testing/imagetest/
+
+unit: ensure-postgres ensure-pgbouncer ensure-promtool ensure-kustomize ensure-runtimes ensure-chromium
+	$(GO) test -count=1 -p 2 -timeout 30m $(UNIT_PKGS)
 	$(MAKE) helm-test
+
+# The release build (`make release-snapshot` with every artifact checked,
+# the arm64 binaries and image run under qemu) and the image run with podman.
+release-test: ensure-postgres ensure-buildah ensure-runtimes ensure-qemu
+	$(GO) test -count=1 -p 1 -timeout 30m $(RELEASE_PKGS)
+
+# The race detector over every package that runs goroutines: the services,
+# lifecycle, lease, dbcred, dbstats, the operator core, the console and idem.
+RACE_PKGS := ./internal/lifecycle/... ./internal/lease/ ./internal/dbcred/ ./internal/dbstats/ ./internal/operator/ \
+	./internal/console/ ./idem/... ./internal/enqueuer/ ./internal/completer/ ./internal/reaper/... ./internal/testing/horizon/
+race: ensure-postgres ensure-pgbouncer
+	$(GO) test -race -count=1 -p 2 -timeout 30m $(RACE_PKGS)
+
+# The loop before each commit: formatting, vet, and the tests of every
+# product package (not the harness, the benchmarks or the end-to-end suite)
+# against the local PostgreSQL, with no installer beyond PostgreSQL. Tests
+# that need another tool skip here unless CI=true.
+CHECK_PKGS = $(shell $(GO) list ./... | grep -v -e /internal/testing -e /internal/bench)
+check: ensure-postgres lint
+	$(GO) test -count=1 -p 2 -timeout 15m $(CHECK_PKGS)
 
 # The Helm chart's tests (deploy/helm/idemd rendered and linted with Helm's Go
 # library, compared with the kustomize base). A module of its own, so that
@@ -98,6 +126,17 @@ lint:
 bench: ensure-postgres ensure-pgbouncer
 	$(GO) run ./internal/bench/report/cmd -out bench-report.txt
 
+# The soak (internal/testing/e2e/soak): Rocket Rides and the daemons under
+# steady traffic on a private cluster for IDEMD_SOAK_DURATION (30m; 3m for a
+# smoke check), then the oracle and the flatness checks, which fail it.
+# Writes soak-report.txt and soak-samples.csv (docs/benchmarks/soak.md). Not
+# part of `make test`: it is long.
+IDEMD_SOAK_DURATION ?= 30m
+soak: ensure-postgres
+	IDEMD_SOAK=1 IDEMD_SOAK_DURATION=$(IDEMD_SOAK_DURATION) IDEMD_SOAK_REPORT=$(CURDIR)/soak-report.txt \
+		IDEMD_SOAK_SAMPLES=$(CURDIR)/soak-samples.csv \
+		$(GO) test -tags e2e -count=1 -timeout 0 -v -run '^TestSoak$$' ./internal/testing/e2e/
+
 demo: ensure-postgres build
 	@scripts/demo.sh
 
@@ -105,4 +144,4 @@ deploy-check: ensure-promtool ensure-kustomize
 	@scripts/deploy-check.sh
 
 clean:
-	rm -rf $(BIN) bench-report.txt dist build
+	rm -rf $(BIN) bench-report.txt soak-report.txt soak-samples.csv dist build

@@ -217,8 +217,9 @@ func TestObservability(t *testing.T) {
 	pkgs := map[string]string{
 		"enqueuer": "enqueuer", "completer": "completer", "reaper": "reaper",
 		// The database-wide gauges, exported by one completer replica
-		// (internal/dbstats).
-		"river": "dbstats", "dbstats": "dbstats",
+		// (internal/dbstats): River's, the vacuum horizon's (db), the
+		// exporter's own.
+		"river": "dbstats", "db": "dbstats", "dbstats": "dbstats",
 		// Every daemon's build and schema versions (internal/daemon).
 		"build": "daemon", "schema": "daemon",
 		// --database-password-file's reads, on every command.

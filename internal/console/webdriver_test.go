@@ -254,6 +254,22 @@ func (wd *webdriver) text(css string) string {
 	return s
 }
 
+// textContaining is the rendered text of the element css selects once it
+// contains want, or, at the deadline, as it is then. A click's page load
+// is not always over when the click returns: the element found may still
+// be the page's before it.
+func (wd *webdriver) textContaining(css, want string) string {
+	wd.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := wd.text(css)
+		if strings.Contains(got, want) || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // script runs JavaScript in the page (WebDriver's execute/sync).
 func (wd *webdriver) script(js string, args ...any) {
 	wd.t.Helper()
@@ -311,7 +327,7 @@ func TestBrowserActs(t *testing.T) {
 	wd.typeInto(`#review-`+otherRev+` form[action="/reviews/`+otherRev+`/resolve"] input[name="note"]`, "forged")
 	wd.script(`document.querySelector('#review-` + otherRev + ` form[action="/reviews/` + otherRev + `/resolve"] input[name="csrf"]').value = 'forged-token';`)
 	wd.click("#resolve-" + otherRev)
-	if got := wd.text("#error"); !strings.Contains(got, "CSRF token") {
+	if got := wd.textContaining("#error", "CSRF token"); !strings.Contains(got, "CSRF token") {
 		t.Fatalf("tampered token: error %q", got)
 	}
 	if n := count(t, s.pool, "SELECT count(*) FROM idempotency_key_reviews WHERE id = $1 AND resolved_at IS NULL", s.otherRev); n != 1 {
@@ -323,7 +339,7 @@ func TestBrowserActs(t *testing.T) {
 	retryNote := "API fix v2.3.1 deployed (browser)"
 	wd.typeInto(`#review-`+rev+` form[action="/keys/`+key+`/retry"] input[name="note"]`, retryNote)
 	wd.click("#retry-" + key)
-	if got := wd.text("#message"); !strings.Contains(got, "key "+key+" handed back to the completer by carol") {
+	if got := wd.textContaining("#message", "key "+key+" handed back to the completer by carol"); !strings.Contains(got, "key "+key+" handed back to the completer by carol") {
 		t.Fatalf("after retry: message %q on %s", got, wd.url())
 	}
 	if !strings.HasSuffix(strings.SplitN(wd.url(), "?", 2)[0], "/reviews") {
@@ -334,7 +350,7 @@ func TestBrowserActs(t *testing.T) {
 	resolveNote := "refunded the rider by hand (browser)"
 	wd.typeInto(`#review-`+otherRev+` form[action="/reviews/`+otherRev+`/resolve"] input[name="note"]`, resolveNote)
 	wd.click("#resolve-" + otherRev)
-	if got := wd.text("#message"); !strings.Contains(got, "review "+otherRev+" resolved by carol") {
+	if got := wd.textContaining("#message", "review "+otherRev+" resolved by carol"); !strings.Contains(got, "review "+otherRev+" resolved by carol") {
 		t.Fatalf("after resolve: message %q on %s", got, wd.url())
 	}
 	if got := wd.text("#no-reviews"); got != "no open reviews" {
@@ -347,10 +363,10 @@ func TestBrowserActs(t *testing.T) {
 	requeueNote := "send_ride_receipt_v2 worker deployed (browser)"
 	wd.typeInto(`form[action="/dead/`+dead+`/requeue"] input[name="note"]`, requeueNote)
 	wd.click("#requeue")
-	if got := wd.text("#message"); !strings.Contains(got, "carol") {
+	if got := wd.textContaining("#message", "carol"); !strings.Contains(got, "carol") {
 		t.Fatalf("after requeue: message %q on %s", got, wd.url())
 	}
-	if got := wd.text("#dead-where"); !strings.Contains(got, "staged again") {
+	if got := wd.textContaining("#dead-where", "staged again"); !strings.Contains(got, "staged again") {
 		t.Errorf("dead page after requeue: %q", got)
 	}
 

@@ -27,7 +27,7 @@ type ConsoleCmd struct {
 	// lock window it runs with: the reaper's own flags, as for idemctl
 	// status.
 	reaper.Eligibility `embed:""`
-	GiveUpAfter        time.Duration `name:"give-up-after" default:"23h" help:"The completer's --give-up-after: keys older than this are not retried."`
+	GiveUpAfter        time.Duration `name:"give-up-after" default:"${give_up_after}" help:"The completer's --give-up-after: keys older than this are not retried."`
 	ShutdownTimeout    time.Duration `name:"shutdown-timeout" default:"10s" help:"On SIGTERM, how long requests in flight may take to finish."`
 }
 

@@ -100,6 +100,9 @@ func writeDeadReport(w io.Writer, rep *operator.DeadReport) error {
 			[2]string{"staged at", ts(&d.CreatedAt)},
 			[2]string{"dead at", ts(&d.DeadAt) + " (" + operator.AgeSeconds(d.AgeSeconds) + " ago)"},
 		)
+		if rep.OlderDead > 0 {
+			pairs = append(pairs, [2]string{"older dead letters", fmt.Sprintf("%d of this id (dead list shows them; requeue takes the newest first)", rep.OlderDead)})
+		}
 	}
 	writeLines(w, pairs)
 	if len(rep.River) > 0 {

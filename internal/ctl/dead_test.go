@@ -134,3 +134,46 @@ func TestDeadRequeueConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// Two dead letters of one staged id (a row staged with an explicit id, or
+// staged again under a kept dead letter's id) are both kept: show reports
+// the newest and counts the older, requeue moves the newest, and once
+// that one has left staged_jobs the older is requeued in its turn.
+func TestDeadLettersSharingAnID(t *testing.T) {
+	url, pool := setup(t)
+	db := []string{"--database-url", url}
+	addDead(t, pool, 201, "older", "unknown_kind: older", "2 hours")
+	addDead(t, pool, 201, "newer", "unknown_kind: newer", "1 hour")
+
+	var rep operator.DeadReport
+	code, out, _ := run(t, append(db, "dead", "show", "201", "-o", "json")...)
+	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil || rep.Dead == nil || rep.Dead.Kind != "newer" || rep.OlderDead != 1 {
+		t.Fatalf("show: exit %d %v %s", code, err, out)
+	}
+	code, out, errs := run(t, append(db, "dead", "show", "201")...)
+	if code != 0 || !strings.Contains(out, "older dead letters") {
+		t.Fatalf("show: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, errs = run(t, append(db, "dead", "requeue", "201", "--by", "bob", "--note", "newer fixed")...)
+	if code != 0 || !strings.Contains(out, "staged job 201 requeued") {
+		t.Fatalf("requeue: exit %d\n%s%s", code, out, errs)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM staged_jobs WHERE id = 201 AND job_name = 'newer'"); n != 1 {
+		t.Fatalf("%d staged rows of the newer dead letter", n)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM staged_jobs_dead WHERE id = 201 AND job_name = 'older'"); n != 1 {
+		t.Fatalf("%d older dead letters kept, want 1", n)
+	}
+	// The older one waits while its id is staged, then goes in turn.
+	if code, _, errs := run(t, append(db, "dead", "requeue", "201", "--by", "bob", "--note", "older too")...); code == 0 {
+		t.Fatalf("requeue while 201 is staged: exit 0, %s", errs)
+	}
+	if _, err := pool.Exec(context.Background(), "DELETE FROM staged_jobs WHERE id = 201"); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = run(t, append(db, "dead", "requeue", "201", "--by", "bob", "--note", "older too")...)
+	if code != 0 || count(t, pool, "SELECT count(*) FROM staged_jobs WHERE id = 201 AND job_name = 'older'") != 1 ||
+		count(t, pool, "SELECT count(*) FROM staged_jobs_dead WHERE id = 201") != 0 {
+		t.Fatalf("requeue of the older: exit %d\n%s%s", code, out, errs)
+	}
+}

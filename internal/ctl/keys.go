@@ -27,7 +27,7 @@ type KeyFlags struct {
 	Key    string `name:"key" env:"-" help:"The idempotency key the client sent (with --user-id)."`
 	// GiveUpAfter is the completer's --give-up-after; IDEMD_GIVE_UP_AFTER
 	// is the completer's own variable, so one setting serves both.
-	GiveUpAfter time.Duration `name:"give-up-after" default:"23h" help:"The completer's --give-up-after: a key older than this is given up at its next claim, so it is not retried."`
+	GiveUpAfter time.Duration `name:"give-up-after" default:"${give_up_after}" help:"The completer's --give-up-after: a key older than this is given up at its next claim, so it is not retried."`
 }
 
 func (f KeyFlags) ref() operator.KeyRef {

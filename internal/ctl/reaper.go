@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/operator"
-	"github.com/idemd/idemd/internal/reaperpause"
-	"github.com/idemd/idemd/internal/runhistory"
 )
 
 // ReaperCmd groups what idemctl tells about the reaper.
@@ -30,9 +28,9 @@ func (c *ReaperPauseCmd) Validate() error { return problems(c.Operator.problems(
 // batch; the batch in progress, if any, commits first.
 func (c *ReaperPauseCmd) Run(ctx context.Context, g *Globals) error {
 	a := c.actor()
-	act, err := reaperpause.Pause(ctx, g.Pool, a.By, a.Via, c.Note)
+	act, err := operator.PauseReaper(ctx, g.Pool, a, c.Note)
 	if err != nil {
-		return fmt.Errorf("reaper pause: %w", err)
+		return err
 	}
 	_, err = fmt.Fprintf(g.Stdout, "reaper paused by %s at %s (action %d): a running run waits before its next batch, and new runs before their first, until idemctl reaper resume\n",
 		a.By, act.At.UTC().Format(time.RFC3339), act.ID)
@@ -50,9 +48,9 @@ func (c *ReaperResumeCmd) Validate() error { return problems(c.Operator.problems
 // Run lifts the pause.
 func (c *ReaperResumeCmd) Run(ctx context.Context, g *Globals) error {
 	a := c.actor()
-	act, err := reaperpause.Resume(ctx, g.Pool, a.By, a.Via, c.Note)
+	act, err := operator.ResumeReaper(ctx, g.Pool, a, c.Note)
 	if err != nil {
-		return fmt.Errorf("reaper resume: %w", err)
+		return err
 	}
 	_, err = fmt.Fprintf(g.Stdout, "reaper resumed by %s at %s (action %d); it was paused by %s at %s: %s\n",
 		a.By, act.At.UTC().Format(time.RFC3339), act.ID, act.Was.PausedBy, act.Was.PausedAt.UTC().Format(time.RFC3339), oneLine(act.Was.Note))
@@ -76,12 +74,9 @@ func (c *ReaperRunsCmd) Validate() error {
 // Run prints the runs: a run without an end is "running" while its
 // process holds the lease and "interrupted" once it does not (runhistory).
 func (c *ReaperRunsCmd) Run(ctx context.Context, g *Globals) error {
-	runs, err := runhistory.LastRuns(ctx, g.Pool, c.Last)
+	runs, err := operator.ReaperRuns(ctx, g.Pool, c.Last)
 	if err != nil {
 		return err
-	}
-	if runs == nil {
-		runs = []runhistory.Run{}
 	}
 	if c.JSON() {
 		return writeJSON(g.Stdout, runs)

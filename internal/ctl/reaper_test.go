@@ -75,8 +75,8 @@ func TestReaperPauseResume(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "reaper paused by alice") {
 		t.Fatalf("pause: exit %d\n%s%s", code, out, errs)
 	}
-	if code, out, errs := run(t, append(db, "reaper", "pause", "--by", "bob", "--note", "again")...); code == 0 || !strings.Contains(errs, "already paused, by alice") {
-		t.Fatalf("second pause: exit %d\n%s%s", code, out, errs)
+	if code, out, errs := run(t, append(db, "reaper", "pause", "--by", "bob", "--note", "again")...); code != 3 || !strings.Contains(errs, "already paused, by alice") {
+		t.Fatalf("second pause: exit %d, want 3 (refused)\n%s%s", code, out, errs)
 	}
 	if _, err := pool.Exec(ctx, `
 INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, flagged, error, holder, throttled_seconds, throttle_reason, stop_reason) VALUES
@@ -96,8 +96,8 @@ INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, deleted, f
 	if code != 0 || !strings.Contains(out, "reaper resumed by bob") || !strings.Contains(out, "paused by alice") {
 		t.Fatalf("resume: exit %d\n%s%s", code, out, errs)
 	}
-	if code, out, errs := run(t, append(db, "reaper", "resume", "--by", "bob", "--note", "again")...); code == 0 || !strings.Contains(errs, "not paused") {
-		t.Fatalf("second resume: exit %d\n%s%s", code, out, errs)
+	if code, out, errs := run(t, append(db, "reaper", "resume", "--by", "bob", "--note", "again")...); code != 3 || !strings.Contains(errs, "not paused") {
+		t.Fatalf("second resume: exit %d, want 3 (refused)\n%s%s", code, out, errs)
 	}
 	if code, out, _ := run(t, append(db, "reaper", "runs")...); code != 0 || strings.Contains(out, "PAUSED") {
 		t.Fatalf("runs after the resume: exit %d\n%s", code, out)

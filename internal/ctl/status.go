@@ -6,6 +6,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemd/idemd/internal/completer"
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/operator"
 	"github.com/idemd/idemd/internal/reaper"
@@ -26,9 +27,19 @@ type StatusCmd struct {
 	Output             `embed:""`
 }
 
-// FlagDefaults implements config.Defaulter: status's --retention and
-// --lock-window default to the reaper's own.
-func (c *CLI) FlagDefaults() any { return reaper.DefaultSettings().Eligibility }
+// flagDefaults are the defaults idemctl's flags take from the services,
+// each written once in its service's DefaultSettings: the reaper's
+// --retention and --lock-window (status, the console) and the completer's
+// --give-up-after (keys retry, the console).
+type flagDefaults struct {
+	reaper.Eligibility
+	GiveUpAfter time.Duration `name:"give-up-after"`
+}
+
+// FlagDefaults implements config.Defaulter.
+func (c *CLI) FlagDefaults() any {
+	return flagDefaults{Eligibility: reaper.DefaultSettings().Eligibility, GiveUpAfter: completer.DefaultSettings().GiveUpAfter}
+}
 
 // Validate reports problems with the status flags (exit 2), by the
 // reaper's own rules.

@@ -307,10 +307,14 @@ func NewPool(ctx context.Context, db config.Database, appName string, logger *za
 	if timeout <= 0 {
 		timeout = config.DatabaseDefaults().Timeout
 	}
+	// No server settings as startup parameters, even with --pooler none:
+	// a deployment that reaches PgBouncer without saying so would stop
+	// connecting (PgBouncer refuses a startup parameter it does not know).
+	// The sessions that hold something across statements set the server's
+	// keepalives themselves (the enqueuer's listener and polling-lock
+	// sessions); a pool connection's row locks last one bounded
+	// transaction, which the client's deadline ends.
 	dbcall.Connections(&cfg.ConnConfig.Config, timeout)
-	if db.Pooler == config.PoolerNone || db.Pooler == "" {
-		dbcall.StartupKeepalives(cfg.ConnConfig.RuntimeParams)
-	}
 	if cfg.PingTimeout <= 0 {
 		cfg.PingTimeout = min(idlePingTimeout, timeout)
 	}

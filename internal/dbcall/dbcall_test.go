@@ -103,21 +103,6 @@ func TestConnectionsConnectTimeout(t *testing.T) {
 	}
 }
 
-// StartupKeepalives adds the server's keepalives and leaves what the URL
-// set.
-func TestStartupKeepalives(t *testing.T) {
-	params := map[string]string{"tcp_keepalives_idle": "60"}
-	StartupKeepalives(params)
-	if params["tcp_keepalives_idle"] != "60" {
-		t.Errorf("the URL's tcp_keepalives_idle was replaced: %q", params["tcp_keepalives_idle"])
-	}
-	for _, s := range ServerKeepalives[1:] {
-		if params[s.Name] != s.Value {
-			t.Errorf("%s = %q, want %q", s.Name, params[s.Name], s.Value)
-		}
-	}
-}
-
 // blocked is a call the database never answers: it returns only when its
 // context ends, with what pgx returns then.
 func blocked(ctx context.Context) error {

@@ -81,7 +81,8 @@ func Connections(cc *pgconn.Config, connectTimeout time.Duration) {
 }
 
 // ServerKeepalives are the server's side of a session that holds
-// something (a lock, a lease's row lock, a batch's row locks, LISTEN): the
+// something across statements (the enqueuer's drainer and polling locks,
+// LISTEN), which sets them itself: the
 // server probes a client that went silent after ServerKeepalives' idle
 // time and ends the session once its probes go unanswered (about 25 s),
 // and while a statement runs it checks every 5 s that the client is still
@@ -97,15 +98,3 @@ var ServerKeepalives = []Setting{
 
 // Setting is one server setting.
 type Setting struct{ Name, Value string }
-
-// StartupKeepalives adds ServerKeepalives to params, a direct
-// connection's startup parameters, leaving any the URL set. Only for a
-// direct connection: PgBouncer refuses a startup parameter it does not
-// know, and through a pooler the server's client is the pooler, not idemd.
-func StartupKeepalives(params map[string]string) {
-	for _, s := range ServerKeepalives {
-		if _, ok := params[s.Name]; !ok {
-			params[s.Name] = s.Value
-		}
-	}
-}

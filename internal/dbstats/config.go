@@ -16,7 +16,7 @@ import (
 // (each with its IDEMD_ variable): the completer embeds them as a named
 // field tagged embed:"", and its FlagDefaults includes DefaultSettings.
 type Settings struct {
-	Interval         time.Duration `name:"db-stats-interval" default:"${db_stats_interval}" help:"How often the replica holding the db-stats lease reads the database-wide gauges (River's jobs by queue and state, the reaper's last complete run); the others try to take the lease as often."`
+	Interval         time.Duration `name:"db-stats-interval" default:"${db_stats_interval}" help:"How often the replica holding the db-stats lease reads the database-wide gauges (River's jobs by queue and state, the reaper's last complete run, what holds the vacuum horizon back); the others try to take the lease as often."`
 	LeaseTTL         time.Duration `name:"db-stats-lease-ttl" default:"${db_stats_lease_ttl}" help:"The db-stats lease expires this long after its holder's last pass: a replica that dies is replaced as exporter within this plus --db-stats-interval. Longer than --db-stats-interval plus --db-stats-statement-timeout."`
 	StatementTimeout time.Duration `name:"db-stats-statement-timeout" default:"${db_stats_statement_timeout}" help:"statement_timeout of a pass's queries (SET LOCAL)."`
 }

@@ -11,6 +11,10 @@
 //     internal/runhistory), whichever process ran it: a CronJob reaper lives
 //     too briefly to be scraped, so its health shows here. Absent while the
 //     history has no complete run, never 0.
+//   - What holds the database's xmin horizon back, so on-call sees a
+//     snapshot that keeps VACUUM from removing anything, the API's own
+//     included: the oldest session of each application_name, replication
+//     slots and prepared transactions, each with its age (horizon.go).
 //
 // Every replica of the daemon that runs it (the completer) starts an
 // exporter, and one of them at a time reads: each pass takes (or renews)
@@ -91,7 +95,10 @@ type Result struct {
 	// ReaperThrottled is the share of its time the newest reaper run spent
 	// throttled (runhistory.LastThrottledShare); nil when there is none.
 	ReaperThrottled *float64
-	Duration        time.Duration
+	// Horizon is what holds the database's xmin horizon back; nil when
+	// not exporting.
+	Horizon  *Horizon
+	Duration time.Duration
 }
 
 // Service is the exporter.
@@ -117,6 +124,9 @@ type Service struct {
 	// replica took the lease, kept at 0 once drained.
 	known     map[string]bool
 	exporting bool
+	// hidden: the last pass found the role unable to read other roles'
+	// sessions' times (logged once when that starts and when it ends).
+	hidden bool
 }
 
 // New validates cfg and builds a Service. A bad configuration returns a
@@ -193,7 +203,7 @@ func (s *Service) exportPass(ctx context.Context, res *Result) error {
 	if a.TookOver(s.holder) {
 		res.TookOverFrom = a.PrevHolder
 	}
-	rows, lastSuccess, throttled, err := s.query(ctx)
+	rd, err := s.query(ctx)
 	if err != nil {
 		// Numbers that can no longer be refreshed are not exported.
 		s.stopExporting("reading the stats failed", err)
@@ -205,14 +215,30 @@ func (s *Service) exportPass(ctx context.Context, res *Result) error {
 	}
 	s.exporting = true
 	res.Exporting = true
-	res.Queues = buildStats(rows, s.known)
-	res.ReaperLastSuccess = lastSuccess
-	res.ReaperThrottled = throttled
+	res.Queues = buildStats(rd.rows, s.known)
+	res.ReaperLastSuccess = rd.lastSuccess
+	res.ReaperThrottled = rd.throttled
+	res.Horizon = rd.horizon
 	for _, q := range res.Queues {
 		s.known[q.Queue] = true
 	}
-	s.metrics.set(&snapshot{queues: res.Queues, reaperLastSuccess: lastSuccess, reaperThrottled: throttled})
+	s.noteHidden(!rd.horizon.ReadAllStats)
+	s.metrics.set(&snapshot{queues: res.Queues, reaperLastSuccess: rd.lastSuccess, reaperThrottled: rd.throttled, horizon: rd.horizon})
 	return nil
+}
+
+// noteHidden logs when the exporter starts and stops seeing other roles'
+// sessions' times: without them a holder of another role (the API's long
+// transaction) is exported by its age in transactions only, and the alert
+// on its age in time is blind to it.
+func (s *Service) noteHidden(hidden bool) {
+	switch {
+	case hidden && !s.hidden:
+		s.logger.Warn("the database role may not read other roles' sessions' times in pg_stat_activity: what holds the xmin horizon is exported by its age in transactions only; GRANT pg_read_all_stats TO the role (deploy/sql/roles.sql does)")
+	case !hidden && s.hidden:
+		s.logger.Info("the database role reads every session's times in pg_stat_activity again: the xmin horizon's holders are exported with their age in seconds")
+	}
+	s.hidden = hidden
 }
 
 // stopExporting drops the exported numbers (and forgets the queues) when
@@ -220,6 +246,8 @@ func (s *Service) exportPass(ctx context.Context, res *Result) error {
 func (s *Service) stopExporting(why string, err error, fields ...zap.Field) {
 	s.metrics.set(nil)
 	clear(s.known)
+	// The next holding logs the role's view afresh.
+	s.hidden = false
 	if s.exporting {
 		if err != nil {
 			fields = append(fields, zap.Error(err))
@@ -236,23 +264,30 @@ type statsRow struct {
 	OldestSecs   float64
 }
 
-// query reads a pass's stats in one transaction, one call bounded by
-// --db-stats-statement-timeout and --database-timeout: River's jobs and
-// the reaper's last complete run.
-func (s *Service) query(ctx context.Context) ([]statsRow, *time.Time, *float64, error) {
-	var rows []statsRow
-	var lastSuccess *time.Time
-	var throttled *float64
-	err := s.cfg.Calls.DoStatement(ctx, "db-stats query", s.cfg.StatementTimeout, func(ctx context.Context) error {
-		return s.queryTx(ctx, &rows, &lastSuccess, &throttled)
-	})
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("db-stats: %w", err)
-	}
-	return rows, lastSuccess, throttled, nil
+// reading is what a pass's transaction read.
+type reading struct {
+	rows        []statsRow
+	lastSuccess *time.Time
+	throttled   *float64
+	horizon     *Horizon
 }
 
-func (s *Service) queryTx(ctx context.Context, rows *[]statsRow, lastSuccess **time.Time, throttled **float64) error {
+// query reads a pass's stats in one transaction, one call bounded by
+// --db-stats-statement-timeout and --database-timeout: River's jobs, the
+// reaper's last complete run and the xmin horizon's holders.
+func (s *Service) query(ctx context.Context) (*reading, error) {
+	var rd reading
+	err := s.cfg.Calls.DoStatement(ctx, "db-stats query", s.cfg.StatementTimeout, func(ctx context.Context) error {
+		rd = reading{}
+		return s.queryTx(ctx, &rd)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("db-stats: %w", err)
+	}
+	return &rd, nil
+}
+
+func (s *Service) queryTx(ctx context.Context, rd *reading) error {
 	return pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		// Local to the transaction, so nothing outlives it on a pooled
 		// server connection.
@@ -263,13 +298,16 @@ func (s *Service) queryTx(ctx context.Context, rows *[]statsRow, lastSuccess **t
 		if err != nil {
 			return fmt.Errorf("count river_job: %w", err)
 		}
-		if *rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[statsRow]); err != nil {
+		if rd.rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[statsRow]); err != nil {
 			return fmt.Errorf("count river_job: %w", err)
 		}
-		if *lastSuccess, err = runhistory.LastSuccess(ctx, tx); err != nil {
+		if rd.lastSuccess, err = runhistory.LastSuccess(ctx, tx); err != nil {
 			return err
 		}
-		*throttled, err = runhistory.LastThrottledShare(ctx, tx)
+		if rd.throttled, err = runhistory.LastThrottledShare(ctx, tx); err != nil {
+			return err
+		}
+		rd.horizon, err = readHorizon(ctx, tx)
 		return err
 	})
 }

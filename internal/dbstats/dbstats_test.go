@@ -168,6 +168,19 @@ func exported(t *testing.T, reg *prometheus.Registry) []string {
 	return out
 }
 
+// exportedStats is exported without the xmin horizon's gauges, which the
+// tests of horizon_test.go check: River's and the reaper's numbers.
+func exportedStats(t *testing.T, reg *prometheus.Registry) []string {
+	t.Helper()
+	var out []string
+	for _, line := range exported(t, reg) {
+		if !strings.HasPrefix(line, "idemd_db_") && !strings.HasPrefix(line, "idemd_dbstats_read_all_stats{") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
 func exporting(t *testing.T, reg *prometheus.Registry) bool {
 	t.Helper()
 	for _, line := range exported(t, reg) {
@@ -226,7 +239,7 @@ func TestStats(t *testing.T) {
 		`idemd_river_oldest_available_age_seconds{queue="default"} 600`,
 		`idemd_river_oldest_available_age_seconds{queue="mail"} 0`,
 	}
-	if got := exported(t, reg); strings.Join(got, "\n") != strings.Join(want, "\n") {
+	if got := exportedStats(t, reg); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("exported:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 

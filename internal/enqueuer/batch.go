@@ -1,10 +1,13 @@
 package enqueuer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +38,7 @@ func (s *Service) runBatch(ctx context.Context, cur *cursor, spec drainSpec) (*b
 		// River's schema is one the enqueuer does not write (or could not
 		// be read): nothing is taken, the rows wait staged.
 		s.metrics.batchErrors.Inc()
+		s.batchFailed(err, math.MaxInt64)
 		return nil, err
 	}
 	from := cur.claim(s.cfg.BatchSize)
@@ -57,8 +61,10 @@ func (s *Service) runBatch(ctx context.Context, cur *cursor, spec drainSpec) (*b
 	s.metrics.batchDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.batchErrors.Inc()
+		s.batchFailed(err, from)
 		return nil, err
 	}
+	s.batchCommitted(from)
 	s.metrics.moved.Add(float64(res.moved - res.duplicates))
 	s.metrics.uniqueDuplicates.Add(float64(res.duplicates))
 	if res.taken > 0 {
@@ -178,6 +184,7 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 		good = append(good, r)
 	}
 
+	sortByUniqueKey(params, good)
 	moved, dups, more, err := s.insertRows(ctx, tx, params, good, rowByRow)
 	if err != nil {
 		return nil, err
@@ -214,11 +221,12 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 // duplicates, how many of those were duplicates, and the rows River
 // rejected. A rejection of the whole batch returns errRiverRejected;
 // errors that are not about the data (connection lost, serialization)
-// fail the batch and it is retried whole. So does a row-by-row retry in
-// which River's table refused every row of a batch of several with one
-// SQLSTATE: that is the table's fault (a column added by hand, a
-// constraint), not the rows', and dead-lettering them all would empty
-// staged_jobs into staged_jobs_dead.
+// fail the batch and it is retried whole. A refusal that is the table's
+// and not the row's fails the batch too, even for a lone row, and
+// dead-letters nothing (tableRefusal): otherwise a column or constraint
+// added to river_job by hand would empty staged_jobs into
+// staged_jobs_dead. So does an insert that wrote fewer jobs than it was
+// given (errJobsDropped).
 func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, rows []*stagedRow, rowByRow bool) (moved, dups int, dead []deadRow, err error) {
 	if len(params) == 0 {
 		return 0, 0, nil, nil
@@ -232,12 +240,12 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 		if err == nil {
 			return n, d, nil, nil
 		}
-		if isDataError(err, tx.Conn()) {
+		if !errors.Is(err, errJobsDropped) && isDataError(err, tx.Conn()) {
 			return 0, 0, nil, fmt.Errorf("enqueuer batch: %w: %w", errRiverRejected, err)
 		}
 		return 0, 0, nil, fmt.Errorf("enqueuer batch: insert into river: %w", err)
 	}
-	var codes []string
+	var refusals []*pgconn.PgError // the database's refusals; River's own validation errors are not
 	for i := range params {
 		var rejected error // River refused the row
 		var d int
@@ -247,7 +255,7 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 				return fmt.Errorf("enqueuer batch: savepoint: %w", err)
 			}
 			if _, d, err = s.insertMany(ctx, sp, params[i:i+1]); err != nil {
-				if !isDataError(err, tx.Conn()) {
+				if errors.Is(err, errJobsDropped) || !isDataError(err, tx.Conn()) {
 					return fmt.Errorf("enqueuer batch: insert into river: %w", err)
 				}
 				if err := sp.Rollback(ctx); err != nil {
@@ -267,7 +275,15 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 		if rejected != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(rejected, &pgErr) {
-				codes = append(codes, pgErr.Code)
+				if pgErr.Code == "23502" {
+					// River's insert writes every column it knows a
+					// value for: a NOT NULL violation is a column added
+					// to river_job, which refuses every row.
+					s.riverGate.invalidate()
+					return 0, 0, nil, fmt.Errorf("enqueuer batch: %w: a NOT NULL column River does not write (SQLSTATE 23502); "+
+						"nothing is dead-lettered, the rows stay staged: %w", errTableRefused, rejected)
+				}
+				refusals = append(refusals, pgErr)
 			}
 			dead = append(dead, deadRow{row: rows[i], why: &invalid{ReasonRejectedByRiver, rejected.Error()}})
 			continue
@@ -275,28 +291,94 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 		moved++
 		dups += d
 	}
-	if code, ok := tableFault(len(params), codes); ok {
-		s.riverGate.invalidate()
-		return 0, 0, nil, fmt.Errorf("enqueuer batch: River's table refused all %d rows of the batch with SQLSTATE %s: a fault of river_job, not of the rows; "+
-			"nothing is dead-lettered, the rows stay staged (first refusal: %s)", len(params), code, dead[0].why.detail)
+	if moved == 0 && len(refusals) > 0 {
+		if err := s.tableRefusal(ctx, tx, len(params), refusals); err != nil {
+			return 0, 0, nil, err
+		}
 	}
 	return moved, dups, dead, nil
 }
 
+// tableRefusal decides whether River's table refusing rows, of n tried
+// one by one with none taken, is the table's fault (a column, constraint
+// or trigger added by hand) and not the rows': every row of several
+// refused with one SQLSTATE, or a known-good job refused too (probeTable),
+// which is how a lone row is judged. It returns the batch's error then
+// (wrapping errTableRefused, or errJobsDropped), and nil when the rows are
+// to blame: the table takes other jobs. The gate reads River's schema
+// again at the next batch.
+func (s *Service) tableRefusal(ctx context.Context, tx pgx.Tx, n int, refusals []*pgconn.PgError) error {
+	if code, ok := tableFault(n, refusals); ok {
+		s.riverGate.invalidate()
+		return fmt.Errorf("enqueuer batch: %w: it refused all %d rows of the batch with SQLSTATE %s: a fault of river_job, not of the rows; "+
+			"nothing is dead-lettered, the rows stay staged (first refusal: %w)", errTableRefused, n, code, refusals[0])
+	}
+	var refused error
+	err := s.calls.Do(ctx, batchOp, func(ctx context.Context) (err error) {
+		refused, err = s.probeTable(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if refused == nil {
+		return nil
+	}
+	s.riverGate.invalidate()
+	if errors.Is(refused, errJobsDropped) {
+		return fmt.Errorf("enqueuer batch: insert into river: %w (a known-good job was dropped)", refused)
+	}
+	return fmt.Errorf("enqueuer batch: %w: a known-good job is refused too (%w); "+
+		"nothing is dead-lettered, the rows stay staged (the rows' refusal: %s)", errTableRefused, refused, refusals[0].Error())
+}
+
 // tableFault reports whether River's table refusing rows with the given
-// SQLSTATEs, out of n rows tried one by one, is a fault of the table: every
-// row of several refused with the same code. A lone row's refusal is its
-// own (the schema gate reads the table's shape before any move).
-func tableFault(n int, codes []string) (string, bool) {
-	if n < 2 || len(codes) != n {
+// errors, out of n rows tried one by one, is a fault of the table: every
+// row of several refused with the same code. A lone row is judged by the
+// probe instead.
+func tableFault(n int, refusals []*pgconn.PgError) (string, bool) {
+	if n < 2 || len(refusals) != n {
 		return "", false
 	}
-	for _, c := range codes[1:] {
-		if c != codes[0] {
+	for _, r := range refusals[1:] {
+		if r.Code != refusals[0].Code {
 			return "", false
 		}
 	}
-	return codes[0], true
+	return refusals[0].Code, true
+}
+
+// sortByUniqueKey puts the unique rows of a batch in unique-key order,
+// params and rows alike, and the others after them. Every replica then
+// takes River's unique-key locks (its ON CONFLICT's) in one order, so
+// two batches with keys in common wait for one another but never
+// deadlock; in id order they did (40P01), ids and keys being unrelated.
+// moveSQL inserts in the same order.
+func sortByUniqueKey(params []river.InsertManyParams, rows []*stagedRow) {
+	if !anyUnique(params) {
+		return
+	}
+	idx := make([]int, len(params))
+	for i := range idx {
+		idx[i] = i
+	}
+	key := func(i int) []byte { return rows[i].UniqueKey }
+	slices.SortStableFunc(idx, func(a, b int) int {
+		ka, kb := key(a), key(b)
+		switch {
+		case ka == nil && kb == nil:
+			return 0
+		case ka == nil:
+			return 1
+		case kb == nil:
+			return -1
+		}
+		return bytes.Compare(ka, kb)
+	})
+	p2, r2 := slices.Clone(params), slices.Clone(rows)
+	for i, j := range idx {
+		params[i], rows[i] = p2[j], r2[j]
+	}
 }
 
 // copyMinRows: on the Go path, a batch of at least this many rows goes
@@ -308,20 +390,34 @@ const copyMinRows = 64
 
 // insertMany inserts params into River on tx, validated and encoded by
 // River either way, and returns how many rows it inserted or found as
-// unique duplicates, and how many of those were duplicates.
+// unique duplicates, and how many of those were duplicates; an error
+// wrapping errJobsDropped when River's table wrote fewer.
 func (s *Service) insertMany(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (int, int, error) {
 	if len(params) >= copyMinRows && !anyUnique(params) {
 		n, err := s.river.InsertManyFastTx(ctx, tx, params)
+		if err == nil && n != len(params) {
+			err = fmt.Errorf("%w: %d staged rows taken but %d River jobs written", errJobsDropped, len(params), n)
+		}
 		return n, 0, err
 	}
 	res, err := s.river.InsertManyTx(ctx, tx, params)
+	if err != nil {
+		return 0, 0, err
+	}
 	dups := 0
 	for _, r := range res {
 		if r.UniqueSkippedAsDuplicate {
 			dups++
 		}
 	}
-	return len(res), dups, err
+	if len(res) != len(params) {
+		// River's insert returns a row for each job it wrote or found; a
+		// trigger or rule that drops an insert returns none. The caller
+		// fails the batch, so the rows stay staged (moveSQL's
+		// idemd_move_check, on the Go path).
+		return 0, 0, fmt.Errorf("%w: %d staged rows taken but %d River jobs written or found", errJobsDropped, len(params), len(res))
+	}
+	return len(res), dups, nil
 }
 
 // anyUnique: one of params carries a unique key. River's fast insert does

@@ -133,8 +133,7 @@ func TestServiceRecoversFromABlackHole(t *testing.T) {
 }
 
 // The sessions that hold the drainer and polling locks set the server's
-// keepalives a direct pool connection gets as startup parameters
-// (dbcall.ServerKeepalives), so the server ends a vanished replica's
+// keepalives (dbcall.ServerKeepalives), so the server ends a vanished replica's
 // session, and releases its locks, as soon as any other's.
 func TestLockSessionsSetTheServersKeepalives(t *testing.T) {
 	for _, s := range dbcall.ServerKeepalives {

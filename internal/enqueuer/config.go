@@ -21,6 +21,15 @@ const maxBatchSize = 100_000
 // maxWorkers bounds the batches one replica moves at once.
 const maxWorkers = 64
 
+// A standby's attempts at the drainer lock: no faster than the server can
+// shrug off, no slower than the sweep's own scale (with minutes between
+// attempts a takeover would wait for minutes while notifications go
+// unheard).
+const (
+	minTakeoverInterval = 5 * time.Millisecond
+	maxTakeoverInterval = time.Minute
+)
+
 // listenerApplicationName is the listener connection's application_name
 // when --listen-database-url names none.
 const listenerApplicationName = "idemd-enqueuer-listener"
@@ -42,8 +51,9 @@ type Settings struct {
 
 	ListenDatabaseURL     string        `name:"listen-database-url" help:"Connection URL for LISTEN only: a direct or session-mode URL when --database-url goes through a transaction-mode pooler. Empty: the --database-url connection (with --pooler transaction, no listening: wake every --sweep-interval)."`
 	PollOnly              bool          `name:"poll-only" help:"Do not LISTEN; wake every --sweep-interval. For setups where no connection can LISTEN."`
-	ListenerCheckInterval time.Duration `name:"listener-check-interval" default:"${listener_check_interval}" help:"How often the listener sends itself a NOTIFY through the pool to prove notifications arrive; one that does not come back within --listener-check-timeout marks the listener down and reconnects it. A standby proves its session as often: each round of its wait for the drainer lock lasts this long."`
+	ListenerCheckInterval time.Duration `name:"listener-check-interval" default:"${listener_check_interval}" help:"How often the listener sends itself a NOTIFY through the pool to prove notifications arrive; one that does not come back within --listener-check-timeout marks the listener down and reconnects it."`
 	ListenerCheckTimeout  time.Duration `name:"listener-check-timeout" default:"${listener_check_timeout}" help:"How long the listener waits for its own NOTIFY before it counts as deaf and reconnects."`
+	TakeoverInterval      time.Duration `name:"takeover-interval" default:"${takeover_interval}" help:"How often a standby replica tries for the drainer lock, with a statement that returns at once (a statement that waited would hold its snapshot and keep vacuum from removing anything in the whole database); the longest a takeover waits after the drainer's session ends."`
 }
 
 // DefaultSettings returns the settings with every default filled in, as
@@ -72,6 +82,13 @@ func DefaultSettings() Settings {
 		// is found within a scrape or two, rare enough to cost nothing.
 		ListenerCheckInterval: 30 * time.Second,
 		ListenerCheckTimeout:  5 * time.Second,
+		// A standby's attempts at the drainer lock (drainer.go): each is
+		// one round trip of tens of microseconds on the server (no xid,
+		// no write), so forty a second cost a standby about 0.2 % of a
+		// core, and a takeover after a SIGKILL waits 12 ms more on
+		// average than a wait in pg_advisory_lock did
+		// (docs/benchmarks/enqueuer.md, "Takeover after a SIGKILL").
+		TakeoverInterval: 25 * time.Millisecond,
 	}
 }
 
@@ -105,6 +122,9 @@ func (s *Settings) Check() []string {
 	}
 	pos("--listener-check-interval", s.ListenerCheckInterval)
 	pos("--listener-check-timeout", s.ListenerCheckTimeout)
+	if s.TakeoverInterval < minTakeoverInterval || s.TakeoverInterval > maxTakeoverInterval {
+		p = append(p, fmt.Sprintf("--takeover-interval must be between %s and %s, got %s", minTakeoverInterval, maxTakeoverInterval, s.TakeoverInterval))
+	}
 	if s.ListenDatabaseURL != "" {
 		if _, err := pgx.ParseConfig(s.ListenDatabaseURL); err != nil {
 			// pgx's error may echo the URL; never print the password.

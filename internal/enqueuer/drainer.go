@@ -2,13 +2,13 @@ package enqueuer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/lifecycle"
 )
 
 // One replica listens and drains; the others stand by.
@@ -28,14 +28,27 @@ import (
 // self-check that the session hears what is committed through the pool
 // (LISTEN through a transaction-mode pooler is deaf, and a session lock
 // there would stay with a pooled server connection); then it takes the
-// lock, or UNLISTENs and waits for it in pg_advisory_lock (in rounds that
-// prove its own session alive: waitForDrainerLock), which costs
-// nothing and returns the moment the drainer's session ends: the drainer
-// stopped, was killed (the kernel closes its sockets), or lost its
+// lock, or UNLISTENs and stands by, trying for the lock every
+// --takeover-interval with pg_try_advisory_lock, which returns at once.
+// The lock is free again the moment the drainer's session ends: the
+// drainer stopped, was killed (the kernel closes its sockets), or lost its
 // connection, or its self-check failed (which ends the connection). The
-// standby then LISTENs again and, its snapshot taken after LISTEN, runs a
-// full pass for whatever was committed meanwhile, including the rows of
-// a batch the old drainer died holding.
+// standby's next attempt takes it; it then LISTENs again and, its snapshot
+// taken after LISTEN, runs a full pass for whatever was committed
+// meanwhile, including the rows of a batch the old drainer died holding.
+//
+// Why attempts and not a wait in pg_advisory_lock, which would return the
+// instant the lock is free: a statement that waits holds the snapshot it
+// started with, and the server's xmin horizon cannot pass a snapshot's
+// xmin. A standby waiting in pg_advisory_lock for as long as the drainer
+// lived kept vacuum from removing a single dead row in the whole database,
+// the API's tables too (an anti-wraparound vacuum cannot advance
+// relfrozenxid past it either). No session of the enqueuer may wait inside
+// a statement; an attempt holds its snapshot for the microseconds it runs.
+// Nothing the server offers wakes a session without a statement when
+// another session ends (a killed drainer sends no NOTIFY), so a takeover
+// costs up to one interval more than the old wait did
+// (docs/benchmarks/enqueuer.md, "Takeover").
 //
 // Why a session lock on the listener's connection and not a lease row
 // (internal/lease, the reaper's): a lease changes hands only after its
@@ -47,24 +60,20 @@ import (
 // only by the sweep, within --sweep-interval, and IdemdEnqueuerNoDrainer
 // fires.
 
-// drainerLockSQL waits for the drainer lock; drainerTryLockSQL takes it if
-// it is free. The key is per schema (current_schema(): the search_path of
-// the installation), since advisory locks are per database and one
+// drainerTryLockSQL takes the drainer lock if it is free and returns at
+// once either way. The key is per schema (current_schema(): the search_path
+// of the installation), since advisory locks are per database and one
 // database may hold several installations.
-const (
-	drainerLockSQL    = `SELECT pg_advisory_lock(hashtextextended('idemd enqueuer drainer ' || current_schema(), 0))`
-	drainerTryLockSQL = `SELECT pg_try_advisory_lock(hashtextextended('idemd enqueuer drainer ' || current_schema(), 0))`
-)
+const drainerTryLockSQL = `SELECT pg_try_advisory_lock(hashtextextended('idemd enqueuer drainer ' || current_schema(), 0))`
 
 // drainerSessionSQL sets up the listener's session. No server timeout may
-// end a standby's wait or the drainer's idle listening (a role's or
-// database's statement_timeout, lock_timeout or idle_session_timeout; the
-// standby's rounds set a lock_timeout of their own), and
-// the server is to notice a client that vanished without closing its
-// socket (a partitioned node) within about half a minute, through
-// keepalives while the session idles (the drainer) and the connection
-// check while it waits (a standby), so the lock does not outlive its
-// replica.
+// end the drainer's idle listening (a role's or database's
+// idle_session_timeout; statement_timeout and lock_timeout are turned off
+// too, since no statement of this session may be cut short by the API's
+// own settings), and the server is to notice a client that vanished
+// without closing its socket (a partitioned node) within about half a
+// minute, through keepalives while the session idles and the connection
+// check while a statement runs, so the lock does not outlive its replica.
 const drainerSessionSQL = `SET statement_timeout = 0; SET lock_timeout = 0; SET idle_session_timeout = 0;
 SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3;
 SET client_connection_check_interval = '5s'`
@@ -73,26 +82,34 @@ SET client_connection_check_interval = '5s'`
 // stands by until it can, and returns the cause of the full pass the new
 // drainer runs: wakeReconnect when the lock was free (the listener just
 // connected), wakeDrainer when it took over from a drainer that went away.
-// A standby does not listen while it waits.
+// A standby does not listen while it waits, and holds no snapshot between
+// its attempts.
 func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err error) {
-	var got bool
-	if err := conn.QueryRow(ctx, drainerTryLockSQL, pgx.QueryExecModeSimpleProtocol).Scan(&got); err != nil {
-		return "", fmt.Errorf("enqueuer listen: try the drainer lock: %w", err)
+	got, err := s.tryDrainerLock(ctx, conn)
+	if err != nil {
+		return "", err
 	}
 	if got {
 		return wakeReconnect, nil
 	}
-	if _, err := conn.Exec(ctx, "UNLISTEN *"); err != nil {
+	if err := s.calls.Do(ctx, "enqueuer listen: unlisten to stand by", func(ctx context.Context) error {
+		_, err := conn.Exec(ctx, "UNLISTEN *")
+		return err
+	}); err != nil {
 		return "", fmt.Errorf("enqueuer listen: unlisten to stand by: %w", err)
 	}
 	s.metrics.standby.Set(1)
 	s.signals.standby.Signal(struct{}{})
-	s.logger.Info("standing by: another replica is the drainer; this one sweeps every --sweep-interval and takes over when the drainer goes")
+	s.logger.Info("standing by: another replica is the drainer; this one sweeps every --sweep-interval and takes over when the drainer goes",
+		zap.Duration("takeover_interval", s.cfg.TakeoverInterval))
 	defer s.metrics.standby.Set(0)
-	if err := s.waitForDrainerLock(ctx, conn); err != nil {
+	if err := s.standBy(ctx, conn); err != nil {
 		return "", err
 	}
-	if _, err := conn.Exec(ctx, listenSQL); err != nil {
+	if err := s.calls.Do(ctx, "enqueuer listen: listen after the takeover", func(ctx context.Context) error {
+		_, err := conn.Exec(ctx, listenSQL)
+		return err
+	}); err != nil {
 		return "", fmt.Errorf("enqueuer listen: %w", err)
 	}
 	s.logger.Info("took over as the drainer: the previous drainer's session ended")
@@ -100,43 +117,49 @@ func (s *Service) elect(ctx context.Context, conn *pgx.Conn) (cause string, err 
 	return wakeDrainer, nil
 }
 
-// waitForDrainerLock is a standby's wait for the drainer lock on conn, in
-// rounds of --listener-check-interval: the standby proves its session as
-// often as the drainer proves its listener. Each round is one
-// pg_advisory_lock under that lock_timeout, bounded on the client by the
-// round plus --database-timeout. A round the server ends with
-// lock_not_available proves the session alive, and the wait goes on; a
-// round without any answer ends the wait with the call's timeout, and the
-// listener connects again and stands by on a live session. Without the
-// rounds, a standby whose connection went silent (a black-holed network,
-// a peer whose kernel still acknowledges, where TCP keepalives see
-// nothing) would wait for ever and never take over, while the drainer's
-// own session ended.
-func (s *Service) waitForDrainerLock(ctx context.Context, conn *pgx.Conn) error {
-	round := s.cfg.ListenerCheckInterval
-	setRound := fmt.Sprintf("SET lock_timeout = %d", round.Milliseconds())
-	for {
-		err := s.calls.DoWithin(ctx, "enqueuer listen: wait for the drainer lock", round+s.calls.Timeout(), func(ctx context.Context) error {
-			if _, err := conn.Exec(ctx, setRound, pgx.QueryExecModeSimpleProtocol); err != nil {
-				return fmt.Errorf("enqueuer listen: wait for the drainer lock: %w", err)
+// standBy tries for the drainer lock on conn every --takeover-interval
+// until it has it. The attempts are a loop beside the listener's
+// goroutine, which waits for them and uses conn again only once the loop
+// has returned.
+func (s *Service) standBy(ctx context.Context, conn *pgx.Conn) error {
+	took := make(chan error, 1)
+	stop := lifecycle.Beside(ctx, lifecycle.Loop{
+		First: s.cfg.TakeoverInterval,
+		Next:  func() time.Duration { return s.cfg.TakeoverInterval },
+		Pass: func(ctx context.Context) error {
+			got, err := s.tryDrainerLock(ctx, conn)
+			if err == nil {
+				s.signals.takeoverAttempt.Signal(got)
 			}
-			if _, err := conn.Exec(ctx, drainerLockSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-				return fmt.Errorf("enqueuer listen: wait for the drainer lock: %w", err)
+			if err != nil || got {
+				select {
+				case took <- err:
+				default: // the first outcome ends the wait; the loop is being stopped
+				}
 			}
 			return nil
-		})
-		var pgErr *pgconn.PgError
-		switch {
-		case err == nil:
-			// The drainer's session waits for nothing: no lock_timeout.
-			if _, err := conn.Exec(ctx, "SET lock_timeout = 0", pgx.QueryExecModeSimpleProtocol); err != nil {
-				return fmt.Errorf("enqueuer listen: reset lock_timeout: %w", err)
-			}
-			return nil
-		case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable:
-			s.signals.standbyRound.Signal(time.Now())
-		default:
-			return err
-		}
+		},
+	})
+	defer stop()
+	select {
+	case err := <-took:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("enqueuer listen: stand by: %w", ctx.Err())
 	}
+}
+
+// tryDrainerLock is one attempt at the drainer lock, bounded by
+// --database-timeout: a standby whose session went silent (a black-holed
+// network) finds out at its next attempt and connects again, instead of
+// standing by on a dead session while the drainer's is gone.
+func (s *Service) tryDrainerLock(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var got bool
+	err := s.calls.Do(ctx, "enqueuer listen: try the drainer lock", func(ctx context.Context) error {
+		return conn.QueryRow(ctx, drainerTryLockSQL, pgx.QueryExecModeSimpleProtocol).Scan(&got)
+	})
+	if err != nil {
+		return false, fmt.Errorf("enqueuer listen: try the drainer lock: %w", err)
+	}
+	return got, nil
 }

@@ -53,6 +53,7 @@ func startReplicas(t *testing.T, pool *pgxpool.Pool, n int, change func(*Setting
 		})
 		s.signals.listenerUp.Init(t)
 		s.signals.standby.Init(t)
+		s.signals.takeoverAttempt.Init(t)
 		s.signals.passed.Init(t)
 		if err := s.Start(context.Background()); err != nil {
 			t.Fatal(err)
@@ -83,12 +84,16 @@ func TestOneReplicaDrainsTheOtherStandsBy(t *testing.T) {
 	if up, sb := gauges(standby); up != 0 || sb != 1 {
 		t.Fatalf("standby: listener_up %v, standby %v", up, sb)
 	}
-	// The server's view: one session holds the lock, one waits for it
-	// (the standby signals just before its wait reaches the server).
-	testwait.Until(t, time.Minute, "one advisory lock granted and one waiting", func() bool {
-		return count(t, pool, `SELECT count(*) FILTER (WHERE granted) * 10 + count(*) FILTER (WHERE NOT granted) FROM pg_locks
-WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 11
-	})
+	// The server's view: one session holds the lock and none waits for
+	// it (a standby tries and returns); after the standby's next attempts
+	// still none.
+	for range 2 {
+		standby.signals.takeoverAttempt.WaitOrTimeout(t)
+	}
+	if n := count(t, pool, `SELECT count(*) FILTER (WHERE granted) * 10 + count(*) FILTER (WHERE NOT granted) FROM pg_locks
+WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`); n != 10 {
+		t.Fatalf("advisory locks granted*10 + waiting: %d, want one granted and none waiting", n)
+	}
 
 	stageEach(t, pool, 40)
 	testwait.Until(t, time.Minute, "40 jobs in River", func() bool { return count(t, pool, "SELECT count(*) FROM river_job") == 40 })
@@ -119,6 +124,55 @@ WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE da
 	}
 	if n := count(t, pool, "SELECT count(DISTINCT metadata->>'idemd_staged_id') FROM river_job"); n != 50 {
 		t.Fatalf("%d distinct staged ids in River, want 50", n)
+	}
+}
+
+// A standby holds no snapshot while it stands by: a statement that waits
+// for the drainer lock would hold the one it started with for as long as
+// the drainer lives, and the server's xmin horizon could not pass it
+// (vacuum would remove nothing in the whole database). Between attempts
+// the standby's session is idle without a snapshot, and an attempt that
+// shows one is a new statement each time (its xact_start moves), never
+// one waiting for a lock.
+func TestStandbyHoldsNoSnapshot(t *testing.T) {
+	pool := dbtest.NewPool(t)
+	reps := startReplicas(t, pool, 2, nil)
+	standby := reps[1]
+	// The standby's listener session: the one that tries for the lock
+	// and does not hold it.
+	const sessionSQL = `SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND query LIKE '%pg_try_advisory_lock(hashtextextended(''idemd enqueuer drainer%'
+  AND pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)`
+	standby.signals.takeoverAttempt.WaitOrTimeout(t)
+	var pid int
+	testwait.Until(t, time.Minute, "the standby's session", func() bool {
+		return pool.QueryRow(context.Background(), sessionSQL).Scan(&pid) == nil
+	})
+	var lastStart time.Time
+	for i := range 5 {
+		if got := standby.signals.takeoverAttempt.WaitOrTimeout(t); got {
+			t.Fatal("the standby took the lock while the drainer runs")
+		}
+		var (
+			xmin    *uint32
+			start   *time.Time
+			waiting bool
+		)
+		if err := pool.QueryRow(context.Background(), `SELECT backend_xmin::text::bigint, xact_start, coalesce(wait_event_type = 'Lock', false)
+FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&xmin, &start, &waiting); err != nil {
+			t.Fatalf("sample %d of the standby's session: %v", i, err)
+		}
+		if waiting {
+			t.Fatalf("sample %d: the standby's session waits for a lock inside a statement", i)
+		}
+		if xmin != nil {
+			if start != nil && start.Equal(lastStart) {
+				t.Fatalf("sample %d: the standby's session holds a snapshot (xmin %d) across its attempts, since %s", i, *xmin, start)
+			}
+			if start != nil {
+				lastStart = *start
+			}
+		}
 	}
 }
 

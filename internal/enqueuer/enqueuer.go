@@ -113,6 +113,8 @@ type Service struct {
 	valid      validator
 	// riverGate is the River schema gate's last verdict (riverschema.go).
 	riverGate riverGate
+	// refusals is the refusal the last batch failed with (refusal.go).
+	refusals refusalState
 	// notices limits the insert notifications the server-side move sends
 	// River's workers (servermove.go).
 	notices insertNotices
@@ -154,14 +156,14 @@ type Service struct {
 // testSignals tell tests that the enqueuer reached a point; tests only
 // wait on them (internal/lifecycle/testsignal). Free in production.
 type testSignals struct {
-	listenerUp          testsignal.Signal[struct{}]  // the listener is the drainer and its first self-check came back: notifications arrive and wake it
-	listenerChecked     testsignal.Signal[int]       // a self-check came back (its sequence number on this connection)
-	listenerCheckFailed testsignal.Signal[error]     // a self-check did not come back in time
-	passed              testsignal.Signal[struct{}]  // the loop's pass ended (the first is the start's full pass)
-	standby             testsignal.Signal[struct{}]  // the listener stands by, waiting for the drainer lock
-	standbyRound        testsignal.Signal[time.Time] // a standby's round of waiting for the drainer lock ended, its session alive
-	swept               testsignal.Signal[bool]      // a sweep ended; true when it began with the listener up
-	polling             testsignal.Signal[bool]      // the drainer started (true) or stopped (false) polling; false once the handoff's drain ended
+	listenerUp          testsignal.Signal[struct{}] // the listener is the drainer and its first self-check came back: notifications arrive and wake it
+	listenerChecked     testsignal.Signal[int]      // a self-check came back (its sequence number on this connection)
+	listenerCheckFailed testsignal.Signal[error]    // a self-check did not come back in time
+	passed              testsignal.Signal[struct{}] // the loop's pass ended (the first is the start's full pass)
+	standby             testsignal.Signal[struct{}] // the listener stands by, trying for the drainer lock
+	takeoverAttempt     testsignal.Signal[bool]     // a standby's attempt at the drainer lock returned (true: it took it)
+	swept               testsignal.Signal[bool]     // a sweep ended; true when it began with the listener up
+	polling             testsignal.Signal[bool]     // the drainer started (true) or stopped (false) polling; false once the handoff's drain ended
 }
 
 // testHooks are where a test must act inside the service or see every
@@ -223,7 +225,7 @@ func New(cfg Config) (*Service, error) {
 		instance:   lease.Holder("enqueuer"),
 	}
 	if cfg.Ready != nil {
-		cfg.Ready.Blocked = s.riverGate.blocked
+		cfg.Ready.Blocked = s.blocked
 	}
 	s.lw.mark.Store(fullPass)
 	s.takenUpTo.Store(fullPass)

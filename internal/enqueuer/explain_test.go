@@ -83,10 +83,11 @@ SELECT min(id) + 10000 FROM i`).Scan(&mid); err != nil {
 			}
 		}
 		// The sorts allowed are the move's of the rows it took: by unique
-		// key (one job per key) and by id, in which they go into River.
+		// key (one job per key) and by unique key then id, in which they
+		// go into River.
 		for _, l := range lines {
 			if k := strings.TrimSpace(l); strings.Contains(l, "Sort Key:") &&
-				k != "Sort Key: taken.id" && k != "Sort Key: taken.unique_key, taken.id" && k != "Sort Key: firsts.id" {
+				k != "Sort Key: taken.id" && k != "Sort Key: taken.unique_key, taken.id" && k != "Sort Key: firsts.unique_key, firsts.id" {
 				t.Errorf("%s: plan with a sort:\n%s", c.name, plan)
 			}
 		}

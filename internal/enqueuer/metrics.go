@@ -29,6 +29,10 @@ type metrics struct {
 	riverSchemaSupported prometheus.Gauge
 	riverSchemaVersion   prometheus.Gauge
 	uniqueDuplicates     prometheus.Counter
+	// refused is 1 while moves are refused for a cause no retry heals,
+	// refusals counts the failed batches by cause (refusal.go).
+	refused  prometheus.Gauge
+	refusals *prometheus.CounterVec
 
 	moved         prometheus.Counter
 	deadLettered  *prometheus.CounterVec
@@ -71,6 +75,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_enqueuer_river_schema_supported",
 			Help: "1 when River's schema (version and river_job's columns) is one the enqueuer writes, 0 when it moves nothing because it is not (the reason is in the log and /readyz); 1 before the first read.",
 		}),
+		refused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_enqueuer_move_refused",
+			Help: "1 while the enqueuer's last batch failed for a cause no retry heals (River's table dropping inserts or refusing valid jobs, permission denied, a table missing): it moves nothing and /readyz says why and what to do; 0 otherwise.",
+		}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_enqueuer_move_refusals_total",
+			Help: "Batches that failed, rolled back and left their rows staged for a cause no retry heals, by cause (jobs_dropped, table_refused, permission_denied, relation_missing).",
+		}, []string{"cause"}),
 		riverSchemaVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "idemd_enqueuer_river_schema_version", Help: "River's schema version (river_migration, line main) as the enqueuer last read it; 0 before it could.",
 		}),
@@ -149,11 +161,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range wakeCauses {
 		m.wakeups.WithLabelValues(c)
 	}
+	for _, c := range RefusalCauses {
+		m.refusals.WithLabelValues(c)
+	}
 	m.riverSchemaSupported.Set(1)
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.riverSchemaSupported, m.riverSchemaVersion, m.uniqueDuplicates, m.moved, m.deadLettered, m.batchDuration, m.batchErrors, m.backlog, m.oldestAge, m.wakeups,
+	for _, c := range []prometheus.Collector{m.riverSchemaSupported, m.riverSchemaVersion, m.refused, m.refusals, m.uniqueDuplicates, m.moved, m.deadLettered, m.batchDuration, m.batchErrors, m.backlog, m.oldestAge, m.wakeups,
 		m.listenerUp, m.pollOnly, m.listenerCheckFailures, m.notificationGaps, m.sweepDuration, m.standby, m.takeovers,
 		m.polling, m.pollingStarts, m.handoffTimeouts, m.pollingErrors} {
 		if err := reg.Register(c); err != nil {

@@ -43,6 +43,7 @@ func TestLabelledCountersStartAtZero(t *testing.T) {
 	for name, want := range map[string][]string{
 		"idemd_enqueuer_wakeups_total":           wakeCauses,
 		"idemd_enqueuer_notification_gaps_total": GapReasons,
+		"idemd_enqueuer_move_refusals_total":     RefusalCauses,
 	} {
 		label := "cause"
 		if name == "idemd_enqueuer_notification_gaps_total" {

@@ -85,7 +85,7 @@ func gateService(t *testing.T, pool *pgxpool.Pool) (*Service, *opshttp.Readiness
 	ready := &opshttp.Readiness{}
 	s := newService(t, pool)
 	s.cfg.Ready = ready
-	ready.Blocked = s.riverGate.blocked
+	ready.Blocked = s.blocked
 	return s, ready
 }
 

@@ -73,7 +73,10 @@ false)`
 // River's own ON CONFLICT, so a job River's insert would have kept one of
 // is kept once; of the rows in one batch with the same unique key the
 // lowest id's is inserted and the others are duplicates of it, since one
-// statement may not insert and then conflict on the same key.
+// statement may not insert and then conflict on the same key. The jobs are
+// inserted in unique-key order (the Go path's too: sortByUniqueKey), so
+// replicas moving rows with keys in common take River's unique-key locks
+// in one order and never deadlock.
 // idemd_move_check (migration 00021) aborts the statement unless a job was
 // written or found for every row deleted.
 const moveSQL = `
@@ -101,7 +104,7 @@ WITH locked AS MATERIALIZED (
         coalesce(priority, @default_priority), coalesce(queue, @default_queue), coalesce(scheduled_at, now()),
         (CASE WHEN scheduled_at IS NULL THEN 'available' ELSE 'scheduled' END)::river_job_state,
         coalesce(tags, '{}'), unique_key, unique_states
-    FROM firsts ORDER BY id
+    FROM firsts ORDER BY unique_key NULLS LAST, id
     ON CONFLICT (unique_key)
         WHERE unique_key IS NOT NULL AND unique_states IS NOT NULL AND river_job_state_in_bitmask(unique_states, state)
         DO UPDATE SET kind = river_job.kind

@@ -204,7 +204,7 @@ SELECT j.args->>'case', (j.metadata->>'idemd_staged_id')::bigint,
            'metadata', j.metadata - 'idemd_staged_id',
            'unique_key', j.unique_key IS NOT NULL,
            'scheduled_at', CASE WHEN j.scheduled_at = j.created_at THEN 'at insert' ELSE j.scheduled_at::text END))::text
-FROM river_job j ORDER BY j.id`)
+FROM river_job j ORDER BY (j.args->>'case')::int, j.id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,10 +220,11 @@ FROM river_job j ORDER BY j.id`)
 	if len(jobs) != 2*cases {
 		t.Fatalf("%d River jobs, want %d", len(jobs), 2*cases)
 	}
+	// By case, the Go path's job first (it moved first).
 	for i := range cases {
-		byGo, bySQL := jobs[i], jobs[i+cases]
+		byGo, bySQL := jobs[2*i], jobs[2*i+1]
 		if byGo.Case != bySQL.Case || byGo.StagedID == bySQL.StagedID {
-			t.Fatalf("jobs %d and %d: cases %s, %s, staged ids %d, %d", i, i+cases, byGo.Case, bySQL.Case, byGo.StagedID, bySQL.StagedID)
+			t.Fatalf("jobs %d and %d: cases %s, %s, staged ids %d, %d", 2*i, 2*i+1, byGo.Case, bySQL.Case, byGo.StagedID, bySQL.StagedID)
 		}
 		if byGo.Rest != bySQL.Rest {
 			t.Errorf("case %s:\nRiver's client: %s\nserver move:    %s", byGo.Case, byGo.Rest, bySQL.Rest)

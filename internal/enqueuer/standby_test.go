@@ -11,12 +11,13 @@ import (
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
-// A standby waits for the drainer lock in rounds that prove its session:
-// while the drainer holds the lock, rounds end and the same session waits
-// on. When its connection goes silent, the round in flight gets no answer,
-// the standby connects again and stands by on a live session, and it takes
-// over when the drainer goes. Without the rounds it waited on the silent
-// connection for ever and never took over.
+// A standby's attempts at the drainer lock prove its session: while the
+// drainer holds the lock, attempts come back and the same session stands
+// by. When its connection goes silent, the next attempt gets no answer
+// within its bound, the standby connects again and stands by on a live
+// session, and it takes over when the drainer goes. A standby that waited
+// on the silent connection (in pg_advisory_lock, as it once did) never
+// took over.
 func TestStandbyOnASilencedConnectionStandsByAgainAndTakesOver(t *testing.T) {
 	direct, pool, hole, calls := silentSetup(t)
 	start := func(p *pgxpool.Pool) (*Service, func()) {
@@ -25,11 +26,11 @@ func TestStandbyOnASilencedConnectionStandsByAgainAndTakesOver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Rounds of testBound: a silent round is found after two bounds.
-		s.cfg.ListenerCheckInterval = testBound
+		// An attempt every testBound: a silent one is found a bound later.
+		s.cfg.TakeoverInterval = testBound
 		s.signals.listenerUp.Init(t)
 		s.signals.standby.Init(t)
-		s.signals.standbyRound.Init(t)
+		s.signals.takeoverAttempt.Init(t)
 		if err := s.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -53,26 +54,29 @@ func TestStandbyOnASilencedConnectionStandsByAgainAndTakesOver(t *testing.T) {
 	standby, _ := start(pool)
 	standby.signals.standby.WaitOrTimeout(t)
 
-	// The backend waiting for the lock (between two rounds none is: poll).
-	waiter := func() int {
+	// The standby's session: the one whose last statement is an attempt at
+	// the lock and which does not hold it.
+	standbySession := func() int {
 		t.Helper()
 		var pid int
-		testwait.Until(t, passDeadline, "the standby's wait", func() bool {
-			if err := direct.QueryRow(context.Background(), `SELECT coalesce(min(pid), 0) FROM pg_locks
-				WHERE locktype = 'advisory' AND NOT granted`).Scan(&pid); err != nil {
-				t.Fatal(err)
-			}
-			return pid != 0
-		})
+		if err := direct.QueryRow(context.Background(), `SELECT coalesce(min(pid), 0) FROM pg_stat_activity
+			WHERE query = $1 AND pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)`,
+			drainerTryLockSQL).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
 		return pid
 	}
-	standby.signals.standbyRound.WaitOrTimeout(t)
-	first := waiter()
-	for range 3 {
-		standby.signals.standbyRound.WaitOrTimeout(t)
+	if got := standby.signals.takeoverAttempt.WaitOrTimeout(t); got {
+		t.Fatal("the standby took the lock the drainer holds")
 	}
-	if w := waiter(); w != first {
-		t.Fatalf("the standby's session changed across rounds that ended with the lock taken: backend %d, then %d", first, w)
+	first := standbySession()
+	for range 3 {
+		if got := standby.signals.takeoverAttempt.WaitOrTimeout(t); got {
+			t.Fatal("the standby took the lock the drainer holds")
+		}
+	}
+	if w := standbySession(); first == 0 || w != first {
+		t.Fatalf("the standby's session changed across attempts that came back: backend %d, then %d", first, w)
 	}
 
 	// Silent: the standby's session and its pool's connections stop

@@ -13,7 +13,10 @@ import (
 
 // DeadJob is one staged_jobs_dead row: a staged job the enqueuer could not
 // turn into a valid River job, with the reason. Its ID is the staged_jobs
-// id it had, and keeps when requeued.
+// id it had, and keeps when requeued. Two dead letters may share one ID
+// (migration 00032: a row staged with an explicit id, or staged again under
+// the id of a dead letter that was kept); `dead show` and `dead requeue`
+// act on the newest.
 type DeadJob struct {
 	ID          int64           `json:"id"`
 	CreatedAt   time.Time       `json:"created_at"`
@@ -77,11 +80,14 @@ ORDER BY dead_at, id LIMIT $3`, nullString(f.Kind), nullString(f.Reason), f.Limi
 // became, found by the idemd_staged_id the enqueuer puts in River's
 // metadata).
 type DeadReport struct {
-	ID      int64    `json:"id"`
-	Dead    *DeadJob `json:"dead"` // nil once requeued
-	Staged  bool     `json:"staged"`
-	River   []JobRef `json:"river_jobs"`
-	Actions []Action `json:"actions"`
+	ID   int64    `json:"id"`
+	Dead *DeadJob `json:"dead"` // the newest dead letter of the id; nil once requeued
+	// OlderDead counts the other dead letters of the id, older than Dead:
+	// each is requeued in turn once the newer ones are.
+	OlderDead int      `json:"older_dead"`
+	Staged    bool     `json:"staged"`
+	River     []JobRef `json:"river_jobs"`
+	Actions   []Action `json:"actions"`
 }
 
 // ShowDead reports on staged id id in one read-only snapshot. It is
@@ -97,7 +103,7 @@ func ShowDead(ctx context.Context, db TxDB, id int64) (*DeadReport, error) {
 		return nil, fmt.Errorf("dead show: %w", err)
 	}
 	rep := &DeadReport{ID: id}
-	rows, err := tx.Query(ctx, "SELECT "+deadColumns+" FROM staged_jobs_dead WHERE id = $1", id)
+	rows, err := tx.Query(ctx, "SELECT "+deadColumns+" FROM staged_jobs_dead WHERE id = $1 ORDER BY dead_at DESC", id)
 	if err != nil {
 		return nil, fmt.Errorf("dead show: %w", err)
 	}
@@ -105,8 +111,8 @@ func ShowDead(ctx context.Context, db TxDB, id int64) (*DeadReport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dead show: %w", err)
 	}
-	if len(dead) == 1 {
-		rep.Dead = &dead[0]
+	if len(dead) > 0 {
+		rep.Dead, rep.OlderDead = &dead[0], len(dead)-1
 	}
 	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM staged_jobs WHERE id = $1)", id).Scan(&rep.Staged); err != nil {
 		return nil, fmt.Errorf("dead show: %w", err)
@@ -134,9 +140,11 @@ type RequeueResult struct {
 
 // requeueSQL moves one dead letter back into staged_jobs and records it, in
 // one statement: every data-modifying part of a WITH runs, on one snapshot,
-// in one transaction. The DELETE takes the row lock, so of two concurrent
-// requeues of one id the second waits, then finds the row gone and moves
-// and records nothing. The staged row keeps its id (so River's
+// in one transaction. Of two dead letters of one id it moves the newest
+// (by dead_at; it reads no column of migration 00032's, so it runs on the
+// schema before it too). The row lock its SELECT takes makes two
+// concurrent requeues of one id wait for each other, and the second then
+// finds the row gone and moves and records nothing. The staged row keeps its id (so River's
 // idemd_staged_id and this record name the same number) and is staged anew
 // at now(); the insert's trigger wakes the enqueuer, which moves it exactly
 // once like any staged row, or dead-letters it again with a fresh reason if
@@ -144,8 +152,10 @@ type RequeueResult struct {
 // $1 id, $2 actor, $3 via, $4 note.
 const requeueSQL = `
 WITH moved AS (
-    DELETE FROM staged_jobs_dead WHERE id = $1
-    RETURNING *
+    DELETE FROM staged_jobs_dead
+    WHERE ctid = (SELECT ctid FROM staged_jobs_dead WHERE id = $1 ORDER BY dead_at DESC LIMIT 1 FOR UPDATE)
+    RETURNING id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata,
+        reason, dead_at, unique_key, unique_states
 ), staged AS (
     INSERT INTO staged_jobs (id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata,
         unique_key, unique_states)

@@ -1,8 +1,10 @@
 // Package operator is idemd's one operator core: every operator read
 // (status, a key, reviews, dead letters, the reaper's runs through
 // runhistory, the audit) and every operator write (retry a key, requeue a
-// dead letter, resolve a review), each write recorded with who, when and
-// why in idemd_operator_actions (migrations/00017).
+// dead letter, resolve a review, pause or resume the reaper), each write
+// recorded with who, when and why in idemd_operator_actions
+// (migrations/00017), with one actor check and one set of refusals
+// (ErrNotFound, ErrRefused: idemctl's exit 3).
 //
 // Two thin faces use it and nothing else: idemctl (internal/ctl) prints
 // what these functions return, as text or with -o json, and the web
@@ -32,8 +34,10 @@ const (
 
 // Actions recorded in idemd_operator_actions.action.
 const (
-	ActionKeyRetry    = "key_retry"
-	ActionDeadRequeue = "dead_requeue"
+	ActionKeyRetry     = "key_retry"
+	ActionDeadRequeue  = "dead_requeue"
+	ActionReaperPause  = "reaper_pause"
+	ActionReaperResume = "reaper_resume"
 )
 
 // ErrNotFound: the key, dead letter or review does not exist (any more).

@@ -23,9 +23,6 @@ const (
 	// MaxConcurrency bounds --concurrency: more batches at once than a
 	// database has cores only queue on its locks and its WAL.
 	MaxConcurrency = 64
-	// MinRetention guards against a typo ("--retention 72s") deleting keys
-	// that clients may still legitimately retry.
-	MinRetention = time.Hour
 	// MaxBatchSize bounds one transaction's size whatever the flag says.
 	MaxBatchSize = 1_000_000
 	// minBatchSize is the floor the run shrinks a timing-out batch to.

@@ -76,7 +76,7 @@ func TestThrottleOperatorPause(t *testing.T) {
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
 	insertOldKeys(t, pool, 300)
-	if _, err := reaperpause.Pause(ctx, pool, "alice", "idemctl", "test"); err != nil {
+	if err := reaperpause.Set(ctx, pool, reaperpause.State{PausedAt: time.Now(), PausedBy: "alice", Note: "test", ActionID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	svc := newService(t, pool, func(s *Settings) {
@@ -92,7 +92,7 @@ func TestThrottleOperatorPause(t *testing.T) {
 	if r := lastRun(t, pool); r.Result != runhistory.ResultRunning || r.ThrottleReason != "operator" || r.ThrottledSeconds <= 0 {
 		t.Fatalf("a paused run's row: %+v, want running, throttled by operator", r)
 	}
-	if _, err := reaperpause.Resume(ctx, pool, "bob", "idemctl", "test done"); err != nil {
+	if err := reaperpause.Clear(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	end := <-done

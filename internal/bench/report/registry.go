@@ -12,4 +12,5 @@ var Suites = map[string]func(ctx context.Context, adminURL string, scale Scale, 
 	"migrations": Migrations,
 	"adoption":   Adoption,
 	"standby":    ReaperStandby,
+	"takeover":   Takeover,
 }

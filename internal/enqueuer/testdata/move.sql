@@ -41,7 +41,7 @@ false) AS ok
         coalesce(priority, @default_priority), coalesce(queue, @default_queue), coalesce(scheduled_at, now()),
         (CASE WHEN scheduled_at IS NULL THEN 'available' ELSE 'scheduled' END)::river_job_state,
         coalesce(tags, '{}'), unique_key, unique_states
-    FROM firsts ORDER BY id
+    FROM firsts ORDER BY unique_key NULLS LAST, id
     ON CONFLICT (unique_key)
         WHERE unique_key IS NOT NULL AND unique_states IS NOT NULL AND river_job_state_in_bitmask(unique_states, state)
         DO UPDATE SET kind = river_job.kind

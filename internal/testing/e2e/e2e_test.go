@@ -24,6 +24,7 @@ import (
 	"github.com/idemd/idemd/internal/testing/e2e/alertcheck"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
 	"github.com/idemd/idemd/internal/testing/e2e/tcpproxy"
+	"github.com/idemd/idemd/internal/testing/horizon"
 	"github.com/idemd/idemd/internal/testing/pgbouncertest"
 	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
@@ -105,6 +106,15 @@ func (e *env) checkSessions(ctx context.Context) {
 	}
 }
 
+// checkHorizon fails the run when a session of idemd held a snapshot
+// longer than the bound at any sample.
+func (e *env) checkHorizon(rep horizon.Report) {
+	e.logf("xmin horizon: %s", rep)
+	if err := rep.Err(); err != nil {
+		e.t.Error(err)
+	}
+}
+
 func (e *env) logf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	e.eventMu.Lock()
@@ -132,6 +142,9 @@ func runFaults(t *testing.T, pooled bool) {
 	e := setUp(ctx, t, pooled)
 	defer system.CloseIdleConnections()
 	e.startRecording(ctx)
+	// No session of idemd may hold a snapshot longer than its longest
+	// statement, through every fault (docs/design.md, invariant 7).
+	hz := horizon.Start(ctx, e.pool, horizon.Options{Roles: []string{dbtest.RuntimeRole}, Logf: e.logf})
 
 	// Traffic: riders who give up mid-request (a fifth of them) and retry
 	// after a 409 or 5xx; decliners among them.
@@ -194,6 +207,7 @@ func runFaults(t *testing.T, pooled bool) {
 
 	stopDaemons(t, e.daemons, "system's")
 	e.oracle(ctx, stats)
+	e.checkHorizon(hz.Stop())
 	e.checkSessions(ctx)
 	e.scanLogs()
 	e.status(ctx)
@@ -323,25 +337,6 @@ func (e *env) startDaemons(ctx context.Context, opts system.DaemonOptions) {
 			t.Fatalf("%s is neither the drainer nor a standby: %v\n%s", p.Name, err, p.LogTail(3000))
 		}
 	}
-}
-
-// installStagedLog records every staged row that commits (a row staged by
-// a transaction that rolls back disappears from the log with it): the
-// oracle's list of what the enqueuers had to move.
-func (e *env) installStagedLog(ctx context.Context) error {
-	_, err := e.pool.Exec(ctx, `
-CREATE TABLE e2e_staged_log (id BIGINT PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL);
-CREATE FUNCTION e2e_staged_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO e2e_staged_log (id, job_name, job_args) VALUES (NEW.id, NEW.job_name, NEW.job_args);
-    RETURN NULL;
-END;
-$$;
-CREATE TRIGGER e2e_staged_log AFTER INSERT ON staged_jobs FOR EACH ROW EXECUTE FUNCTION e2e_staged_log();`)
-	if err != nil {
-		return fmt.Errorf("staged log: %w", err)
-	}
-	return nil
 }
 
 // seedOldKeys gives the reaper work: keys past its 1 h retention by the

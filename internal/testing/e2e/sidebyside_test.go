@@ -29,6 +29,7 @@ import (
 	"github.com/idemd/idemd/internal/testing/e2e/alertcheck"
 	"github.com/idemd/idemd/internal/testing/e2e/overlap"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
+	"github.com/idemd/idemd/internal/testing/horizon"
 	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
@@ -44,6 +45,10 @@ const (
 
 // sideBySide is the state of TestSideBySideUpgradeAndRollback beyond env:
 // the two releases' binaries and the processes outside the daemon set.
+// curApplicationPrefix names the current release's enqueuer and completer
+// sessions (application_name), apart from the previous release's.
+const curApplicationPrefix = "idemd-cur-"
+
 type sideBySide struct {
 	*env
 	old *system.Binaries
@@ -91,6 +96,13 @@ func TestSideBySideUpgradeAndRollback(t *testing.T) {
 	defer cancel()
 	s := setUpSideBySide(ctx, t)
 	defer system.CloseIdleConnections()
+	// This release's sessions hold no snapshot longer than the bound
+	// (docs/design.md, invariant 7); the previous release's standby
+	// enqueuer waited in pg_advisory_lock and did, so its sessions are not
+	// held to it.
+	hz := horizon.Start(ctx, s.pool, horizon.Options{Logf: s.logf, Ours: func(app, _ string) bool {
+		return strings.HasPrefix(app, curApplicationPrefix) || strings.HasPrefix(app, "reaper-cur-")
+	}})
 	defer func() {
 		if t.Failed() {
 			for _, p := range append(append(append(s.daemons.All(), s.cur.All()...), s.once...), s.rr.Proc) {
@@ -154,6 +166,7 @@ func TestSideBySideUpgradeAndRollback(t *testing.T) {
 	s.checkProcesses(s.cur.All()...)
 	stopDaemons(t, s.daemons, "previous release's")
 	s.oracle(ctx, stats)
+	s.checkHorizon(hz.Stop())
 	expectNoRows(ctx, t, s.pool, "pile keys left behind", `SELECT idempotency_key FROM idempotency_keys WHERE idempotency_key LIKE 'e2e-pile-%'`)
 	s.checkReaperFence(ctx)
 	if locks, err := dbtest.AdvisoryLocks(ctx, s.pool); err != nil || locks != 0 {
@@ -225,6 +238,7 @@ func setUpSideBySide(ctx context.Context, t *testing.T) *sideBySide {
 	}
 	t.Cleanup(s.daemons.Close)
 	opts.Enqueuers, opts.Completers = 1, 1
+	opts.ApplicationPrefix = curApplicationPrefix
 	if s.cur, err = s.daemonSet(s.bins, "cur", opts); err != nil {
 		t.Fatal(err)
 	}

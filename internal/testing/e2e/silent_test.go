@@ -312,10 +312,10 @@ func (s *silentRun) slowLink(ctx context.Context) {
 // halfOpen: the server's side of the drainer's listener connection (the
 // session holding the drainer lock) closes, and the drainer hears nothing
 // of it. The drainer lock must be held again by a live session with the
-// other enqueuer waiting on one, the old drainer must find its listener
-// dead, and staged rows must keep moving. Who takes over is measured: the
-// standby, waiting for the lock, gets it the moment the server ends the
-// old session.
+// other enqueuer standing by on one, the old drainer must find its
+// listener dead, and staged rows must keep moving. Who takes over is
+// measured: the standby, trying for the lock every --takeover-interval,
+// gets it once the server has ended the old session.
 func (s *silentRun) halfOpen(ctx context.Context) {
 	r := s.newReport("half-open drainer connection")
 	r.before = s.levelNow(ctx)
@@ -387,10 +387,12 @@ func (s *silentRun) halfOpen(ctx context.Context) {
 	s.backToLevel(ctx, r)
 }
 
-// drainerSessions reads the sessions that hold or wait for the drainer
-// lock: held is true when one holds it on a connection the proxy forwards;
-// waiting counts those waiting for it on such connections.
-func (s *silentRun) drainerSessions(ctx context.Context) (held bool, waiting int, err error) {
+// drainerSessions reads the enqueuers' lock sessions: held is true when
+// the drainer lock is held by a session on a connection the proxy
+// forwards; standingBy counts the other sessions on such connections whose
+// last statement was an attempt at the lock (a standby tries for it every
+// --takeover-interval, with a statement that returns at once).
+func (s *silentRun) drainerSessions(ctx context.Context) (held bool, standingBy int, err error) {
 	live := map[int]bool{}
 	for _, c := range s.proxy.Conns() {
 		live[c.Server.(*net.TCPAddr).Port] = true
@@ -401,24 +403,35 @@ func (s *silentRun) drainerSessions(ctx context.Context) (held bool, waiting int
 	}
 	var granted bool
 	var port int
-	_, err = pgx.ForEachRow(rows, []any{&granted, &port}, func() error {
-		switch {
-		case !live[port]:
-		case granted:
-			held = true
-		default:
-			waiting++
+	holders := map[int]bool{}
+	if _, err := pgx.ForEachRow(rows, []any{&granted, &port}, func() error {
+		if granted {
+			holders[port] = true
+			held = held || live[port]
+		}
+		return nil
+	}); err != nil {
+		return false, 0, err
+	}
+	rows, err = s.pool.Query(ctx, `SELECT coalesce(client_port, -1) FROM pg_stat_activity
+		WHERE datname = current_database() AND query LIKE $1`, "%pg_try_advisory_lock(hashtextextended('idemd enqueuer drainer '%")
+	if err != nil {
+		return false, 0, err
+	}
+	_, err = pgx.ForEachRow(rows, []any{&port}, func() error {
+		if live[port] && !holders[port] {
+			standingBy++
 		}
 		return nil
 	})
-	return held, waiting, err
+	return held, standingBy, err
 }
 
 // electionWhole: exactly one enqueuer is the drainer (listener_up) and
 // the others stand by, the drainer lock is held by a live session and
-// every standby waits for it on one. A standby waiting on a connection
-// that went silent reports itself standing by and would never take over:
-// only the server's view tells.
+// every standby tries for it on one. A standby whose session went silent
+// says it stands by, and would never take over: only the server's view
+// tells.
 func (s *silentRun) electionWhole(ctx context.Context) (bool, error) {
 	drainers, standbys := 0, 0
 	for _, p := range s.daemons.Enqueuers {
@@ -432,14 +445,12 @@ func (s *silentRun) electionWhole(ctx context.Context) (bool, error) {
 	if drainers != 1 || standbys != len(s.daemons.Enqueuers)-1 {
 		return false, fmt.Errorf("%d drainers and %d standbys", drainers, standbys)
 	}
-	held, waiting, err := s.drainerSessions(ctx)
+	held, standingBy, err := s.drainerSessions(ctx)
 	if err != nil {
 		return false, err
 	}
-	if !held || waiting != standbys {
-		// Between two rounds of its wait a standby waits for nothing: the
-		// poll catches it in the next.
-		return false, fmt.Errorf("drainer lock held by a live session: %v; %d of %d standbys waiting on live sessions", held, waiting, standbys)
+	if !held || standingBy != standbys {
+		return false, fmt.Errorf("drainer lock held by a live session: %v; %d of %d standbys trying for it on live sessions", held, standingBy, standbys)
 	}
 	return true, nil
 }

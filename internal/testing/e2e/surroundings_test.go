@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/e2e/oracle"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
 	"github.com/idemd/idemd/internal/testing/e2e/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/scratchdb"
@@ -68,7 +69,7 @@ func (e *env) startAPI(ctx context.Context) (secretPath string, secret []byte) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.rr.Close)
-	if err := e.installStagedLog(ctx); err != nil {
+	if err := oracle.InstallStagedLog(ctx, e.pool); err != nil {
 		t.Fatal(err)
 	}
 	return secretPath, secret

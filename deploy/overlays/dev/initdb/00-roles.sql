@@ -117,15 +117,21 @@ $walc$;
 -- pg_stat_replication on the primary (docs/reaper.md, "The throttle"):
 -- PostgreSQL shows them only to members of pg_read_all_stats (which
 -- pg_monitor includes), to anyone else every column but the pid is NULL and
--- the reaper refuses to run blind. pg_read_all_stats is the narrowest role
--- that shows them: it reads statistics views, no data and no settings.
--- Optional: where this is refused (a provider whose admin may not grant
--- it), grant it as the provider says, or run the reaper with --max-lag 0
--- --max-lag-bytes 0 and watch the replicas another way.
+-- the reaper refuses to run blind. The completer's database-wide gauges
+-- time what holds the vacuum horizon back from pg_stat_activity, whose
+-- xact_start and backend_start of other roles' sessions (the API's) the
+-- same role alone shows; backend_xmin and application_name every role
+-- sees (docs/operations.md, IdemdDbStatsWithoutReadAllStats).
+-- pg_read_all_stats is the narrowest role that shows them: it reads
+-- statistics views, no data and no settings. Optional: where this is
+-- refused (a provider whose admin may not grant it), grant it as the
+-- provider says, or run the reaper with --max-lag 0 --max-lag-bytes 0 and
+-- watch the replicas another way; the horizon's holders of other roles are
+-- then exported by their age in transactions only.
 DO $stats$
 BEGIN
     EXECUTE 'GRANT pg_read_all_stats TO idemd_runtime';
 EXCEPTION WHEN insufficient_privilege OR invalid_grant_operation THEN
-    RAISE NOTICE 'could not grant pg_read_all_stats to idemd_runtime (%); the reaper cannot see the replicas'' lag (docs/reaper.md)', SQLERRM;
+    RAISE NOTICE 'could not grant pg_read_all_stats to idemd_runtime (%); the reaper cannot see the replicas'' lag (docs/reaper.md), the completer cannot time other roles'' snapshots (docs/operations.md)', SQLERRM;
 END
 $stats$;

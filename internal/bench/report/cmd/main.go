@@ -19,7 +19,7 @@ func main() {
 	out := flag.String("out", "bench-report.txt", "file the report is also written to")
 	db := flag.String("database-url", envOr("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "admin URL of the server; each suite creates and drops its own database")
 	scale := flag.Float64("scale", 1, "fraction of the issues' sizes (0.1 for a quick look)")
-	suites := flag.String("suites", "enqueuer,reaper,completer,e2e,staging,migrations,adoption", "comma-separated suites to run")
+	suites := flag.String("suites", "enqueuer,takeover,reaper,completer,e2e,staging,migrations,adoption", "comma-separated suites to run")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

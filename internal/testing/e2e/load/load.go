@@ -37,7 +37,6 @@ import (
 	"github.com/idemd/idemd/examples/rocketrides/simulator"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
-	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
 // Config is one configuration of the API and idemd under load.
@@ -423,24 +422,6 @@ func newBenchEnv(ctx context.Context, adminURL string, shared bool, name string,
 	return env, nil
 }
 
-// freshDatabase creates a database named after prefix on adminURL's server,
-// applies deploy/sql/roles.sql as the operator does and runs idemd's
-// migrations as idemd_migrator, as deployed (the daemons then connect as
-// idemd_runtime). drop removes it.
-func freshDatabase(ctx context.Context, adminURL string, bins *system.Binaries, prefix string) (dbURL string, drop func(context.Context) error, err error) {
-	dbURL, drop, err = scratchdb.Create(ctx, adminURL, prefix)
-	if err != nil {
-		return "", nil, err
-	}
-	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
-		return "", nil, errors.Join(err, drop(context.WithoutCancel(ctx)))
-	}
-	if err := system.Migrate(ctx, bins, dbtest.MigratorURL(dbURL)); err != nil {
-		return "", nil, errors.Join(err, drop(context.WithoutCancel(ctx)))
-	}
-	return dbURL, drop, nil
-}
-
 type bench struct {
 	admin    *pgxpool.Pool
 	adminURL string
@@ -466,7 +447,7 @@ func (b *bench) run(ctx context.Context, cfg Config, spec runSpec) (ph Phase, er
 	}
 	// The API and the measurement keep the admin URL (the API's role is
 	// the operator's).
-	dbURL, drop, err := freshDatabase(ctx, b.adminURL, b.bins, "idemd_load")
+	dbURL, drop, err := system.CreateDatabase(ctx, b.adminURL, b.bins, "idemd_load")
 	if err != nil {
 		return ph, fmt.Errorf("load: %w", err)
 	}
@@ -480,7 +461,7 @@ func (b *bench) run(ctx context.Context, cfg Config, spec runSpec) (ph Phase, er
 		return ph, fmt.Errorf("load: %w", err)
 	}
 	var rr *system.RocketRides
-	err = startRetrying(func() (*system.Proc, error) {
+	err = system.StartRetrying(func() (*system.Proc, error) {
 		var err error
 		rr, err = b.newAPI(cfg, dbURL, secretPath, dir, spec.clients)
 		if err != nil {
@@ -504,11 +485,11 @@ func (b *bench) run(ctx context.Context, cfg Config, spec runSpec) (ph Phase, er
 	var procs []*system.Proc
 	for _, d := range b.daemons(cfg, dbURL, rr.APIURL, secretPath, dir) {
 		var p *system.Proc
-		err := startRetrying(func() (*system.Proc, error) {
+		err := system.StartRetrying(func() (*system.Proc, error) {
 			var err error
 			p, err = d()
 			return p, err
-		}, func(p *system.Proc) error { return ready(ctx, p) })
+		}, func(p *system.Proc) error { return system.WaitReady(ctx, p) })
 		if err != nil {
 			return ph, err
 		}
@@ -541,22 +522,6 @@ func (b *bench) run(ctx context.Context, cfg Config, spec runSpec) (ph Phase, er
 	return ph, nil
 }
 
-// ready waits up to a minute for p's /readyz.
-func ready(ctx context.Context, p *system.Proc) error {
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := system.Poll(wctx, 50*time.Millisecond, func() (bool, error) {
-		if !p.Running() {
-			return false, errors.New("exited")
-		}
-		ok, _ := p.Ready(wctx)
-		return ok, nil
-	}); err != nil {
-		return fmt.Errorf("load: %s not ready: %w\n%s", p.Name, err, p.LogTail(2000))
-	}
-	return nil
-}
-
 // apiUp waits up to a minute for the API's own /healthz, which it serves
 // once it has created its tables (its /readyz may pass before).
 func apiUp(ctx context.Context, rr *system.RocketRides) error {
@@ -582,33 +547,6 @@ func apiUp(ctx context.Context, rr *system.RocketRides) error {
 		return fmt.Errorf("load: rocketrides did not come up: %w\n%s", err, rr.LogTail(2000))
 	}
 	return nil
-}
-
-// startRetrying starts the process newProc returns and waits with up until
-// it is up. The ports the processes listen on are free when chosen, not
-// necessarily when the process binds them (another process of the machine
-// may take one in between): a process that exits before it is up is
-// replaced by a new one, on new ports, up to three times.
-func startRetrying(newProc func() (*system.Proc, error), up func(*system.Proc) error) error {
-	var last error
-	for range 3 {
-		p, err := newProc()
-		if err != nil {
-			return err
-		}
-		if err := p.Start(); err != nil {
-			return fmt.Errorf("load: %w", err)
-		}
-		if last = up(p); last == nil {
-			return nil
-		}
-		running := p.Running()
-		p.Close()
-		if running {
-			return last // up, but not answering: not a port race
-		}
-	}
-	return last
 }
 
 // newAPI returns the rocketrides process of cfg (not started), on free

@@ -225,7 +225,7 @@ func (receiptArgs) Kind() string { return "send_ride_receipt" }
 // database makes a fresh database with the benchmark's tables and a pool
 // of clients connections on it; done drops both.
 func (s *staging) database(ctx context.Context, clients int) (dbURL string, pool *pgxpool.Pool, done func(context.Context) error, err error) {
-	dbURL, drop, err := freshDatabase(ctx, s.adminURL, s.bins, "idemd_staging")
+	dbURL, drop, err := system.CreateDatabase(ctx, s.adminURL, s.bins, "idemd_staging")
 	if err != nil {
 		return "", nil, nil, fmt.Errorf("staging: %w", err)
 	}
@@ -269,7 +269,7 @@ func (s *staging) enqueuers(ctx context.Context, dbURL string, nice int) ([]*sys
 			return procs, fmt.Errorf("staging: %w", err)
 		}
 		procs = append(procs, p)
-		if err := ready(ctx, p); err != nil {
+		if err := system.WaitReady(ctx, p); err != nil {
 			return procs, err
 		}
 		// Ready: nice has set the niceness and executed the enqueuer.

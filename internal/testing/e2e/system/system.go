@@ -1,5 +1,6 @@
 // Package system runs idemd the way it is deployed, for the end-to-end fault
-// suite (internal/testing/e2e) and the load run (internal/testing/e2e/load): it builds the
+// suite (internal/testing/e2e), the load run (internal/testing/e2e/load) and
+// the soak (internal/testing/e2e/soak): it builds the
 // real binaries, creates and migrates a database with `idemctl migrate`,
 // starts Rocket Rides (API, fake Stripe, receipt worker) and the daemons as
 // processes, and keeps count of every process exit it did not cause.
@@ -16,6 +17,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +30,8 @@ import (
 
 	"github.com/idemd/idemd/examples/rocketrides/api"
 	"github.com/idemd/idemd/examples/rocketrides/fakestripe"
+	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
 // Binaries are the built commands.
@@ -51,12 +55,21 @@ func ModuleRoot(ctx context.Context) (string, error) {
 
 // Build compiles the daemons, idemctl and the rocketrides server into dir.
 func Build(ctx context.Context, dir string) (*Binaries, error) {
+	return BuildTags(ctx, dir)
+}
+
+// BuildTags is Build with build tags (the soak's idemd_short_retention).
+func BuildTags(ctx context.Context, dir string, tags ...string) (*Binaries, error) {
 	root, err := ModuleRoot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator),
-		"./cmd/enqueuer", "./cmd/completer", "./cmd/reaper", "./cmd/idemctl", "./examples/rocketrides/cmd/rocketrides")
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	args = append(args, "./cmd/enqueuer", "./cmd/completer", "./cmd/reaper", "./cmd/idemctl", "./examples/rocketrides/cmd/rocketrides")
+	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build: %w\n%s", err, out)
@@ -318,8 +331,15 @@ func (p *Proc) LogTail(n int64) string {
 // httpClient is short-timeout: every call here is a probe or an admin call.
 var httpClient = &http.Client{Timeout: 5 * time.Second}
 
+// recordsClient reads the fake Stripe's records: after a soak they are
+// hundreds of thousands of charges, more than a probe's timeout reads.
+var recordsClient = &http.Client{Timeout: 2 * time.Minute}
+
 // CloseIdleConnections releases the probes' keep-alive connections (goleak).
-func CloseIdleConnections() { httpClient.CloseIdleConnections() }
+func CloseIdleConnections() {
+	httpClient.CloseIdleConnections()
+	recordsClient.CloseIdleConnections()
+}
 
 // Ready asks /readyz: true for 200, false with the body otherwise (and
 // false with the error when the process does not answer).
@@ -400,6 +420,8 @@ type RocketRidesOptions struct {
 	SecretFile    string // replay secret; the completer signs with it
 	StripeLatency time.Duration
 	Dir           string // for the log
+	// ExtraArgs are appended to the server's flags (--receipt-workers).
+	ExtraArgs []string
 }
 
 // StartRocketRides starts the rocketrides server on free ports and waits
@@ -424,6 +446,7 @@ func StartRocketRides(ctx context.Context, bins *Binaries, o RocketRidesOptions)
 		},
 		APIURL: "http://" + addrs[0], AdminURL: "http://" + addrs[1], StripeURL: "http://" + addrs[2],
 	}
+	rr.Args = append(rr.Args, o.ExtraArgs...)
 	if err := rr.Start(); err != nil {
 		return nil, err
 	}
@@ -473,7 +496,7 @@ func (rr *RocketRides) Charges(ctx context.Context) ([]fakestripe.Charge, error)
 	if err != nil {
 		return nil, fmt.Errorf("charges: %w", err)
 	}
-	resp, err := httpClient.Do(req)
+	resp, err := recordsClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("charges: %w", err)
 	}
@@ -560,6 +583,10 @@ type DaemonOptions struct {
 	// ReaperSchedule is the reaper's --schedule with AtDefaults (it has no
 	// default: without it the reaper runs once and exits).
 	ReaperSchedule string
+	// ApplicationPrefix, when set, names each daemon's sessions
+	// (application_name in its URL) <prefix><daemon>, e.g. a release's
+	// daemons apart from another's.
+	ApplicationPrefix string
 	// PreviousRelease: the binaries are the previous release's, whose
 	// enqueuer names its sweep interval --poll-interval (this release's
 	// --sweep-interval; the old spelling still works here, with a
@@ -575,7 +602,18 @@ func NewDaemons(bins *Binaries, o DaemonOptions) (*DaemonSet, error) {
 		if err != nil {
 			return nil, "", err
 		}
-		args := []string{"--database-url", o.DatabaseURL, "--log-format", "console", "--http-addr", addr, "--shutdown-timeout", "10s"}
+		dbURL := o.DatabaseURL
+		if o.ApplicationPrefix != "" {
+			u, err := url.Parse(dbURL)
+			if err != nil {
+				return nil, "", fmt.Errorf("daemon URL: %w", err)
+			}
+			q := u.Query()
+			q.Set("application_name", o.ApplicationPrefix+name)
+			u.RawQuery = q.Encode()
+			dbURL = u.String()
+		}
+		args := []string{"--database-url", dbURL, "--log-format", "console", "--http-addr", addr, "--shutdown-timeout", "10s"}
 		return append(args, o.ExtraArgs...), addr, nil
 	}
 	for i := range o.Enqueuers {
@@ -666,4 +704,65 @@ func (d *DaemonSet) Close() {
 	for _, p := range d.All() {
 		p.Close()
 	}
+}
+
+// CreateDatabase creates a database named after prefix on adminURL's server,
+// applies deploy/sql/roles.sql as the operator does and runs idemd's
+// migrations as idemd_migrator, as deployed (the daemons then connect as
+// idemd_runtime). drop removes it.
+func CreateDatabase(ctx context.Context, adminURL string, bins *Binaries, prefix string) (dbURL string, drop func(context.Context) error, err error) {
+	dbURL, drop, err = scratchdb.Create(ctx, adminURL, prefix)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
+		return "", nil, errors.Join(err, drop(context.WithoutCancel(ctx)))
+	}
+	if err := Migrate(ctx, bins, dbtest.MigratorURL(dbURL)); err != nil {
+		return "", nil, errors.Join(err, drop(context.WithoutCancel(ctx)))
+	}
+	return dbURL, drop, nil
+}
+
+// WaitReady waits up to a minute for p's /readyz.
+func WaitReady(ctx context.Context, p *Proc) error {
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := Poll(wctx, 50*time.Millisecond, func() (bool, error) {
+		if !p.Running() {
+			return false, errors.New("exited")
+		}
+		ok, _ := p.Ready(wctx)
+		return ok, nil
+	}); err != nil {
+		return fmt.Errorf("%s not ready: %w\n%s", p.Name, err, p.LogTail(2000))
+	}
+	return nil
+}
+
+// StartRetrying starts the process newProc returns and waits with up until
+// it is up. The ports the processes listen on are free when chosen, not
+// necessarily when the process binds them (another process of the machine
+// may take one in between): a process that exits before it is up is
+// replaced by a new one, on new ports, up to three times.
+func StartRetrying(newProc func() (*Proc, error), up func(*Proc) error) error {
+	var last error
+	for range 3 {
+		p, err := newProc()
+		if err != nil {
+			return err
+		}
+		if err := p.Start(); err != nil {
+			return err
+		}
+		if last = up(p); last == nil {
+			return nil
+		}
+		running := p.Running()
+		p.Close()
+		if running {
+			return last // up, but not answering: not a port race
+		}
+	}
+	return last
 }
