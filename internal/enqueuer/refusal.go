@@ -137,7 +137,9 @@ func (s *Service) batchFailed(err error, from int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.current == nil || r.current.cause != ref.cause {
-		s.logger.Error("enqueuer moves refused: no staged job is moved until the cause is fixed; they wait in staged_jobs, none is dead-lettered",
+		// A warning: the pass that met the refusal logs its error line
+		// already; this one names the cause and the fix, once.
+		s.logger.Warn("enqueuer moves refused: no staged job is moved until the cause is fixed; they wait in staged_jobs, none is dead-lettered",
 			zap.String("cause", ref.cause), zap.String("fix", ref.fix), zap.Error(err))
 	}
 	if r.current == nil || from < r.from {
