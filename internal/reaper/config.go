@@ -76,7 +76,7 @@ type Settings struct {
 type ThrottleSettings struct {
 	MaxLag         time.Duration `name:"max-lag" default:"${max_lag}" help:"Wait before the next batch while a replica's replay lag is above this (pg_stat_replication's replay_lag on the primary, and each --replica-url). 0: do not watch the replicas' time lag."`
 	MaxLagBytes    string        `name:"max-lag-bytes" default:"${max_lag_bytes}" help:"Wait before the next batch while a replica's replay is more than this much WAL behind the primary (64MB, 512kB, bytes): it also sees a replica whose replay has stopped. 0: do not watch the distance."`
-	MaxLoad        string        `name:"max-load" default:"${max_load}" help:"Wait before the next batch while the primary's load is above this: comma-separated wal_rate=<bytes/s> (the server's WAL rate, the reaper's own included) and commit_latency=<duration> (the COMMIT time of a probe transaction, what the API's commits wait for). Empty: no load limit."`
+	MaxLoad        string        `name:"max-load" default:"${max_load}" help:"Limits on the primary's load, comma-separated: wal_rate=<bytes/s> paces the server's WAL (the reaper's and the API's) to that rate on average, each round followed by the time its WAL takes at the rate; wal_rate=auto is 0.8 of the WAL that makes the server request a checkpoint per checkpoint_timeout (from max_wal_size and checkpoint_completion_target), halved when the server requests one anyway. commit_latency=<duration> is the budget of a probe transaction's COMMIT (what the API's commits wait for): the batch size halves after a round over it and grows after one under it, and no round starts while it is over; commit_latency=auto is 4x the probe's commit measured after the first batch, at least 4ms. Empty: no load limit."`
 	CriticalLoad   string        `name:"critical-load" default:"${critical_load}" help:"Stop the run cleanly (stop_reason critical_load, recorded with the measurement) when the primary's load is above this, in --max-load's form; its values must be above --max-load's. The next run continues. Empty: never stop for load."`
 	PauseMin       time.Duration `name:"pause-min" default:"${pause_min}" help:"The first wait when a limit is crossed; each further wait of the same stretch doubles, up to --pause-max."`
 	PauseMax       time.Duration `name:"pause-max" default:"${pause_max}" help:"The longest wait between two readings of the limits while throttled."`
@@ -155,8 +155,8 @@ func DefaultSettings() Settings {
 }
 
 // DefaultThrottle is the throttle's defaults (docs/reaper.md, "The
-// throttle"): on for replicas, off for load, whose ceilings depend on the
-// hardware.
+// throttle"): on for replicas, and for load with limits measured on the
+// server when a run starts.
 func DefaultThrottle() ThrottleSettings {
 	return ThrottleSettings{
 		// One second: a read replica serving the API's reads shows data at
@@ -173,6 +173,14 @@ func DefaultThrottle() ThrottleSettings {
 		// 100 ms, doubling to 5 s: a lag that clears at once costs one
 		// short wait, and a replica minutes behind is asked about a dozen
 		// times a minute.
+		// A first reap on an untuned server must not cost the API: the
+		// run's WAL is paced to what lets the checkpoints come on their
+		// schedule (a requested checkpoint makes every page the API
+		// touches next be logged whole), and the batches shrink to keep
+		// the API's commits within a few times their quiet time. Both
+		// are measured on the server when the run starts, so neither
+		// needs tuning (docs/reaper.md, "The throttle").
+		MaxLoad:  "wal_rate=auto,commit_latency=auto",
 		PauseMin: 100 * time.Millisecond,
 		PauseMax: 5 * time.Second,
 	}

@@ -41,6 +41,12 @@ type metrics struct {
 	leaseTakeovers    prometheus.Counter
 	// throttled: seconds runs waited between batches, by reason.
 	throttled *prometheus.CounterVec
+	// paced: seconds runs waited for their WAL pacer, their pace rather
+	// than a pressure (not in throttled, so a paced run is not "mostly
+	// throttled").
+	paced prometheus.Counter
+	// checkpoints: checkpoints the server requested while a run reaped.
+	checkpoints prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -95,6 +101,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_reaper_throttled_seconds_total",
 			Help: "Seconds reaper runs waited between batches for their throttle, by reason: operator, replica_lag, replica_bytes, wal_rate, commit_latency, signal_error.",
 		}, []string{"reason"}),
+		paced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_reaper_paced_seconds_total",
+			Help: "Seconds reaper runs waited after a round for its WAL to take its time at --max-load wal_rate (the run's pace, not counted as throttled).",
+		}),
+		checkpoints: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_reaper_requested_checkpoints_total",
+			Help: "Checkpoints the server requested while a reaper run reaped (max_wal_size filled before checkpoint_timeout, or a CHECKPOINT); with wal_rate=auto each halves the run's WAL rate.",
+		}),
 		lastSuccess: newUnsetGauge(prometheus.GaugeOpts{
 			Name: "idemd_reaper_last_success_timestamp_seconds",
 			Help: "Unix time of the end of the last run that completed; absent until one has (alert when it grows old).",
@@ -112,7 +126,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.concurrentBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers, m.throttled} {
+	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.concurrentBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers, m.throttled, m.paced, m.checkpoints} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("reaper: register metrics: %w", err)
 		}

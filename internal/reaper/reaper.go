@@ -88,6 +88,15 @@ type Result struct {
 	// throttle; ThrottleReason the reason of its latest wait.
 	Throttled      time.Duration
 	ThrottleReason string
+	// Paced is the time the run waited for its WAL pacer: its pace, not
+	// throttled time. WALRate is the pacer's rate at the run's end (bytes
+	// per second; 0: not paced), halved from its start for each
+	// RequestedCheckpoints with wal_rate=auto. CommitBudget is the
+	// commit_latency the batch size adapted to (0: none).
+	Paced                time.Duration
+	WALRate              float64
+	RequestedCheckpoints int64
+	CommitBudget         time.Duration
 }
 
 // BlockedError is a batch that a foreign key with ON DELETE RESTRICT or NO
@@ -341,6 +350,13 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 	var cursor *batchCursor
 	alone := false // the next round redoes a batch of a concurrent round
 	thr := s.newRunThrottle()
+	defer s.endStretch(thr)
+	if err := s.startThrottle(soft, thr, res); err != nil {
+		if soft.Err() != nil {
+			return stop{reason: stopShutdown}, nil
+		}
+		return stop{reason: stopError}, err
+	}
 	for {
 		if soft.Err() != nil {
 			return stop{reason: stopShutdown}, nil
@@ -348,8 +364,9 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		if time.Since(start) >= s.cfg.MaxRuntime {
 			return stop{reason: stopMaxRuntime}, nil
 		}
-		w := s.throttleWait(soft, start, run, thr, res.Batches)
+		w := s.throttleWait(soft, start, run, thr, res)
 		res.Throttled += w.waited
+		res.Paced += w.paced
 		if w.reason != "" {
 			res.ThrottleReason = string(w.reason)
 		}
@@ -362,17 +379,19 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		if err := s.renewLease(ctx); err != nil {
 			return s.roundFailed(ctx, err, res.Batches)
 		}
+		width := roundWidth(&s.cfg.Settings, batchSize, res.Deleted, res.Flagged)
+		if alone {
+			width = 1
+		}
+		size := thr.batchSize(batchSize, width)
+		res.FinalBatchSize = size
 		job := batchJob{
 			run:            run,
-			batchSize:      s.batchLimit(batchSize, res.Deleted),
+			batchSize:      s.batchLimit(size, res.Deleted),
 			cursor:         cursor,
 			deleted:        res.Deleted,
 			flagged:        res.Flagged,
 			walCompression: res.WALCompression,
-		}
-		width := roundWidth(&s.cfg.Settings, batchSize, res.Deleted, res.Flagged)
-		if alone {
-			width = 1
 		}
 		jobs, err := s.planRound(ctx, job, width)
 		if err != nil {
@@ -380,10 +399,12 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		}
 		probed := thr.read.ProbeRound(ctx)
 		end := s.runRound(ctx, jobs)
-		thr.roundCommit = probed()
+		var keys int64
 		for _, b := range end.committed {
 			s.account(res, b)
+			keys += b.deleted
 		}
+		thr.roundEnded(keys, probed())
 		cursor, alone = end.cursor, end.alone
 		if alone {
 			s.logger.Debug("a batch of a concurrent round is redone alone", zap.Int("batches", res.Batches), zap.Error(end.err))
@@ -407,6 +428,12 @@ func (s *Service) reap(ctx, soft context.Context, res *Result, start time.Time, 
 		if !end.more {
 			res.Complete = true
 			return stop{}, nil
+		}
+		if err := s.measureBudget(soft, thr, res); err != nil {
+			if soft.Err() != nil {
+				return stop{reason: stopShutdown}, nil
+			}
+			return stop{reason: stopError}, err
 		}
 		s.pause(soft)
 	}
@@ -585,6 +612,18 @@ func (s *Service) summarize(res *Result, err error) ([]zap.Field, bool) {
 	}
 	if res.Throttled > 0 {
 		fields = append(fields, zap.Duration("throttled", res.Throttled), zap.String("throttle_reason", res.ThrottleReason))
+	}
+	if res.Paced > 0 {
+		fields = append(fields, zap.Duration("paced", res.Paced))
+	}
+	if res.WALRate > 0 {
+		fields = append(fields, zap.String("wal_rate", throttle.HumanRate(res.WALRate)))
+	}
+	if res.RequestedCheckpoints > 0 {
+		fields = append(fields, zap.Int64("requested_checkpoints", res.RequestedCheckpoints))
+	}
+	if res.CommitBudget > 0 {
+		fields = append(fields, zap.Duration("commit_budget", res.CommitBudget), zap.Int("final_batch_size", res.FinalBatchSize))
 	}
 	if res.LeaseHolder != "" {
 		fields = append(fields, zap.String("lease_holder", res.LeaseHolder))

@@ -20,19 +20,39 @@ import (
 	"github.com/idemd/idemd/internal/runhistory"
 )
 
-// runThrottle is one run's throttle: its decisions' state and its reader of
-// the signals (the WAL rate is measured from one reading to the next).
+// runThrottle is one run's throttle: its decisions' state, its reader of
+// the signals (the WAL rate is measured from one reading to the next), the
+// batch sizer, and the stretch the log reports on.
 type runThrottle struct {
 	decide *throttle.Throttle
 	read   *throttle.Reader
-	// reason is the reason of the stretch in progress, "" outside one:
-	// the log says when a stretch starts, changes reason and ends, never
-	// at every wait.
-	reason throttle.Reason
-	since  time.Time
+	// size is the batch size adapting to the commit budget and the WAL
+	// pacer (batchSize).
+	size *throttle.Sizer
+	// budget is the commit_latency the sizer adapts to; 0: none (yet:
+	// autoBudget, commit_latency=auto, measures it after the first round).
+	budget     time.Duration
+	autoBudget bool
+	// stretch is the throttled stretch in progress, for its two log lines.
+	stretch stretch
 	// roundCommit is the probes' median commit while the last round ran
 	// (ProbeRound), for the next decision only.
 	roundCommit time.Duration
+	// preRound is the WAL position read just before the last round (0: no
+	// round since the last reading), roundKeys the keys it deleted.
+	// bytesPerKey is the server's WAL per key deleted from the start of
+	// one round to the start of the next, smoothed: what sizes a round
+	// for the pacer. From round start to round start, waits included,
+	// because some of a round's WAL is written after it (the first
+	// reading after a round sees about three quarters of it on a quiet
+	// server); an API writing beside the run makes the estimate larger
+	// and the rounds smaller, which errs on the side of the limit.
+	preRound    int64
+	roundKeys   int64
+	bytesPerKey float64
+	// requested counts the checkpoints the server requested during the
+	// run.
+	requested int64
 }
 
 func (s *Service) newRunThrottle() *runThrottle {
@@ -43,10 +63,109 @@ func (s *Service) newRunThrottle() *runThrottle {
 			Primary:       s.cfg.Pool,
 			Replicas:      s.cfg.Replicas,
 			WatchReplicas: l.MaxLag > 0 || l.MaxLagBytes > 0,
-			ProbeCommit:   l.MaxLoad.CommitLatency > 0 || l.CriticalLoad.CommitLatency > 0,
+			ProbeCommit:   l.MaxLoad.ProbesCommit() || l.CriticalLoad.CommitLatency > 0,
 			Timeout:       s.cfg.StatementTimeout,
 		},
+		size: throttle.NewSizer(throttle.MinBatch, s.cfg.BatchSize, s.cfg.BatchSize),
 	}
+}
+
+// startThrottle settles the limits a run reads before its first batch:
+// wal_rate=auto's rate from the server's checkpoint settings. With a
+// commit_latency budget the batches start at the smallest size and grow
+// while the budget allows (commit_latency=auto's is measured after the
+// first round: measureBudget).
+func (s *Service) startThrottle(ctx context.Context, t *runThrottle, res *Result) error {
+	l := s.cfg.Throttle.limits()
+	if l.MaxLoad.PacesWAL() {
+		c, err := t.read.ReadCheckpoints(ctx)
+		if err != nil {
+			return fmt.Errorf("reaper: throttle: %w", err)
+		}
+		t.decide.WatchCheckpoints(c.Requested)
+		rate := l.MaxLoad.WALRate
+		if l.MaxLoad.WALRateAuto {
+			rate = c.WALBudget()
+		}
+		if rate > 0 {
+			t.decide.Pace(rate, l.MaxLoad.WALRateAuto)
+			res.WALRate = rate
+		}
+	}
+	t.budget = l.MaxLoad.CommitLatency
+	res.CommitBudget = t.budget
+	t.autoBudget = l.MaxLoad.CommitLatencyAuto
+	if t.budget > 0 || t.autoBudget {
+		// The batch grows from the smallest while the API's commits keep
+		// the budget. (The pacer alone sizes the first round at the
+		// smallest too, until it knows the WAL per key: batchSize.)
+		t.size = throttle.NewSizer(throttle.MinBatch, s.cfg.BatchSize, throttle.MinBatch)
+	}
+	return nil
+}
+
+// measureBudget measures commit_latency=auto's budget after the run's
+// first round, when that round left keys to reap: a round of the smallest
+// batch, whose WAL is flushed by then, so the probes see the API's commits
+// without the reaper; a run with one batch or none (an idle pass on a
+// schedule) does without the fifth of a second the probes take.
+func (s *Service) measureBudget(ctx context.Context, t *runThrottle, res *Result) error {
+	if !t.autoBudget || t.budget > 0 {
+		return nil
+	}
+	quiet, err := t.read.QuietCommit(ctx)
+	if err != nil {
+		return fmt.Errorf("reaper: throttle: %w", err)
+	}
+	t.budget = throttle.AutoCommitBudget(quiet)
+	t.decide.SetCommitBudget(t.budget)
+	res.CommitBudget = t.budget
+	return nil
+}
+
+// batchSize is the next round's batch size: the sizer's, within the WAL
+// the pacer allows a round (spread over the round's width), and never over
+// limit (--batch-size, halved by statement timeouts).
+func (t *runThrottle) batchSize(limit, width int) int {
+	n := t.size.Size()
+	if p := t.decide.Pacer(); p != nil {
+		keys := throttle.MinBatch
+		if t.bytesPerKey > 0 {
+			keys = int(p.BatchBytes() / t.bytesPerKey / float64(max(width, 1)))
+		}
+		n = t.size.Cap(keys)
+	}
+	return max(min(n, limit), 1)
+}
+
+// roundEnded records a round: the keys it deleted (for the WAL per key)
+// and its probes' median commit, which moves the batch size. A round over
+// the budget shrinks the next batch; only when the batch cannot shrink
+// does the throttle also wait after it (Throttle's afterRound).
+func (t *runThrottle) roundEnded(keys int64, roundCommit time.Duration) {
+	t.roundKeys = keys
+	atMin := t.size.AtMin()
+	t.size.Observe(roundCommit, t.budget)
+	if t.budget > 0 && roundCommit > t.budget && !atMin {
+		roundCommit = 0
+	}
+	t.roundCommit = roundCommit
+}
+
+// walPerKey folds a round's WAL per key into the estimate the pacer's
+// batch size is computed from: the newest round weighs half, so the
+// estimate follows the table (full-page images after a checkpoint) within
+// a few rounds.
+func (t *runThrottle) walPerKey(bytes, keys int64) {
+	if bytes <= 0 || keys <= 0 {
+		return
+	}
+	b := float64(bytes) / float64(keys)
+	if t.bytesPerKey == 0 {
+		t.bytesPerKey = b
+		return
+	}
+	t.bytesPerKey = (t.bytesPerKey + b) / 2
 }
 
 // waited is what one throttleWait did: the time it waited and the reason
@@ -54,6 +173,7 @@ func (s *Service) newRunThrottle() *runThrottle {
 // run must end instead of going on.
 type waited struct {
 	waited time.Duration
+	paced  time.Duration
 	reason throttle.Reason
 	stop   stop
 	err    error
@@ -61,23 +181,30 @@ type waited struct {
 
 // throttleWait is asked before every round of batches whether the run may
 // go on: it reads the signals and waits (counting the time in the run's
-// row and idemd_reaper_throttled_seconds_total; the caller adds it to the
-// Result) until no limit is crossed. It returns a stop when the run must
-// end instead: the critical ceiling (critical_load, with the measurement),
-// the run's time being up (max_runtime) or a stop request (shutdown). The
-// wait happens between batches, with no transaction open, so a throttled
-// run holds nothing but its lease, which the heartbeat keeps renewed.
+// row and idemd_reaper_throttled_seconds_total, or the pacer's in
+// idemd_reaper_paced_seconds_total; the caller adds it to the Result)
+// until no limit is crossed. It returns a stop when the run must end
+// instead: the critical ceiling (critical_load, with the measurement), the
+// run's time being up (max_runtime) or a stop request (shutdown). The wait
+// happens between batches, with no transaction open, so a throttled run
+// holds nothing but its lease, which the heartbeat keeps renewed.
 //
 // A signal that cannot be read makes the run wait (signal_error) when
 // waiting may help (a replica restarting, a timeout), and fails the run when
 // it cannot: a privilege or a table the role lacks.
-func (s *Service) throttleWait(soft context.Context, start time.Time, run int64, t *runThrottle, batches int) (w waited) {
+func (s *Service) throttleWait(soft context.Context, start time.Time, run int64, t *runThrottle, res *Result) (w waited) {
+	batches := res.Batches
+	first := true
 	for {
 		sig := t.read.Read(soft)
 		if soft.Err() != nil {
 			w.stop.reason = stopShutdown
 			return w
 		}
+		if first && t.preRound > 0 && sig.Err == nil && sig.WALPosition >= t.preRound {
+			sig.RoundWAL = sig.WALPosition - t.preRound
+		}
+		first = false
 		sig.RoundCommitLatency, t.roundCommit = t.roundCommit, 0
 		var p *reaperpause.State
 		err := s.cfg.Calls.Do(soft, "reaper pause", func(ctx context.Context) (err error) {
@@ -97,6 +224,9 @@ func (s *Service) throttleWait(soft context.Context, start time.Time, run int64,
 		}
 		d := t.decide.Decide(sig)
 		s.signals.decided.Signal(d)
+		if d.Checkpoint {
+			s.checkpointRequested(t, d, res)
+		}
 		if d.Stop {
 			s.logger.Warn("the primary's load is over --critical-load: the run stops; the next run continues",
 				zap.String("reason", string(d.Reason)), zap.String("measured", d.Detail), zap.Int("batches", batches))
@@ -104,21 +234,21 @@ func (s *Service) throttleWait(soft context.Context, start time.Time, run int64,
 			return w
 		}
 		if !d.Throttled() {
-			if t.reason != throttle.ReasonNone {
-				s.logger.Info("reaper throttle lifted", zap.String("reason", string(t.reason)), zap.Duration("waited", time.Since(t.since)))
-				t.reason = throttle.ReasonNone
+			if w.waited == 0 && w.paced == 0 && t.stretch.quiet(time.Now()) {
+				s.endStretch(t)
 			}
+			if t.preRound > 0 && sig.Err == nil && sig.WALPosition >= t.preRound {
+				t.walPerKey(sig.WALPosition-t.preRound, t.roundKeys)
+				t.stretch.round(sig.WALPosition - t.preRound)
+			}
+			t.preRound, t.roundKeys = sig.WALPosition, 0
 			return w
 		}
-		if d.AfterRound {
-			// Round after round while the reaper settles on its pause: the
-			// metric, the row and the summary count it, the log would
-			// repeat it.
-			s.logger.Debug("reaper waits after a round that slowed the API's commits", zap.String("measured", d.Detail), zap.Duration("wait", d.Wait))
-		} else if d.Reason != t.reason {
-			if t.reason == throttle.ReasonNone {
-				t.since = time.Now()
-			}
+		// The stretch's first wait, and the first wait for each other
+		// reason inside it: a paced run is one stretch, and a replica
+		// falling behind or a signal that cannot be read during it must
+		// still be said when it starts.
+		if t.stretch.start(time.Now(), d.Reason) || t.stretch.first(d.Reason) {
 			level := zap.InfoLevel
 			if d.Reason == throttle.ReasonSignalError {
 				// A signal it cannot read: degraded, not the throttle at
@@ -127,7 +257,6 @@ func (s *Service) throttleWait(soft context.Context, start time.Time, run int64,
 			}
 			s.logger.Log(level, "reaper throttled: waiting before the next batch",
 				zap.String("reason", string(d.Reason)), zap.String("measured", d.Detail), zap.Int("replicas", sig.Replicas))
-			t.reason = d.Reason
 		}
 		left := s.cfg.MaxRuntime - time.Since(start)
 		if left <= 0 {
@@ -135,11 +264,53 @@ func (s *Service) throttleWait(soft context.Context, start time.Time, run int64,
 			return w
 		}
 		slept := s.sleep(soft, min(d.Wait, left))
+		t.stretch.waited(time.Now(), d.Reason, slept)
+		if d.Paced {
+			// The run's pace: the time its last round's WAL takes at the
+			// rate. Not throttled time (the run's row, the alert on a
+			// mostly throttled run), which is for pressures.
+			w.paced += slept
+			s.metrics.paced.Add(slept.Seconds())
+			continue
+		}
 		w.waited += slept
 		w.reason = d.Reason
 		s.metrics.throttled.WithLabelValues(string(d.Reason)).Add(slept.Seconds())
 		s.recordThrottle(soft, run, slept, d.Reason)
 	}
+}
+
+// checkpointRequested logs and counts a checkpoint the server requested
+// while the run reaped: once each, with what the run does about it.
+func (s *Service) checkpointRequested(t *runThrottle, d throttle.Decision, res *Result) {
+	t.requested++
+	res.RequestedCheckpoints++
+	s.metrics.checkpoints.Inc()
+	switch {
+	case d.Slowed > 0:
+		s.logger.Warn("the server requested a checkpoint while the reaper ran: the run halves its WAL rate",
+			zap.String("wal_rate", throttle.HumanRate(d.Slowed)))
+		res.WALRate = d.Slowed
+	case t.decide.Pacer() != nil:
+		s.logger.Info("the server requested a checkpoint while the reaper ran (its WAL rate is --max-load wal_rate; wal_rate=auto would halve it)")
+	default:
+		s.logger.Info("the server requested a checkpoint while the reaper ran")
+	}
+}
+
+// endStretch logs the end of a throttled stretch, with its totals, when
+// one is in progress.
+func (s *Service) endStretch(t *runThrottle) {
+	st, ok := t.stretch.end(time.Now())
+	if !ok {
+		return
+	}
+	fields := []zap.Field{zap.String("reason", string(st.reason)), zap.Duration("waited", st.waitedTotal),
+		zap.Duration("lasted", st.lasted), zap.Int("rounds", st.rounds), zap.Int64("wal_bytes", st.bytes)}
+	for _, r := range st.reasons() {
+		fields = append(fields, zap.Duration("waited_"+string(r), st.by[r]))
+	}
+	s.logger.Info("reaper throttle lifted", fields...)
 }
 
 // permanent reports whether a signal's error is one waiting cannot fix:

@@ -163,27 +163,7 @@ func TestThrottleCriticalLoadStopsCleanly(t *testing.T) {
 func TestThrottleReplicaLag(t *testing.T) {
 	ctx := context.Background()
 	primary := dbtest.StartCluster(t)
-	dbURL, _, err := scratchdb.Create(ctx, primary.URL(), "idemd_reaper_throttle")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
-		t.Fatal(err)
-	}
-	mpool, err := pgxpool.New(ctx, dbtest.MigratorURL(dbURL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = migrate.Up(ctx, mpool, migrate.Options{})
-	mpool.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, dbtest.RuntimeURL(dbURL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := privateDB(t, primary)
 	standby := primary.StartStandby(t)
 	spool, err := pgxpool.New(ctx, standby.URL())
 	if err != nil {
@@ -252,6 +232,38 @@ func TestThrottleReplicaLag(t *testing.T) {
 	}
 }
 
+// privateDB is a migrated database on a private cluster, and a pool on it
+// as idemd_runtime (deploy/sql/roles.sql's grants): for the tests that
+// read or change what the whole server does (its replicas, its WAL, its
+// checkpoints), which the shared test server's other databases would
+// disturb.
+func privateDB(t *testing.T, c *dbtest.Cluster) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	dbURL, _, err := scratchdb.Create(ctx, c.URL(), "idemd_reaper_throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
+		t.Fatal(err)
+	}
+	mpool, err := pgxpool.New(ctx, dbtest.MigratorURL(dbURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = migrate.Up(ctx, mpool, migrate.Options{})
+	mpool.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, dbtest.RuntimeURL(dbURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // The throttle's flags are checked with the rest: the defaults pass, and
 // every bad value is reported in its flag's words, a replica URL without
 // repeating it (it may hold a password).
@@ -260,7 +272,8 @@ func TestThrottleSettingsCheck(t *testing.T) {
 	if p := s.Check(); len(p) != 0 {
 		t.Fatalf("defaults: %v", p)
 	}
-	if l := s.Throttle.limits(); l.MaxLag != time.Second || l.MaxLagBytes != 64<<20 || !l.MaxLoad.IsZero() || !l.CriticalLoad.IsZero() {
+	if l := s.Throttle.limits(); l.MaxLag != time.Second || l.MaxLagBytes != 64<<20 ||
+		l.MaxLoad != (throttle.Load{WALRateAuto: true, CommitLatencyAuto: true}) || !l.CriticalLoad.IsZero() {
 		t.Fatalf("default limits %+v", l)
 	}
 	s.Throttle = ThrottleSettings{

@@ -59,6 +59,7 @@ func TestFullRun(t *testing.T) {
 		t.Skip("REAPERBENCH_KEYS not set")
 	}
 	s := reaper.DefaultSettings()
+	s.Throttle.MaxLoad = "" // as Run's default: the batches' speed, not the server's WAL budget
 	if v, err := strconv.Atoi(os.Getenv("REAPERBENCH_BATCH")); err == nil {
 		s.BatchSize = v
 	}
@@ -149,4 +150,30 @@ func TestStandbyFullRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log("\n" + r.String())
+}
+
+// TestWALWindows checks the WAL rate per 10 s window: whole windows one
+// after the other, and the extremes over the windows starting at any
+// sample.
+func TestWALWindows(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	var xs []LagSample
+	// 1 MB/s for 20 s, then 3 MB/s for 10 s, a sample a second.
+	wal := int64(0)
+	for s := 0; s <= 30; s++ {
+		xs = append(xs, LagSample{WAL: wal, ServerAt: t0.Add(time.Duration(s) * time.Second)})
+		if s < 20 {
+			wal += 1 << 20
+		} else {
+			wal += 3 << 20
+		}
+	}
+	got, hi, lo := walWindows(xs)
+	want := []float64{1 << 20, 1 << 20, 3 << 20}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] || hi != 3<<20 || lo != 1<<20 {
+		t.Fatalf("walWindows = %v, %v, %v; want %v, %v, %v", got, hi, lo, want, float64(3<<20), float64(1<<20))
+	}
+	if got, hi, lo := walWindows(xs[:5]); len(got) != 0 || hi != 0 || lo != 0 {
+		t.Fatalf("under 10 s of samples: %v, %v, %v", got, hi, lo)
+	}
 }

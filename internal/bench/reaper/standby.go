@@ -80,6 +80,22 @@ type StandbyRow struct {
 	LagOver64MB float64
 	// Timeline is the sampled lag, condensed to about a dozen points.
 	Timeline []LagSample
+	// WALWindows is the server's WAL rate (bytes/s) over each whole 10 s
+	// of the run, one after the other, by the server's WAL position and
+	// clock as sampled with the lag; WALWindowMax and WALWindowMin the
+	// highest and lowest over every 10 s window starting at any sample
+	// (none when the run was shorter).
+	WALWindows                 []float64
+	WALWindowMax, WALWindowMin float64
+	// RequestedCheckpoints the server performed during the run
+	// (pg_stat_bgwriter.checkpoints_req), and the run's own count and
+	// WAL pacing rate at its end (Result.RequestedCheckpoints, WALRate),
+	// its commit budget and final batch size.
+	RequestedCheckpoints int64
+	RunWALRate           float64
+	CommitBudget         time.Duration
+	FinalBatchSize       int
+	Paced                time.Duration
 	// Throttled is the time the run waited for its throttle, and the
 	// reason of its latest wait.
 	Throttled      time.Duration
@@ -134,11 +150,52 @@ type StandbyConfig struct {
 // default hour.
 const standbyMaxRuntime = 10 * time.Minute
 
-// LagSample is one reading of the standby's lag, At from the run's start.
+// LagSample is one reading of the standby's lag, At from the run's start,
+// with the primary's WAL position (WAL) and clock (ServerAt) then.
 type LagSample struct {
-	At    time.Duration
-	Lag   time.Duration
-	Bytes int64
+	At       time.Duration
+	Lag      time.Duration
+	Bytes    int64
+	WAL      int64
+	ServerAt time.Time
+}
+
+// walWindow is the span the WAL rate is judged over (the issue's "every
+// 10 s window").
+const walWindow = 10 * time.Second
+
+// walWindows are the WAL rates over consecutive whole windows of the
+// samples, and the highest and lowest over the windows starting at any
+// sample. Pure.
+func walWindows(xs []LagSample) (consecutive []float64, hi, lo float64) {
+	rate := func(a, b LagSample) float64 {
+		return float64(b.WAL-a.WAL) / b.ServerAt.Sub(a.ServerAt).Seconds()
+	}
+	lo = -1
+	for i := range xs {
+		for j := i + 1; j < len(xs); j++ {
+			if xs[j].ServerAt.Sub(xs[i].ServerAt) >= walWindow {
+				r := rate(xs[i], xs[j])
+				hi = max(hi, r)
+				if lo < 0 || r < lo {
+					lo = r
+				}
+				break
+			}
+		}
+	}
+	for i := 0; i < len(xs); {
+		j := i + 1
+		for j < len(xs) && xs[j].ServerAt.Sub(xs[i].ServerAt) < walWindow {
+			j++
+		}
+		if j == len(xs) {
+			break
+		}
+		consecutive = append(consecutive, rate(xs[i], xs[j]))
+		i = j
+	}
+	return consecutive, hi, max(lo, 0)
 }
 
 // StandbyReport is the outcome of RunStandby.
@@ -258,8 +315,8 @@ type standbyConfig struct {
 // order (StandbyOptions.Configs). StandbyExtraConfigKeys run only when
 // named.
 var (
-	StandbyConfigKeys      = []string{"old-default", "throttled", "commit-latency", "fixed-sleeps", "throttled-batch-10000"}
-	StandbyExtraConfigKeys = []string{"trickle"}
+	StandbyConfigKeys      = []string{"old-default", "defaults", "commit-latency", "wal-rate", "throttled"}
+	StandbyExtraConfigKeys = []string{"fixed-sleeps", "throttled-batch-10000", "trickle"}
 )
 
 // standbyConfigs is the suite's configurations, only those of keys when
@@ -267,26 +324,41 @@ var (
 // is set after the first run's baseline window.
 func standbyConfigs(keys []string, rep *StandbyReport) ([]standbyConfig, error) {
 	noReplicaLimits := func(s *reaper.Settings) { s.Throttle.MaxLag, s.Throttle.MaxLagBytes = 0, "0" }
+	// The configurations measured before the load limits' defaults keep
+	// what they measured: no load limit unless they name one.
+	noLoad := func(s *reaper.Settings) { s.Throttle.MaxLoad = "" }
 	all := []standbyConfig{
-		{key: "old-default", name: "default without throttle (batch 30000, pause 10ms)", mutate: noReplicaLimits},
-		{key: "throttled", name: "throttled defaults (--max-lag 1s, --max-lag-bytes 64MB)"},
-		{key: "commit-latency", name: "throttled defaults + --max-load commit_latency=3× the probe under the inserts alone", mutate: func(s *reaper.Settings) {
+		{key: "old-default", name: "default without throttle (batch 30000, pause 10ms)", mutate: func(s *reaper.Settings) {
+			noReplicaLimits(s)
+			noLoad(s)
+		}},
+		{key: "defaults", name: "defaults (--max-lag 1s, --max-lag-bytes 64MB, --max-load wal_rate=auto,commit_latency=auto)"},
+		{key: "commit-latency", name: "replica limits + --max-load commit_latency=3× the probe under the inserts alone", mutate: func(s *reaper.Settings) {
 			s.Throttle.MaxLoad = "commit_latency=" + rep.CommitLimit.String()
 		}},
+		{key: "wal-rate", name: "replica limits + --max-load wal_rate=3MB", mutate: func(s *reaper.Settings) {
+			s.Throttle.MaxLoad = "wal_rate=3MB"
+		}},
+		{key: "throttled", name: "replica limits only (--max-lag 1s, --max-lag-bytes 64MB, no --max-load)", mutate: noLoad},
 		{key: "fixed-sleeps", name: "fixed sleeps, pt-archiver style (batch 5000, pause 250ms, no throttle)", mutate: func(s *reaper.Settings) {
 			s.BatchSize, s.BatchPause = 5000, 250*time.Millisecond
 			noReplicaLimits(s)
+			noLoad(s)
 		}},
 		// The hypothesis that a smaller batch spares the API's tail: each
 		// batch's commit flushes a third of the WAL, and the inserts'
 		// commits queue behind shorter flushes.
-		{key: "throttled-batch-10000", name: "throttled defaults with --batch-size 10000", mutate: func(s *reaper.Settings) { s.BatchSize = 10000 }},
+		{key: "throttled-batch-10000", name: "replica limits only with --batch-size 10000", mutate: func(s *reaper.Settings) {
+			s.BatchSize = 10000
+			noLoad(s)
+		}},
 		// The arithmetic that pacing reaches a p99 target only when the
 		// batches overlap under 1 % of the inserts: 1000-key batches of a
 		// few milliseconds, 250 ms apart, are busy about 1 % of the time.
 		{key: "trickle", name: "trickle (batch 1000, pause 250ms, no throttle)", mutate: func(s *reaper.Settings) {
 			s.BatchSize, s.BatchPause = 1000, 250*time.Millisecond
 			noReplicaLimits(s)
+			noLoad(s)
 		}},
 	}
 	if len(keys) == 0 {
@@ -425,6 +497,10 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	if err != nil {
 		return StandbyRow{}, err
 	}
+	ckptBefore, err := b.requestedCheckpoints(ctx)
+	if err != nil {
+		return StandbyRow{}, err
+	}
 	var res *reaper.Result
 	var samples []LagSample
 	during, err := b.workload(ctx, func(ctx context.Context) error {
@@ -455,6 +531,13 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	if row.WALBytes, err = b.walSince(ctx, lsn); err != nil {
 		return StandbyRow{}, err
 	}
+	ckptAfter, err := b.requestedCheckpoints(ctx)
+	if err != nil {
+		return StandbyRow{}, err
+	}
+	row.RequestedCheckpoints = ckptAfter - ckptBefore
+	row.RunWALRate, row.CommitBudget, row.FinalBatchSize, row.Paced = res.WALRate, res.CommitBudget, res.FinalBatchSize, res.Paced
+	row.WALWindows, row.WALWindowMax, row.WALWindowMin = walWindows(samples)
 	var over1s, over64 int
 	for _, x := range samples {
 		row.LagMax = max(row.LagMax, x.Lag)
@@ -516,8 +599,9 @@ func (b *bench) sampleLag(ctx context.Context) ([]LagSample, error) {
 		var secs float64
 		err := b.pool.QueryRow(ctx, `
 SELECT COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), 0)::int8,
-       COALESCE(EXTRACT(epoch FROM max(replay_lag)), 0)::float8
-FROM pg_stat_replication WHERE state <> 'backup'`).Scan(&x.Bytes, &secs)
+       COALESCE(EXTRACT(epoch FROM max(replay_lag)), 0)::float8,
+       pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::int8, clock_timestamp()
+FROM pg_stat_replication WHERE state <> 'backup'`).Scan(&x.Bytes, &secs, &x.WAL, &x.ServerAt)
 		if err != nil {
 			if ctx.Err() != nil {
 				return out, nil
@@ -534,6 +618,16 @@ FROM pg_stat_replication WHERE state <> 'backup'`).Scan(&x.Bytes, &secs)
 	}
 }
 
+// requestedCheckpoints is the server's count of requested checkpoints
+// (PostgreSQL 15's pg_stat_bgwriter, the cluster dbtest starts).
+func (b *bench) requestedCheckpoints(ctx context.Context) (int64, error) {
+	var n int64
+	if err := b.pool.QueryRow(ctx, `SELECT checkpoints_req FROM pg_stat_bgwriter`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("reaperbench: requested checkpoints: %w", err)
+	}
+	return n, nil
+}
+
 // medianProbe is the median of the throttle's probe commits, one every
 // 50 ms for window: what commit_latency measures meanwhile.
 func medianProbe(ctx context.Context, pool *pgxpool.Pool, window time.Duration) (time.Duration, error) {
@@ -546,11 +640,13 @@ func medianProbe(ctx context.Context, pool *pgxpool.Pool, window time.Duration) 
 			return 0, ctx.Err()
 		case <-tick.C:
 		}
-		d, err := throttle.ProbeCommit(ctx, pool)
-		if err != nil {
-			return 0, fmt.Errorf("reaperbench: probe: %w", err)
+		// The throttle's own reading, as a run with a commit_latency
+		// limit takes it: the probe commit is the reaper's, not a copy.
+		s := (&throttle.Reader{Primary: pool, ProbeCommit: true}).Read(ctx)
+		if s.Err != nil {
+			return 0, fmt.Errorf("reaperbench: probe: %w", s.Err)
 		}
-		ds = append(ds, d)
+		ds = append(ds, s.CommitLatency)
 	}
 	slices.Sort(ds)
 	return ds[len(ds)/2], nil
@@ -561,9 +657,18 @@ func (r StandbyRow) line() string {
 	if !r.Complete {
 		done = " INCOMPLETE (" + r.StopReason + ")"
 	}
-	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL; inserts before: %s; during: %s; p99 %.2fx; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s",
-		r.Deleted, r.Duration.Round(time.Millisecond), r.KeysPerSec, done, mb(r.WALBytes), r.Before, r.During, r.P99Ratio,
-		r.LagMax.Round(time.Millisecond), float64(r.LagMaxBytes)/1e6, 100*r.LagOver1s, 100*r.LagOver64MB, r.Throttled.Round(time.Millisecond), r.ThrottleReason)
+	windows := make([]string, len(r.WALWindows))
+	for i, w := range r.WALWindows {
+		windows[i] = fmt.Sprintf("%.2f", w/(1<<20))
+	}
+	limits := ""
+	if r.RunWALRate > 0 || r.CommitBudget > 0 {
+		limits = fmt.Sprintf("; run's WAL rate at its end %.2f MiB/s, commit budget %s, final batch %d, paced %s", r.RunWALRate/(1<<20), r.CommitBudget, r.FinalBatchSize, r.Paced.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL, %d requested checkpoints; WAL MiB/s per 10 s [%s], any 10 s window %.2f-%.2f; inserts before: %s; during: %s; p99 %.2fx; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s%s",
+		r.Deleted, r.Duration.Round(time.Millisecond), r.KeysPerSec, done, mb(r.WALBytes), r.RequestedCheckpoints, strings.Join(windows, " "), r.WALWindowMin/(1<<20), r.WALWindowMax/(1<<20),
+		r.Before, r.During, r.P99Ratio,
+		r.LagMax.Round(time.Millisecond), float64(r.LagMaxBytes)/1e6, 100*r.LagOver1s, 100*r.LagOver64MB, r.Throttled.Round(time.Millisecond), r.ThrottleReason, limits)
 }
 
 // String renders the report for docs/benchmarks/reaper.md: every run,

@@ -25,9 +25,10 @@ func ReaperStandby(ctx context.Context, _ string, scale Scale, logf func(string,
 			done = fmt.Sprintf(" (%d of %d rounds incomplete: %s)", c.Incomplete, len(c.Rounds), r.StopReason)
 		}
 		row := Row{Suite: "reaper-standby", Name: fmt.Sprintf("delete %d of %d keys under %d inserts/s with a standby: %s", r.Deleted, res.Keys, res.InsertRate, c.Name),
-			Value: fmt.Sprintf("%.0f keys/s%s, %.0f MB of WAL (medians of %d rounds); standby lag max %s / %.1f MB, over 1s in %.1f%% of samples; round 1: throttled %s, insert p99 %s vs %s before",
+			Value: fmt.Sprintf("%.0f keys/s%s, %.0f MB of WAL (medians of %d rounds); standby lag max %s / %.1f MB, over 1s in %.1f%% of samples; round 1: throttled %s, paced %s, WAL %.2f-%.2f MiB/s over any 10 s, %d requested checkpoints, insert p50 %s vs %s, p99 %s vs %s before",
 				c.KeysPerSecMedian, done, float64(c.WALMedian)/1e6, len(c.Rounds), c.LagMax.Round(time.Millisecond), float64(c.LagMaxBytes)/1e6, 100*c.LagOver1s,
-				r.Throttled.Round(time.Millisecond), Dur(r.During.P99), Dur(r.Before.P99)),
+				r.Throttled.Round(time.Millisecond), r.Paced.Round(time.Millisecond), r.WALWindowMin/(1<<20), r.WALWindowMax/(1<<20), r.RequestedCheckpoints,
+				Dur(r.During.P50), Dur(r.Before.P50), Dur(r.During.P99), Dur(r.Before.P99)),
 			Ratio: Ratio(c.P99Median, "insert p99 before, median of rounds"),
 			// The standby target: replay lag under the default --max-lag
 			// (1 s) for at least 99 % of the run.

@@ -40,9 +40,29 @@ type Reader struct {
 	// Timeout bounds each reading, so a replica that does not answer makes
 	// the run wait (signal_error) rather than hang.
 	Timeout time.Duration
+	// Now is the clock the readings are stamped with (Signals.At); nil:
+	// time.Now.
+	Now func() time.Time
 
 	prevLSN uint64
 	prevAt  time.Time
+	// requestedSQL reads the requested checkpoints' count, set by
+	// ReadCheckpoints; empty: not read.
+	requestedSQL string
+}
+
+func (r *Reader) timeout() time.Duration {
+	if r.Timeout <= 0 {
+		return 5 * time.Second
+	}
+	return r.Timeout
+}
+
+func (r *Reader) now() time.Time {
+	if r.Now == nil {
+		return time.Now()
+	}
+	return r.Now()
 }
 
 // primarySQL reads the replicas the primary streams to, in one statement
@@ -73,14 +93,6 @@ SELECT pg_is_in_recovery(),
             ELSE COALESCE(EXTRACT(epoch FROM now() - pg_last_xact_replay_timestamp()), 0) END::float8,
        COALESCE(pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0'), 0)::int8`
 
-// timeout is Timeout, or 5 s when it is not set.
-func (r *Reader) timeout() time.Duration {
-	if r.Timeout <= 0 {
-		return 5 * time.Second
-	}
-	return r.Timeout
-}
-
 // ErrHiddenReplicas: the role cannot see the replicas' positions.
 var ErrHiddenReplicas = errors.New("pg_stat_replication hides the replicas' positions from this role: " +
 	"GRANT pg_read_all_stats TO the reaper's role (deploy/sql/roles.sql does), or set --max-lag 0 and --max-lag-bytes 0 to reap without watching replicas")
@@ -99,7 +111,8 @@ func (r *Reader) Read(ctx context.Context) Signals {
 		s.Err = fmt.Errorf("read pg_stat_replication: %w", err)
 		return s
 	}
-	now := time.Now()
+	now := r.now()
+	s.At, s.WALPosition = now, lsn
 	s.Replicas = int(seen)
 	s.Lag = seconds(lagSeconds)
 	if !r.prevAt.IsZero() && uint64(lsn) >= r.prevLSN {
@@ -130,6 +143,12 @@ func (r *Reader) Read(ctx context.Context) Signals {
 			s.LagBytes = behind
 		}
 	}
+	if r.requestedSQL != "" {
+		if err := r.Primary.QueryRow(ctx, r.requestedSQL).Scan(&s.RequestedCheckpoints); err != nil {
+			s.Err = fmt.Errorf("read the requested checkpoints: %w", err)
+			return s
+		}
+	}
 	if r.ProbeCommit {
 		if s.CommitLatency, err = probeCommit(ctx, r.Primary); err != nil {
 			s.Err = err
@@ -138,7 +157,41 @@ func (r *Reader) Read(ctx context.Context) Signals {
 	return s
 }
 
-// ProbeCommit times the COMMIT of a transaction that wrote WAL, so its
+// quietProbes is how many probes QuietCommit takes, quietProbeEvery apart:
+// a fifth of a second, after the run's first batch.
+const (
+	quietProbes     = 9
+	quietProbeEvery = 20 * time.Millisecond
+)
+
+// QuietCommit is the median of a few probe commits between batches (the
+// reaper's WAL flushed): what the API's commits wait without the reaper,
+// the base of the default commit_latency budget.
+func (r *Reader) QuietCommit(ctx context.Context) (time.Duration, error) {
+	var ds []time.Duration
+	for i := range quietProbes {
+		if i > 0 {
+			t := time.NewTimer(quietProbeEvery)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return 0, ctx.Err()
+			case <-t.C:
+			}
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.timeout())
+		d, err := probeCommit(pctx, r.Primary)
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		ds = append(ds, d)
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], nil
+}
+
+// probeCommit times the COMMIT of a transaction that wrote WAL, so its
 // commit waits for the WAL flush (and for the synchronous standbys, if any)
 // like every API transaction that wrote a key: it queues behind the same
 // flushes, the reaper's among them, which is what the API's commits feel.
@@ -151,8 +204,6 @@ func (r *Reader) Read(ctx context.Context) Signals {
 // to the server, which a ceiling must allow for. pg_stat_statements was not
 // used: it is not always installed, and its times are averages since its
 // last reset, not the wait now.
-func ProbeCommit(ctx context.Context, db Querier) (time.Duration, error) { return probeCommit(ctx, db) }
-
 func probeCommit(ctx context.Context, db Querier) (time.Duration, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {

@@ -10,7 +10,10 @@
 // a ceiling (--pause-min, --pause-max): it doubles while the pressure
 // lasts, so a replica that is minutes behind is asked how it is doing a few
 // times a minute rather than fifty times a second, and it falls back to the
-// floor the moment the pressure is gone.
+// floor the moment the pressure is gone. Two limits are averages kept
+// round by round instead: the server's WAL rate (WALPacer, a token bucket,
+// with its checkpoint budget: Checkpoints) and the commit budget the batch
+// size adapts to (Sizer).
 package throttle
 
 import (
@@ -47,33 +50,69 @@ func Reasons() []Reason {
 
 // Load is a ceiling on the primary's load; a zero field is no ceiling.
 type Load struct {
-	// WALRate is WAL bytes per second written by the whole server (the
-	// API's writes and the reaper's).
+	// WALRate is the server's WAL bytes per second (the API's writes and
+	// the reaper's). In --max-load it is held on average while the run
+	// reaps (WALPacer); in --critical-load it is the rate between two
+	// readings.
 	WALRate float64
+	// WALRateAuto (wal_rate=auto, --max-load only): the rate that lets
+	// the server's checkpoints come on checkpoint_timeout's schedule
+	// (Checkpoints.WALBudget), read when the run starts.
+	WALRateAuto bool
 	// CommitLatency is the time a writing transaction's COMMIT takes, as
-	// the probe measures it.
+	// the probe measures it: the budget the batch size adapts to (Sizer)
+	// and the ceiling between rounds.
 	CommitLatency time.Duration
+	// CommitLatencyAuto (commit_latency=auto, --max-load only): the budget
+	// is AutoCommitBudget of the probe's quiet commit, measured after the
+	// run's first batch of the smallest size.
+	CommitLatencyAuto bool
 }
 
 // IsZero reports whether no ceiling is set.
-func (l Load) IsZero() bool { return l.WALRate == 0 && l.CommitLatency == 0 }
+func (l Load) IsZero() bool {
+	return l.WALRate == 0 && l.CommitLatency == 0 && !l.WALRateAuto && !l.CommitLatencyAuto
+}
+
+// PacesWAL reports whether the run's WAL is paced (WALPacer).
+func (l Load) PacesWAL() bool { return l.WALRate > 0 || l.WALRateAuto }
+
+// ProbesCommit reports whether a commit_latency limit is set.
+func (l Load) ProbesCommit() bool { return l.CommitLatency > 0 || l.CommitLatencyAuto }
 
 // String renders l the way ParseLoad reads it.
 func (l Load) String() string {
 	var parts []string
-	if l.WALRate > 0 {
+	switch {
+	case l.WALRateAuto:
+		parts = append(parts, "wal_rate=auto")
+	case l.WALRate > 0:
 		parts = append(parts, "wal_rate="+formatBytes(l.WALRate))
 	}
-	if l.CommitLatency > 0 {
+	switch {
+	case l.CommitLatencyAuto:
+		parts = append(parts, "commit_latency=auto")
+	case l.CommitLatency > 0:
 		parts = append(parts, "commit_latency="+l.CommitLatency.String())
 	}
 	return strings.Join(parts, ",")
 }
 
+// AutoCommitBudget is commit_latency=auto's budget from the probe's quiet
+// median commit: four times it, so the machine's ordinary jitter does not
+// shrink the batches, and at least autoCommitFloor, below which a
+// commit's round trip and flush on a fast disk would be mistaken for the
+// reaper's doing.
+func AutoCommitBudget(quiet time.Duration) time.Duration {
+	return max(4*quiet, autoCommitFloor)
+}
+
+const autoCommitFloor = 4 * time.Millisecond
+
 // ParseLoad reads a ceiling in gh-ost's --max-load form: comma-separated
 // name=value pairs, wal_rate (bytes per second, with an optional kB, MB or
-// GB suffix, powers of 1024) and commit_latency (a Go duration). Empty is no
-// ceiling.
+// GB suffix, powers of 1024, or auto) and commit_latency (a Go duration,
+// or auto). Empty is no ceiling.
 func ParseLoad(s string) (Load, error) {
 	var l Load
 	seen := map[string]bool{}
@@ -85,7 +124,7 @@ func ParseLoad(s string) (Load, error) {
 		name, value, ok := strings.Cut(part, "=")
 		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
 		if !ok || value == "" {
-			return Load{}, fmt.Errorf("%q: want name=value (wal_rate=64MB, commit_latency=20ms)", part)
+			return Load{}, fmt.Errorf("%q: want name=value (wal_rate=64MB, commit_latency=20ms, either =auto)", part)
 		}
 		if seen[name] {
 			return Load{}, fmt.Errorf("%q is given twice", name)
@@ -93,12 +132,20 @@ func ParseLoad(s string) (Load, error) {
 		seen[name] = true
 		switch name {
 		case "wal_rate":
+			if value == "auto" {
+				l.WALRateAuto = true
+				continue
+			}
 			b, err := ParseBytes(value)
 			if err != nil {
 				return Load{}, fmt.Errorf("wal_rate: %w", err)
 			}
 			l.WALRate = b
 		case "commit_latency":
+			if value == "auto" {
+				l.CommitLatencyAuto = true
+				continue
+			}
 			d, err := time.ParseDuration(value)
 			if err != nil {
 				return Load{}, fmt.Errorf("commit_latency: %w", err)
@@ -189,6 +236,9 @@ func (l Limits) Check() []string {
 	if l.PauseMax < l.PauseMin {
 		p = append(p, fmt.Sprintf("--pause-max %s must not be below --pause-min %s", l.PauseMax, l.PauseMin))
 	}
+	if c := l.CriticalLoad; c.WALRateAuto || c.CommitLatencyAuto {
+		p = append(p, "--critical-load takes measured values, not auto")
+	}
 	if c, m := l.CriticalLoad, l.MaxLoad; c.WALRate > 0 && m.WALRate > 0 && c.WALRate <= m.WALRate {
 		p = append(p, "--critical-load wal_rate must be above --max-load's: the run pauses before it stops")
 	}
@@ -219,6 +269,19 @@ type Signals struct {
 	// waited for because of the reaper's own batches. 0 when not measured
 	// (no commit_latency limit, or no round ran since the last decision).
 	RoundCommitLatency time.Duration
+	// At is when the signals were read, WALPosition the primary's WAL
+	// position then (bytes from 0/0).
+	At          time.Time
+	WALPosition int64
+	// RoundWAL is the WAL the server wrote while the previous round of
+	// batches ran (the first reading after it): how long the pacer may
+	// hold the run after it (allow), and the log's measurement. 0: no
+	// round since the last decision. The pacer charges every byte between
+	// two readings (WALPosition).
+	RoundWAL int64
+	// RequestedCheckpoints is the server's count of requested checkpoints
+	// (Checkpoints.Requested); read only when the run watches them.
+	RequestedCheckpoints int64
 	// Err is a signal that could not be read; the run waits rather than
 	// reap blind.
 	Err error
@@ -237,9 +300,19 @@ type Decision struct {
 	// run's record.
 	Detail string
 	// AfterRound: the wait is for the reaper's own previous round, which
-	// slowed the API's commits; it recurs round after round while the
-	// reaper settles on its pause, so it is not logged as a stretch.
+	// slowed the API's commits although its batch could not shrink
+	// further; it recurs round after round while the reaper settles on its
+	// pause.
 	AfterRound bool
+	// Paced: the wait is the WAL pacer's, the time the previous round's
+	// WAL takes at the rate: the run's pace, not a pressure, so it is not
+	// counted as throttled time.
+	Paced bool
+	// Checkpoint: the server requested a checkpoint since the last
+	// decision, and Slowed is the pacer's rate after halving for it (0:
+	// not halved: no wal_rate=auto, or already at its floor).
+	Checkpoint bool
+	Slowed     float64
 }
 
 // Throttled reports whether the run waits.
@@ -256,10 +329,43 @@ type Throttle struct {
 	// that did not, so the reaper settles on the pause between batches
 	// that keeps the API's commits under the limit.
 	after time.Duration
+	// pacer paces the run's WAL (Pace); nil: not paced.
+	pacer *WALPacer
+	// halve: a requested checkpoint halves the pacer's rate
+	// (wal_rate=auto); requested is the count last seen, watching whether
+	// it is being read.
+	halve     bool
+	requested int64
+	watching  bool
+	// allow is how much longer the pacer may hold the run before its
+	// next round: the last round's WAL at the pacer's floor. The pacer
+	// charges the server's whole WAL, so an API that alone writes more
+	// than the rate would otherwise hold the run for good; with this the
+	// run's own WAL still goes at the floor (an eighth of the rate), and
+	// its time is the paced time the run reports.
+	allow time.Duration
 }
 
 // New returns a throttle for limits, which Check must have passed.
 func New(limits Limits) *Throttle { return &Throttle{limits: limits} }
+
+// Pace starts pacing the run's WAL at rate bytes per second; halve: a
+// requested checkpoint halves the rate (the rate is the checkpoint
+// budget, wal_rate=auto).
+func (t *Throttle) Pace(rate float64, halve bool) {
+	t.pacer, t.halve = NewWALPacer(rate), halve
+}
+
+// Pacer is the WAL pacer; nil when the run's WAL is not paced.
+func (t *Throttle) Pacer() *WALPacer { return t.pacer }
+
+// WatchCheckpoints starts watching the server's requested checkpoints
+// from the count requested.
+func (t *Throttle) WatchCheckpoints(requested int64) { t.requested, t.watching = requested, true }
+
+// SetCommitBudget sets commit_latency=auto's budget, measured after the
+// run's first batch.
+func (t *Throttle) SetCommitBudget(d time.Duration) { t.limits.MaxLoad.CommitLatency = d }
 
 // Limits returns the throttle's settings.
 func (t *Throttle) Limits() Limits { return t.limits }
@@ -270,24 +376,49 @@ func (t *Throttle) Limits() Limits { return t.limits }
 // the next stretch at the floor again.
 func (t *Throttle) Decide(s Signals) Decision {
 	l := t.limits
-	if reason, detail := crossed(l.CriticalLoad, s); reason != ReasonNone {
+	if reason, detail := crossed(l.CriticalLoad, s, true); reason != ReasonNone {
 		t.wait = 0
 		return Decision{Stop: true, Reason: reason, Detail: detail + " (critical)"}
+	}
+	var ckpt Decision
+	if t.watching && s.Err == nil && s.RequestedCheckpoints > t.requested {
+		t.requested = s.RequestedCheckpoints
+		ckpt.Checkpoint = true
+		if t.pacer != nil && t.halve && t.pacer.Halve() {
+			ckpt.Slowed = t.pacer.Rate()
+		}
+	}
+	if t.pacer != nil && s.Err == nil && s.WALPosition > 0 {
+		t.pacer.Observe(s.At, s.WALPosition)
+	}
+	if t.pacer != nil && s.RoundWAL > 0 {
+		t.allow = time.Duration(float64(s.RoundWAL) / t.pacer.Floor() * float64(time.Second))
+	}
+	with := func(d Decision) Decision {
+		d.Checkpoint, d.Slowed = ckpt.Checkpoint, ckpt.Slowed
+		return d
 	}
 	reason, detail := t.pressure(s)
 	if reason == ReasonNone {
 		t.wait = 0
-		if d, ok := t.afterRound(s); ok {
-			return d
+		if t.pacer != nil {
+			if w := min(t.pacer.Wait(s.At), t.allow); w > 0 {
+				t.allow -= w
+				return with(Decision{Wait: w, Reason: ReasonWALRate, Paced: true,
+					Detail: fmt.Sprintf("the server's WAL paced at %s/s (the last round wrote %s)", humanBytes(t.pacer.Rate()), humanBytes(float64(s.RoundWAL)))})
+			}
 		}
-		return Decision{}
+		if d, ok := t.afterRound(s); ok {
+			return with(d)
+		}
+		return with(Decision{})
 	}
 	if t.wait == 0 {
 		t.wait = l.PauseMin
 	} else {
 		t.wait = min(2*t.wait, l.PauseMax)
 	}
-	return Decision{Wait: t.wait, Reason: reason, Detail: detail}
+	return with(Decision{Wait: t.wait, Reason: reason, Detail: detail})
 }
 
 // afterRound is the wait for a round that slowed the API's commits (see
@@ -321,16 +452,21 @@ func (t *Throttle) pressure(s Signals) (Reason, string) {
 	case l.MaxLagBytes > 0 && s.LagBytes > l.MaxLagBytes:
 		return ReasonReplicaBytes, fmt.Sprintf("replica replay %s behind, over --max-lag-bytes %s", humanBytes(float64(s.LagBytes)), formatBytes(float64(l.MaxLagBytes)))
 	}
-	return crossed(l.MaxLoad, s)
+	return crossed(l.MaxLoad, s, false)
 }
 
-// crossed is the first ceiling of load the signals are above.
-func crossed(load Load, s Signals) (Reason, string) {
+// crossed is the first ceiling of load the signals are above. The
+// server's WAL rate between two readings is a ceiling only when critical:
+// --max-load's wal_rate is kept on average by the pacer instead.
+func crossed(load Load, s Signals, critical bool) (Reason, string) {
 	switch {
-	case load.WALRate > 0 && s.HasWALRate && s.WALRate > load.WALRate:
+	case critical && load.WALRate > 0 && s.HasWALRate && s.WALRate > load.WALRate:
 		return ReasonWALRate, fmt.Sprintf("WAL %s/s over wal_rate=%s", humanBytes(s.WALRate), formatBytes(load.WALRate))
 	case load.CommitLatency > 0 && s.CommitLatency > load.CommitLatency:
 		return ReasonCommitLatency, fmt.Sprintf("probe commit %s over commit_latency=%s", s.CommitLatency.Round(time.Microsecond), load.CommitLatency)
 	}
 	return ReasonNone, ""
 }
+
+// HumanRate renders a rate in bytes per second for people: 1.7MB/s.
+func HumanRate(v float64) string { return humanBytes(v) + "/s" }

@@ -33,7 +33,9 @@ func TestDecide(t *testing.T) {
 		{"lag", Signals{Lag: 1001 * time.Millisecond}, ReasonReplicaLag, false},
 		{"lag before bytes", Signals{Lag: 2 * time.Second, LagBytes: 1 << 30}, ReasonReplicaLag, false},
 		{"bytes", Signals{LagBytes: 64<<20 + 1}, ReasonReplicaBytes, false},
-		{"wal rate", Signals{WALRate: 33 << 20, HasWALRate: true}, ReasonWALRate, false},
+		// --max-load's wal_rate is the pacer's (TestDecidePaces), not a
+		// reading of the server's rate.
+		{"server wal rate over --max-load's", Signals{WALRate: 33 << 20, HasWALRate: true}, ReasonNone, false},
 		{"wal rate unknown on the first reading", Signals{WALRate: 1 << 40}, ReasonNone, false},
 		{"commit latency", Signals{CommitLatency: 21 * time.Millisecond}, ReasonCommitLatency, false},
 		{"critical commit latency", Signals{CommitLatency: 201 * time.Millisecond}, ReasonCommitLatency, true},
@@ -120,6 +122,9 @@ func TestParseLoad(t *testing.T) {
 		{"commit_latency=20", Load{}, "commit_latency"},
 		{"threads_running=30", Load{}, "unknown load signal"},
 		{"wal_rate=1MB,wal_rate=2MB", Load{}, "given twice"},
+		{"wal_rate=auto,commit_latency=auto", Load{WALRateAuto: true, CommitLatencyAuto: true}, ""},
+		{"commit_latency=auto", Load{CommitLatencyAuto: true}, ""},
+		{"wal_rate=Auto", Load{}, "not a positive size"},
 	} {
 		got, err := ParseLoad(tc.in)
 		if tc.err != "" {
@@ -152,6 +157,14 @@ func TestLimitsCheck(t *testing.T) {
 		if !strings.Contains(p, want) {
 			t.Errorf("problems %q lack %q", p, want)
 		}
+	}
+	auto := Limits{PauseMin: 1, PauseMax: 1, MaxLoad: Load{WALRateAuto: true, CommitLatencyAuto: true}}
+	if p := auto.Check(); len(p) != 0 {
+		t.Errorf("auto --max-load: %v", p)
+	}
+	auto.CriticalLoad = Load{CommitLatencyAuto: true}
+	if p := strings.Join(auto.Check(), "\n"); !strings.Contains(p, "not auto") {
+		t.Errorf("auto --critical-load: problems %q", p)
 	}
 }
 

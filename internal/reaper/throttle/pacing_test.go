@@ -1,0 +1,309 @@
+package throttle
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+
+// pacedRun drives a pacer the way a run does, with an injected clock: a
+// round of the given bytes, which takes roundTime, whenever the pacer
+// lets one start. It returns the bytes written at each moment.
+type write struct {
+	at    time.Time
+	bytes int64
+}
+
+func pacedRun(p *WALPacer, rounds int, bytes func(i int) int64, roundTime time.Duration) []write {
+	now := t0
+	var ws []write
+	pos := int64(1 << 30)
+	p.Observe(now, pos)
+	for i := range rounds {
+		now = now.Add(p.Wait(now))
+		if p.Wait(now) != 0 {
+			panic("the pacer's wait did not suffice")
+		}
+		b := bytes(i)
+		now = now.Add(roundTime)
+		ws = append(ws, write{now, b})
+		pos += b
+		p.Observe(now, pos)
+	}
+	return ws
+}
+
+// maxWindowRate is the highest WAL rate over any window of w ending at a
+// write (the windows that hold the most).
+func maxWindowRate(ws []write, w time.Duration) float64 {
+	best := 0.0
+	for i, end := range ws {
+		if end.at.Sub(ws[0].at) < w {
+			continue // the run's first window is not w long yet
+		}
+		var sum int64
+		for j := i; j >= 0 && end.at.Sub(ws[j].at) < w; j-- {
+			sum += ws[j].bytes
+		}
+		best = max(best, float64(sum)/w.Seconds())
+	}
+	return best
+}
+
+// Rounds within BatchBytes keep every 10 s window within 10 % of the rate,
+// whatever their size and however fast they run, and the run as a whole at
+// the rate (the pacer waits no longer than the WAL takes).
+func TestWALPacerHoldsTheRateOverTenSeconds(t *testing.T) {
+	const rate = 3 << 20
+	for _, tc := range []struct {
+		name      string
+		bytes     func(p *WALPacer) func(int) int64
+		roundTime time.Duration
+	}{
+		{"full rounds, instant", func(p *WALPacer) func(int) int64 {
+			return func(int) int64 { return int64(p.BatchBytes()) }
+		}, 0},
+		{"full rounds of 50ms", func(p *WALPacer) func(int) int64 {
+			return func(int) int64 { return int64(p.BatchBytes()) }
+		}, 50 * time.Millisecond},
+		{"uneven rounds", func(p *WALPacer) func(int) int64 {
+			return func(i int) int64 { return int64(p.BatchBytes()) * int64(1+i%4) / 4 }
+		}, 10 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewWALPacer(rate)
+			ws := pacedRun(p, 400, tc.bytes(p), tc.roundTime)
+			if got := maxWindowRate(ws, 10*time.Second); got > 1.1*rate {
+				t.Errorf("a 10 s window at %.0f B/s, over 1.1× %d", got, rate)
+			}
+			var total int64
+			for _, w := range ws {
+				total += w.bytes
+			}
+			overall := float64(total) / ws[len(ws)-1].at.Sub(t0).Seconds()
+			if overall < 0.9*rate || overall > 1.1*rate {
+				t.Errorf("the run's rate %.0f B/s, want within 10 %% of %d", overall, rate)
+			}
+		})
+	}
+}
+
+// A round is followed by the time its WAL takes at the rate, less the
+// bucket's small depth, and an idle pacer gathers no more than that depth.
+func TestWALPacerWaitsWhatTheBytesTake(t *testing.T) {
+	p := NewWALPacer(1 << 20) // 1 MB/s
+	pos := int64(5 << 30)
+	p.Observe(t0, pos)
+	if w := p.Wait(t0); w != 0 {
+		t.Fatalf("first round waits %s", w)
+	}
+	pos += 2 << 20
+	p.Observe(t0, pos)
+	want := 2*time.Second - pacerDepth
+	if w := p.Wait(t0); w != want {
+		t.Fatalf("after 2 MB: wait %s, want %s", w, want)
+	}
+	if w := p.Wait(t0.Add(time.Second)); !near(w, want-time.Second) {
+		t.Fatalf("a second later: wait %s, want %s", w, want-time.Second)
+	}
+	// An hour idle: the credit is the depth, not an hour's rate.
+	later := t0.Add(time.Hour)
+	pos += 1 << 20
+	p.Observe(later, pos)
+	if w := p.Wait(later); w != time.Second-pacerDepth {
+		t.Fatalf("after an idle hour and 1 MB: wait %s, want %s", w, time.Second-pacerDepth)
+	}
+	// A minute of an API writing 100 MB: owed is at most the 10 s window.
+	pos += 100 << 20
+	p.Observe(later.Add(time.Minute), pos)
+	if w := p.Wait(later.Add(time.Minute)); w != pacerMaxDebt {
+		t.Fatalf("after 100 MB in a minute at 1 MB/s: wait %s, want %s", w, pacerMaxDebt)
+	}
+}
+
+// Halving slows the pacer to its floor and no further.
+func TestWALPacerHalves(t *testing.T) {
+	p := NewWALPacer(8 << 20)
+	var rates []float64
+	for p.Halve() {
+		rates = append(rates, p.Rate())
+	}
+	want := []float64{4 << 20, 2 << 20, 1 << 20}
+	if len(rates) != len(want) {
+		t.Fatalf("rates %v, want %v", rates, want)
+	}
+	for i := range want {
+		if rates[i] != want[i] {
+			t.Fatalf("rates %v, want %v", rates, want)
+		}
+	}
+	if p.BatchBytes() != float64(1<<20)*pacerBatch.Seconds() {
+		t.Fatalf("BatchBytes %f at 1 MB/s", p.BatchBytes())
+	}
+}
+
+func TestCheckpointsWALBudget(t *testing.T) {
+	// PostgreSQL's defaults: a checkpoint is requested after 32
+	// segments of WAL (64 / 1.9, less one); 0.8 of that per 5min.
+	def := Checkpoints{MaxWALSize: 1 << 30, Timeout: 5 * time.Minute, CompletionTarget: 0.9, SegmentSize: 16 << 20}
+	if got := def.RequestThreshold(); got != 512<<20 {
+		t.Errorf("default server's threshold %f, want 512 MiB", got)
+	}
+	if got, want := def.WALBudget(), 0.8*float64(512<<20)/300; got != want {
+		t.Errorf("default server's budget %f, want %f", got, want)
+	}
+	// The smallest max_wal_size: two segments, 2 / 1.9 is one, less one
+	// is none: a segment.
+	small := Checkpoints{MaxWALSize: 32 << 20, Timeout: 30 * time.Second, CompletionTarget: 0.9, SegmentSize: 16 << 20}
+	if got := small.RequestThreshold(); got != 16<<20 {
+		t.Errorf("smallest threshold %f, want a segment", got)
+	}
+	if got := (Checkpoints{}).WALBudget(); got != 0 {
+		t.Errorf("unknown settings' budget %f, want 0", got)
+	}
+}
+
+// The sizer halves on a round over the budget, down to its floor, and adds
+// a twentieth of its range on a round under it, up to its ceiling.
+func TestSizerAIMD(t *testing.T) {
+	s := NewSizer(MinBatch, 30500, MinBatch)
+	budget := 4 * time.Millisecond
+	under, over := time.Millisecond, 10*time.Millisecond
+	var got []int
+	for _, c := range []time.Duration{under, under, over, 0, under, over, over, over, over, over} {
+		s.Observe(c, budget)
+		got = append(got, s.Size())
+	}
+	want := []int{2000, 3500, 1750, 1750, 3250, 1625, 812, 500, 500, 500}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("sizes %v, want %v", got, want)
+		}
+	}
+	if !s.AtMin() {
+		t.Fatal("at the floor: AtMin false")
+	}
+	for range 40 {
+		s.Observe(under, budget)
+	}
+	if s.Size() != 30500 {
+		t.Fatalf("after 40 rounds under the budget: %d, want the ceiling", s.Size())
+	}
+	if got := s.Cap(2000); got != 2000 {
+		t.Fatalf("Cap(2000) = %d", got)
+	}
+	if got := s.Cap(10); got != MinBatch {
+		t.Fatalf("Cap(10) = %d, want the floor", got)
+	}
+	// A --batch-size under the floor is the floor.
+	if small := NewSizer(MinBatch, 10, MinBatch); small.Size() != 10 || !small.AtMin() {
+		t.Fatalf("batch size 10: %d", small.Size())
+	}
+	// Without a budget nothing moves.
+	s.Observe(time.Hour, 0)
+	if s.Size() != 30500 {
+		t.Fatalf("no budget moved the size to %d", s.Size())
+	}
+}
+
+// Paced decisions: the round's WAL is charged when the first reading
+// after it comes, the wait is exact and marked Paced, a pressure comes
+// first, and a requested checkpoint halves an auto pacer.
+func TestDecidePaces(t *testing.T) {
+	const pos = 1 << 30
+	th := New(Limits{PauseMin: 100 * time.Millisecond, PauseMax: time.Second})
+	th.Pace(1<<20, true)
+	th.WatchCheckpoints(7)
+	if d := th.Decide(Signals{At: t0, WALPosition: pos, RequestedCheckpoints: 7}); d.Throttled() || d.Checkpoint {
+		t.Fatalf("before any round: %+v", d)
+	}
+	d := th.Decide(Signals{At: t0, WALPosition: pos + 1<<20, RoundWAL: 1 << 20, RequestedCheckpoints: 7})
+	// The last round's WAL at the floor (an eighth of the rate) bounds
+	// how long the pacer may hold the run before the next.
+	if th.allow != 8*time.Second-d.Wait {
+		t.Fatalf("allowance %s after a 1 MB round at 1 MB/s", th.allow)
+	}
+	if !d.Paced || d.Reason != ReasonWALRate || d.Wait != time.Second-pacerDepth {
+		t.Fatalf("after a 1 MB round: %+v", d)
+	}
+	// The same position read again (after a wait cut short) is not
+	// charged twice; what the server wrote meanwhile is.
+	if d := th.Decide(Signals{At: t0.Add(500 * time.Millisecond), WALPosition: pos + 1<<20, RequestedCheckpoints: 7}); !near(d.Wait, 400*time.Millisecond) {
+		t.Fatalf("halfway: %+v", d)
+	}
+	if d := th.Decide(Signals{At: t0.Add(500 * time.Millisecond), WALPosition: pos + 1<<20 + 1<<18, RequestedCheckpoints: 7}); !near(d.Wait, 650*time.Millisecond) {
+		t.Fatalf("halfway, 256 kB more: %+v", d)
+	}
+	// A signal error carries no position: nothing is charged.
+	if d := th.Decide(Signals{At: t0.Add(time.Second), Err: errTest}); d.Paced || d.Reason != ReasonSignalError {
+		t.Fatalf("signal error: %+v", d)
+	}
+	// A requested checkpoint halves the rate, once per checkpoint.
+	d = th.Decide(Signals{At: t0.Add(time.Second), WALPosition: pos + 1<<20 + 1<<18, RequestedCheckpoints: 8})
+	if !d.Checkpoint || d.Slowed != 1<<19 || th.Pacer().Rate() != 1<<19 {
+		t.Fatalf("checkpoint: %+v, rate %f", d, th.Pacer().Rate())
+	}
+	if d := th.Decide(Signals{At: t0.Add(time.Second), WALPosition: pos + 1<<20 + 1<<18, RequestedCheckpoints: 8}); d.Checkpoint {
+		t.Fatalf("the same checkpoint twice: %+v", d)
+	}
+	// An explicit rate holds through a checkpoint.
+	ex := New(Limits{PauseMin: 1, PauseMax: 1})
+	ex.Pace(1<<20, false)
+	ex.WatchCheckpoints(0)
+	if d := ex.Decide(Signals{At: t0, WALPosition: pos, RequestedCheckpoints: 1}); !d.Checkpoint || d.Slowed != 0 || ex.Pacer().Rate() != 1<<20 {
+		t.Fatalf("explicit rate, checkpoint: %+v", d)
+	}
+	// A pressure comes before the pacer, and the WAL is charged anyway.
+	pr := New(Limits{MaxLag: time.Second, PauseMin: 100 * time.Millisecond, PauseMax: time.Second})
+	pr.Pace(1<<20, true)
+	pr.Decide(Signals{At: t0, WALPosition: pos})
+	if d := pr.Decide(Signals{At: t0, WALPosition: pos + 4<<20, RoundWAL: 4 << 20, Lag: time.Minute}); d.Paced || d.Reason != ReasonReplicaLag {
+		t.Fatalf("lag and a round: %+v", d)
+	}
+	if d := pr.Decide(Signals{At: t0.Add(100 * time.Millisecond), WALPosition: pos + 4<<20}); !d.Paced || !near(d.Wait, 4*time.Second-pacerDepth-100*time.Millisecond) {
+		t.Fatalf("after the lag: %+v", d)
+	}
+}
+
+// An API that alone writes more than the rate does not hold the run for
+// good: after each round the pacer holds it at most as long as the round's
+// WAL takes at the floor, an eighth of the rate.
+func TestDecidePacesAtLeastAtTheFloor(t *testing.T) {
+	th := New(Limits{PauseMin: 100 * time.Millisecond, PauseMax: time.Second})
+	th.Pace(1<<20, false)
+	pos, now := int64(1<<30), t0
+	th.Decide(Signals{At: now, WALPosition: pos})
+	var held time.Duration
+	// A round of 128 kB, then the API writes 2 MB/s while the run waits.
+	pos += 128 << 10
+	d := th.Decide(Signals{At: now, WALPosition: pos, RoundWAL: 128 << 10})
+	for d.Throttled() {
+		if !d.Paced {
+			t.Fatalf("%+v", d)
+		}
+		held += d.Wait
+		now = now.Add(d.Wait)
+		pos += int64(2 * float64(1<<20) * d.Wait.Seconds())
+		d = th.Decide(Signals{At: now, WALPosition: pos})
+	}
+	if !near(held, time.Second) {
+		t.Fatalf("held %s after a 128 kB round with the API over the rate, want the round at the floor: 1s", held)
+	}
+}
+
+var errTest = errors.New("connection refused")
+
+// near: equal to a microsecond (the pacer's arithmetic is in float
+// seconds).
+func near(a, b time.Duration) bool { return (a - b).Abs() <= time.Microsecond }
+
+func TestAutoCommitBudget(t *testing.T) {
+	if got := AutoCommitBudget(500 * time.Microsecond); got != autoCommitFloor {
+		t.Errorf("quiet 0.5ms: %s, want the floor", got)
+	}
+	if got := AutoCommitBudget(3 * time.Millisecond); got != 12*time.Millisecond {
+		t.Errorf("quiet 3ms: %s, want 12ms", got)
+	}
+}

@@ -1,0 +1,122 @@
+package throttle
+
+import "time"
+
+// WALPacer holds the server's WAL, while a run reaps, to a rate on
+// average: a token bucket in bytes. Credit accrues at the rate, up to a
+// small depth; every byte the server wrote between two readings is spent
+// (the run's rounds, and what the API writes beside them), and the next
+// round may start only when the credit is back to zero, so every round is
+// followed by the time its WAL takes at the rate. The whole server's WAL,
+// not only the batches': it is what fills max_wal_size, what the
+// replicas replay and what the operator's limit is read against, by the
+// server's own position. A reading of the rate over a
+// short interval (what --max-load wal_rate was before it) sees the quiet
+// interval after a burst and lets the next burst through; the bucket
+// remembers the burst.
+//
+// Over any window of W seconds the batches write at most rate·W plus the
+// depth plus one round's bytes (the round that started with the credit at
+// zero and is paid after it). Depth and BatchBytes together are 0.35 s of
+// WAL at the rate, so over 10 s the rate is within 10 % of the limit even
+// when a round writes half again what the run sized it for (the WAL per
+// key moves: a page's first change after a checkpoint is logged whole).
+//
+// Pure: the caller passes the time of every call. Not safe for concurrent
+// use.
+type WALPacer struct {
+	rate    float64 // bytes per second
+	floor   float64 // the slowest Halve may make it
+	credit  float64 // bytes; negative: owed
+	at      time.Time
+	started bool
+	// pos is the WAL position last observed.
+	pos int64
+}
+
+// pacerDepth and pacerBatch are the burst the bucket allows and the WAL a
+// round should write, in seconds of the rate: together well under a
+// second, a tenth of the 10 s window the limit is held over. Smaller
+// rounds cost more of them (each a few milliseconds of fixed work); at
+// PostgreSQL's default checkpoint budget (1.7 MB/s) a round is still a
+// few thousand keys.
+const (
+	pacerDepth = 100 * time.Millisecond
+	pacerBatch = 250 * time.Millisecond
+	// pacerMaxDebt bounds what is owed, in seconds of the rate: an API
+	// that alone writes more than the rate for a while holds the run
+	// while it does, and owes nothing older than the 10 s window once it
+	// stops.
+	pacerMaxDebt = 10 * time.Second
+	// pacerFloorShare is how far Halve may slow the pacer: an eighth of
+	// its first rate, so a server whose checkpoints are requested by
+	// others (a DROP DATABASE, an operator's CHECKPOINT) slows a run,
+	// never stops it.
+	pacerFloorShare = 8
+)
+
+// NewWALPacer returns a pacer for rate bytes per second (positive).
+func NewWALPacer(rate float64) *WALPacer {
+	return &WALPacer{rate: rate, floor: rate / pacerFloorShare}
+}
+
+// Rate is the pacer's rate now, bytes per second.
+func (p *WALPacer) Rate() float64 { return p.rate }
+
+// BatchBytes is the most WAL a round should write for the limit to hold
+// within 10 % over 10 s: the run sizes its batches from it.
+func (p *WALPacer) BatchBytes() float64 { return p.rate * pacerBatch.Seconds() }
+
+func (p *WALPacer) depth() float64 { return p.rate * pacerDepth.Seconds() }
+
+// refill brings the credit up to now. The first call starts the bucket
+// full: the run's first round needs no wait.
+func (p *WALPacer) refill(now time.Time) {
+	if !p.started {
+		p.started, p.at, p.credit = true, now, p.depth()
+		return
+	}
+	if dt := now.Sub(p.at); dt > 0 {
+		p.credit = min(p.depth(), p.credit+p.rate*dt.Seconds())
+		p.at = now
+	}
+}
+
+// Observe charges the WAL the server wrote since the last observation:
+// position is its WAL position at now. The first observation starts the
+// bucket.
+func (p *WALPacer) Observe(now time.Time, position int64) {
+	first := !p.started
+	p.refill(now)
+	if !first && position > p.pos {
+		p.credit = max(p.credit-float64(position-p.pos), -p.rate*pacerMaxDebt.Seconds())
+	}
+	p.pos = max(p.pos, position)
+}
+
+// Wait is how long the next round must wait from now for the rate to
+// hold: 0 when it may start.
+func (p *WALPacer) Wait(now time.Time) time.Duration {
+	p.refill(now)
+	if p.credit >= 0 {
+		return 0
+	}
+	return time.Duration(-p.credit / p.rate * float64(time.Second))
+}
+
+// Floor is the slowest the pacer lets the run's own rounds go, bytes per
+// second: an eighth of its first rate.
+func (p *WALPacer) Floor() float64 { return p.floor }
+
+// Halve halves the rate (not below an eighth of the first), for a
+// checkpoint the server had to request during the run: the run's WAL
+// filled max_wal_size before checkpoint_timeout. What is owed is owed at
+// the new rate. It reports whether the rate changed.
+func (p *WALPacer) Halve() bool {
+	if p.rate <= p.floor {
+		return false
+	}
+	p.rate = max(p.rate/2, p.floor)
+	p.credit = min(p.credit, p.depth())
+	return true
+}
