@@ -204,6 +204,14 @@ func (c *Command) Run(ctx context.Context, env *daemon.Env) error {
 func newRiverClient(pool *pgxpool.Pool, log *zap.Logger, work bool, workers int) (*river.Client[pgx.Tx], error) {
 	cfg := &river.Config{Logger: logging.Slog(log)}
 	if work {
+		// A receipt is one INSERT: a job still running after 30 s is
+		// hung. A job whose completion was lost (the database froze or
+		// went away mid-job, and River's completer gave up on writing
+		// its state) stays running until the rescuer's threshold: a
+		// minute, not River's default hour. Running a receipt again is
+		// harmless (one receipt per River job).
+		cfg.JobTimeout = 30 * time.Second
+		cfg.RescueStuckJobsAfter = time.Minute
 		ws := river.NewWorkers()
 		receipts.Register(ws, pool)
 		cfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: workers}}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -204,4 +205,83 @@ func (c *Cluster) RequirePasswords() error {
 		return fmt.Errorf("pg_ctl reload: %w: %s", err, out)
 	}
 	return nil
+}
+
+// Freeze stops the postmaster and every process it started with SIGSTOP,
+// as a storage stall or a paused virtual machine freezes a database: its
+// sockets stay open and its kernel still completes new connections'
+// handshakes and acknowledges what clients send, but nothing answers. It
+// returns the thaw, which resumes them all with SIGCONT, and how many
+// processes it stopped. The postmaster stops first, so it forks nothing
+// while its children are listed.
+func (c *Cluster) Freeze() (thaw func() error, stopped int, err error) {
+	b, err := os.ReadFile(filepath.Join(c.data, "postmaster.pid"))
+	if err != nil {
+		return nil, 0, fmt.Errorf("dbtest: freeze: %w", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	postmaster, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		return nil, 0, fmt.Errorf("dbtest: freeze: postmaster.pid: %w", err)
+	}
+	var pids []int
+	thaw = func() error {
+		var errs []error
+		// Children first: the postmaster, once running, finds them as it
+		// left them.
+		for i := len(pids) - 1; i >= 0; i-- {
+			if err := syscall.Kill(pids[i], syscall.SIGCONT); err != nil && !errors.Is(err, syscall.ESRCH) {
+				errs = append(errs, fmt.Errorf("dbtest: thaw %d: %w", pids[i], err))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	if err := syscall.Kill(postmaster, syscall.SIGSTOP); err != nil {
+		return nil, 0, fmt.Errorf("dbtest: freeze the postmaster: %w", err)
+	}
+	pids = append(pids, postmaster)
+	children, err := childrenOf(postmaster)
+	if err != nil {
+		return thaw, len(pids), errors.Join(err, thaw())
+	}
+	for _, pid := range children {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			if errors.Is(err, syscall.ESRCH) {
+				continue // it exited since the listing
+			}
+			return thaw, len(pids), errors.Join(fmt.Errorf("dbtest: freeze %d: %w", pid, err), thaw())
+		}
+		pids = append(pids, pid)
+	}
+	return thaw, len(pids), nil
+}
+
+// childrenOf lists the processes whose parent is pid (Linux's /proc).
+func childrenOf(pid int) ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("dbtest: list processes: %w", err)
+	}
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone since the listing
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses,
+		// so the fields after it start at the last ')'.
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(stat[i+1:]))
+		if len(fields) >= 2 && fields[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out, nil
 }

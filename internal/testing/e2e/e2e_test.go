@@ -222,6 +222,20 @@ func runFaults(t *testing.T, pooled bool) {
 
 func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	t.Helper()
+	e, opts := prepare(ctx, t, pooled)
+	opts.Enqueuers, opts.Completers, opts.Reaper = 2, 2, true
+	e.startDaemons(ctx, opts)
+	e.logf("set up in its own cluster (port %d), daemons through proxy %s (PgBouncer: %v), all ready", e.cluster.Port(), e.proxy.Addr(), pooled)
+	return e
+}
+
+// prepare builds the binaries and starts everything but the daemons: the
+// run's own cluster and database (roles applied, migrated with idemctl),
+// optionally a PgBouncer in front of it, and the surroundings. It returns
+// the daemon options that point at them, with Dir and, pooled, the
+// pooler's arguments set; the caller says how many daemons of each.
+func prepare(ctx context.Context, t *testing.T, pooled bool) (*env, system.DaemonOptions) {
+	t.Helper()
 	e := &env{t: t, dir: t.TempDir()}
 	var err error
 	if e.bins, err = system.Build(ctx, filepath.Join(e.dir, "bin")); err != nil {
@@ -273,8 +287,17 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 	t.Cleanup(e.pool.Close)
 
 	opts := e.startSurroundings(ctx, target)
-	opts.Enqueuers, opts.Completers, opts.Reaper, opts.Dir = 2, 2, true, e.dir
+	opts.Dir = e.dir
 	opts.ExtraArgs, opts.ExtraEnqueuerArgs = extraArgs, enqueuerArgs
+	return e, opts
+}
+
+// startDaemons starts the daemon set of opts and waits until every daemon
+// is ready and every enqueuer is the drainer or a standby.
+func (e *env) startDaemons(ctx context.Context, opts system.DaemonOptions) {
+	t := e.t
+	t.Helper()
+	var err error
 	if e.daemons, err = system.NewDaemons(e.bins, opts); err != nil {
 		t.Fatal(err)
 	}
@@ -314,8 +337,6 @@ func setUp(ctx context.Context, t *testing.T, pooled bool) *env {
 			t.Fatalf("%s is neither the drainer nor a standby: %v\n%s", p.Name, err, p.LogTail(3000))
 		}
 	}
-	e.logf("set up in its own cluster (port %d), daemons through proxy %s (PgBouncer: %v), all ready", e.cluster.Port(), e.proxy.Addr(), pooled)
-	return e
 }
 
 // seedOldKeys gives the reaper work: keys past its 1 h retention by the
@@ -428,11 +449,11 @@ func (e *env) script(ctx context.Context) {
 		e.logf("proxy: severed %d sockets", n)
 		sleep(ctx, jitter(700*time.Millisecond))
 	}
-	e.proxy.SetDelay(40 * time.Millisecond)
+	e.proxy.SetLatency(40 * time.Millisecond)
 	e.logf("proxy: 40 ms per chunk")
 	sleep(ctx, jitter(2*time.Second))
-	e.proxy.SetDelay(0)
-	e.logf("proxy: delay off")
+	e.proxy.SetLatency(0)
+	e.logf("proxy: latency off")
 
 	e.clockSkew(ctx)
 
@@ -578,7 +599,8 @@ func (e *env) clockSkew(ctx context.Context) {
 }
 
 // settle waits, with a deadline, until the system has drained: nothing
-// staged, every River job worked, every key finished or flagged.
+// staged, every River job worked (but those of unworkedQueue), every key
+// finished or flagged.
 func (e *env) settle(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(ctx, settleWithin)
 	defer cancel()
@@ -587,9 +609,9 @@ func (e *env) settle(ctx context.Context) {
 		var staged, pendingJobs, open int
 		err := e.pool.QueryRow(wctx, `SELECT
 			(SELECT count(*) FROM staged_jobs),
-			(SELECT count(*) FROM river_job WHERE state NOT IN ('completed', 'cancelled', 'discarded')),
+			(SELECT count(*) FROM river_job WHERE state NOT IN ('completed', 'cancelled', 'discarded') AND queue <> $1),
 			(SELECT count(*) FROM idempotency_keys k WHERE k.recovery_point <> 'finished'
-				AND NOT EXISTS (SELECT 1 FROM idempotency_key_reviews r WHERE r.key_id = k.id))`).Scan(&staged, &pendingJobs, &open)
+				AND NOT EXISTS (SELECT 1 FROM idempotency_key_reviews r WHERE r.key_id = k.id))`, unworkedQueue).Scan(&staged, &pendingJobs, &open)
 		if err != nil {
 			return false, err
 		}
@@ -619,8 +641,8 @@ func (e *env) checkProcesses(others ...*system.Proc) {
 	if kills == 0 {
 		e.t.Error("the killer never killed anything")
 	}
-	acc, sev := e.proxy.Stats()
-	e.logf("proxy: %d connections accepted, %d sockets severed", acc, sev)
+	st := e.proxy.Stats()
+	e.logf("proxy: %d connections accepted, %d sockets severed", st.Accepted, st.Severed)
 	e.logf("replay front: %s", e.front.summary())
 }
 

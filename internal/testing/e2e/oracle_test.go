@@ -11,6 +11,12 @@ import (
 	"github.com/idemd/idemd/internal/testing/e2e/oracle"
 )
 
+// unworkedQueue is the River queue of the jobs the suite stages itself (the
+// silent faults' load, silent_test.go): no worker takes it, so its jobs
+// stay available, and the oracle checks that each committed row arrived
+// exactly once, not that it was worked.
+const unworkedQueue = "e2e_unworked"
+
 // oracle checks the end state against the database and the fake Stripe's
 // own records (internal/testing/e2e/oracle), then what this suite's own
 // scenario adds: the seeded old keys, the rides' keys, the replay front's
@@ -21,7 +27,7 @@ func (e *env) oracle(ctx context.Context, stats simulator.Stats) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := oracle.Check(ctx, e.pool, charges, oracle.Options{Poison: e.poison, Grace: grace})
+	res, err := oracle.Check(ctx, e.pool, charges, oracle.Options{Poison: e.poison, Grace: grace, UnworkedQueue: unworkedQueue})
 	if err != nil {
 		t.Fatal(err)
 	}

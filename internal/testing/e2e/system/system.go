@@ -224,6 +224,31 @@ func (p *Proc) Kill() error {
 	return nil
 }
 
+// Dump sends SIGQUIT, on which a Go program writes every goroutine's stack
+// to its log and exits, and waits for the process to be gone (killing it
+// if it outlives timeout): the record of where a stuck daemon is stuck. It
+// returns the log's offset where the dump starts. The exit is the
+// harness's doing.
+func (p *Proc) Dump(timeout time.Duration) (int64, error) {
+	var from int64
+	if st, err := os.Stat(p.LogPath); err == nil {
+		from = st.Size()
+	}
+	done, err := p.signal(syscall.SIGQUIT)
+	if err != nil {
+		return from, err
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return from, nil
+	case <-t.C:
+		_ = p.Kill()
+		return from, fmt.Errorf("%s: still running %s after SIGQUIT", p.Name, timeout)
+	}
+}
+
 // Stop sends SIGTERM and returns the exit code, killing the process if it
 // outlives timeout (an error then).
 func (p *Proc) Stop(timeout time.Duration) (int, error) {
@@ -548,6 +573,16 @@ type DaemonOptions struct {
 	// ExtraEnqueuerArgs to the enqueuers' (--listen-database-url).
 	ExtraArgs         []string
 	ExtraEnqueuerArgs []string
+	// AtDefaults runs every daemon at its own defaults: only what has none
+	// is given (the completer's --api-url and secret, the reaper's
+	// --schedule, ReaperSchedule), besides what every daemon gets here
+	// (the URL, the log format, --http-addr, --shutdown-timeout) and the
+	// Extra args. The faults that say nothing are tried on the daemons as
+	// an operator deploys them, not on the suite's shortened waits.
+	AtDefaults bool
+	// ReaperSchedule is the reaper's --schedule with AtDefaults (it has no
+	// default: without it the reaper runs once and exits).
+	ReaperSchedule string
 	// ApplicationPrefix, when set, names each daemon's sessions
 	// (application_name in its URL) <prefix><daemon>, e.g. a release's
 	// daemons apart from another's.
@@ -591,7 +626,9 @@ func NewDaemons(bins *Binaries, o DaemonOptions) (*DaemonSet, error) {
 		if o.PreviousRelease {
 			sweep = "--poll-interval"
 		}
-		args = append(args, "--allowed-kinds", "send_ride_receipt", "--max-args-bytes", "4096", sweep, "1s", "--stats-interval", "1s")
+		if !o.AtDefaults {
+			args = append(args, "--allowed-kinds", "send_ride_receipt", "--max-args-bytes", "4096", sweep, "1s", "--stats-interval", "1s")
+		}
 		args = append(args, o.ExtraEnqueuerArgs...)
 		d.Enqueuers = append(d.Enqueuers, &Proc{Name: name, Bin: bins.Enqueuer, Args: args, OpsAddr: addr, LogPath: filepath.Join(o.Dir, name+".log")})
 	}
@@ -601,13 +638,16 @@ func NewDaemons(bins *Binaries, o DaemonOptions) (*DaemonSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		// Short waits so abandoned keys are replayed within the run; the
-		// lock timeout stays the API's 90 s, as the flag's help demands.
-		args = append(args, "--api-url", o.APIURL, "--auth-secret-file", o.SecretFile,
-			"--grace", "2s", "--idle", "1s", "--lease", "10s", "--request-timeout", "3s",
-			"--backoff-base", "300ms", "--backoff-max", "2s", "--in-progress-delay", "500ms",
-			"--poll-interval", "300ms", "--max-attempts", "40", "--rate", "100", "--burst", "20",
-			"--breaker-cooldown", "200ms", "--breaker-max-cooldown", "1s")
+		args = append(args, "--api-url", o.APIURL, "--auth-secret-file", o.SecretFile)
+		if !o.AtDefaults {
+			// Short waits so abandoned keys are replayed within the run;
+			// the lock timeout stays the API's 90 s, as the flag's help
+			// demands.
+			args = append(args, "--grace", "2s", "--idle", "1s", "--lease", "10s", "--request-timeout", "3s",
+				"--backoff-base", "300ms", "--backoff-max", "2s", "--in-progress-delay", "500ms",
+				"--poll-interval", "300ms", "--max-attempts", "40", "--rate", "100", "--burst", "20",
+				"--breaker-cooldown", "200ms", "--breaker-max-cooldown", "1s")
+		}
 		args = append(args, o.ExtraCompleterArgs...)
 		d.Completers = append(d.Completers, &Proc{Name: name, Bin: bins.Completer, Args: args, OpsAddr: addr, LogPath: filepath.Join(o.Dir, name+".log")})
 	}
@@ -616,12 +656,16 @@ func NewDaemons(bins *Binaries, o DaemonOptions) (*DaemonSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		// The shortest retention the reaper accepts; the suite backdates
-		// keys to give it work.
-		// A short lease: a reaper SIGKILLed mid-run holds up its restarted
-		// self for at most --lease-ttl.
-		args = append(args, "--schedule", "@every 2s", "--retention", "1h", "--batch-size", "50", "--lock-window", "1h",
-			"--lease-ttl", "6s", "--statement-timeout", "5s")
+		if o.AtDefaults {
+			args = append(args, "--schedule", o.ReaperSchedule)
+		} else {
+			// The shortest retention the reaper accepts; the suite
+			// backdates keys to give it work. A short lease: a reaper
+			// SIGKILLed mid-run holds up its restarted self for at most
+			// --lease-ttl.
+			args = append(args, "--schedule", "@every 2s", "--retention", "1h", "--batch-size", "50", "--lock-window", "1h",
+				"--lease-ttl", "6s", "--statement-timeout", "5s")
+		}
 		d.Reaper = &Proc{Name: "reaper", Bin: bins.Reaper, Args: args, OpsAddr: addr, LogPath: filepath.Join(o.Dir, "reaper.log")}
 	}
 	return d, nil
