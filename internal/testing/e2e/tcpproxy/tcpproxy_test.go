@@ -126,7 +126,9 @@ func (c *client) ping(t *testing.T) {
 // checks of the test (the server's view, the proxy's counts) exclude.
 func (c *client) silent(t *testing.T) {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if err := c.SetReadDeadline(time.Now().Add(300 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
 	b, err := c.r.ReadByte()
 	if err == nil {
 		t.Fatalf("a silent connection delivered %q", b)
@@ -140,7 +142,9 @@ func (c *client) silent(t *testing.T) {
 func (c *client) sendDropped(t *testing.T, p *Proxy) {
 	t.Helper()
 	before := p.Stats().Dropped
-	c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	if err := c.SetWriteDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.Write([]byte("ping\n")); err != nil {
 		t.Fatalf("write to a silent connection: %v", err)
 	}
@@ -334,7 +338,9 @@ func TestHalfOpen(t *testing.T) {
 	}
 	// Sever still closes the half-open connection's client side.
 	p.Sever()
-	victim.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if err := victim.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := victim.r.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("a severed half-open connection is still open: %v", err)
 	}
