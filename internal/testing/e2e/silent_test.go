@@ -25,6 +25,7 @@ import (
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
 	"github.com/idemd/idemd/internal/testing/e2e/tcpproxy"
+	"github.com/idemd/idemd/internal/testing/horizon"
 )
 
 // The faults that say nothing (issue 48): a black-holed network, a frozen
@@ -105,6 +106,10 @@ func TestSilentFaults(t *testing.T) {
 	opts.Enqueuers, opts.Completers, opts.Reaper = 2, 1, true
 	opts.AtDefaults, opts.ReaperSchedule = true, "@every 10s"
 	e.startDaemons(ctx, opts)
+	// No idemd session holds a snapshot longer than the bound through
+	// any silent fault either (docs/design.md, invariant 7); the frozen
+	// server answers no sample while it is stopped.
+	hz := horizon.Start(ctx, e.pool, horizon.Options{Roles: []string{dbtest.RuntimeRole}, Logf: e.logf})
 	e.poison = []int64{} // none; an empty array, not NULL, for the oracle's <> ALL
 	e.logf("silent faults: %s each, daemons at their defaults through proxy %s", hold, e.proxy.Addr())
 
@@ -136,6 +141,7 @@ func TestSilentFaults(t *testing.T) {
 	s.checkProcesses()
 	stopDaemons(t, e.daemons, "silent run's")
 	e.oracle(ctx, simulator.Stats{})
+	e.checkHorizon(hz.Stop())
 	if locks, err := dbtest.AdvisoryLocks(ctx, e.pool); err != nil || locks != 0 {
 		t.Errorf("advisory locks held after the run: %d (%v)", locks, err)
 	}
