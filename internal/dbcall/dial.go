@@ -2,15 +2,11 @@ package dbcall
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"golang.org/x/sys/unix"
 )
 
 // The client side of every connection idemd dials. Keepalives find a peer
@@ -41,25 +37,6 @@ var dialer = &net.Dialer{
 		Count:    KeepAliveCount,
 	},
 	Control: setUserTimeout,
-}
-
-// setUserTimeout sets TCP_USER_TIMEOUT on a TCP socket before it connects;
-// a Unix socket has no such option and needs none.
-func setUserTimeout(network, _ string, c syscall.RawConn) error {
-	if !strings.HasPrefix(network, "tcp") {
-		return nil
-	}
-	var serr error
-	err := c.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(UserTimeout.Milliseconds()))
-	})
-	if err == nil {
-		err = serr
-	}
-	if err != nil {
-		return fmt.Errorf("set TCP_USER_TIMEOUT: %w", err)
-	}
-	return nil
 }
 
 // Dial is the pgx DialFunc of every connection idemd opens.
