@@ -16,9 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/testing/dbtest"
-	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
 func TestBuildHorizon(t *testing.T) {
@@ -340,22 +338,7 @@ func TestHorizonSlotsAndPrepared(t *testing.T) {
 		t.Fatalf("start a cluster: %v", err)
 	}
 	t.Cleanup(c.Remove)
-	adminURL, _, err := scratchdb.Create(ctx, c.URL(), "idemd_dbstats_horizon")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dbtest.ApplyRoles(ctx, adminURL); err != nil {
-		t.Fatal(err)
-	}
-	mpool, err := pgxpool.New(ctx, dbtest.MigratorURL(adminURL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = migrate.Up(ctx, mpool, migrate.Options{})
-	mpool.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	adminURL := c.NewMigratedDatabase(t, "idemd_dbstats_horizon")
 	pool, err := pgxpool.New(ctx, dbtest.RuntimeURL(adminURL))
 	if err != nil {
 		t.Fatal(err)

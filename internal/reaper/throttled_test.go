@@ -15,12 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/idemd/idemd/internal/migrate"
 	"github.com/idemd/idemd/internal/reaper/throttle"
 	"github.com/idemd/idemd/internal/reaperpause"
 	"github.com/idemd/idemd/internal/runhistory"
 	"github.com/idemd/idemd/internal/testing/dbtest"
-	"github.com/idemd/idemd/internal/testing/scratchdb"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -240,22 +238,7 @@ func TestThrottleReplicaLag(t *testing.T) {
 func privateDB(t *testing.T, c *dbtest.Cluster) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
-	dbURL, _, err := scratchdb.Create(ctx, c.URL(), "idemd_reaper_throttle")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dbtest.ApplyRoles(ctx, dbURL); err != nil {
-		t.Fatal(err)
-	}
-	mpool, err := pgxpool.New(ctx, dbtest.MigratorURL(dbURL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = migrate.Up(ctx, mpool, migrate.Options{})
-	mpool.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbURL := c.NewMigratedDatabase(t, "idemd_reaper_throttle")
 	pool, err := pgxpool.New(ctx, dbtest.RuntimeURL(dbURL))
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package dbtest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +13,9 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/idemd/idemd/internal/testing/scratchdb"
 )
 
 // Cluster is a throwaway PostgreSQL cluster owned by one test. Unlike the
@@ -284,4 +288,27 @@ func childrenOf(pid int) ([]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// NewMigratedDatabase creates a database named prefix_<random> on the
+// cluster, prepared as in production (deploy/sql/roles.sql applied, then
+// migrated as the migrator, which grants the runtime role its
+// privileges), and returns its URL as the superuser: RuntimeURL and
+// MigratorURL give it as the other roles. The database goes with the
+// cluster.
+func (c *Cluster) NewMigratedDatabase(tb testing.TB, prefix string) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dbURL, _, err := scratchdb.Create(ctx, c.URL(), prefix)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := ApplyRoles(ctx, dbURL); err != nil {
+		tb.Fatal(err)
+	}
+	if err := migrateDatabase(ctx, MigratorURL(dbURL)); err != nil {
+		tb.Fatalf("dbtest: migrate %s: %v", prefix, err)
+	}
+	return dbURL
 }
