@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
-	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -20,14 +17,7 @@ import (
 // claim and finish the keys abandoned meanwhile, on new connections.
 func TestPassEndsInABlackHoleAndClaimsAfterIt(t *testing.T) {
 	const bound = 300 * time.Millisecond
-	dbURL := dbtest.NewDatabase(t)
-	direct, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(direct.Close)
-	hole, pool := blackhole.Pool(t, dbURL, bound)
-	calls := blackhole.Calls(pool, bound)
+	direct, pool, hole, calls := blackhole.Database(t, bound)
 	api := newTestAPI(t, direct, always(actFinish))
 	cfg := testConfig(api.srv.URL)
 	cfg.Calls = calls
@@ -42,7 +32,7 @@ func TestPassEndsInABlackHoleAndClaimsAfterIt(t *testing.T) {
 
 	hole.Silence()
 	insertKeys(t, direct, "hole", 3, "started")
-	_, err = pass()
+	_, err := pass()
 	if !dbcall.IsTimeout(err) {
 		t.Fatalf("a pass in the black hole returned %v, want a database timeout", err)
 	}

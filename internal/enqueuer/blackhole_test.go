@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemd/idemd/internal/config"
@@ -24,21 +23,6 @@ const (
 	passDeadline = 100 * testBound
 )
 
-// silentSetup is a database reached directly (for the test's staging and
-// its oracle) and through a black hole (for the service), with the
-// daemon's pool on the black hole and Bounds of testBound.
-func silentSetup(t *testing.T) (direct, pool *pgxpool.Pool, hole *blackhole.Proxy, calls *dbcall.Bounds) {
-	t.Helper()
-	dbURL := dbtest.NewDatabase(t)
-	direct, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(direct.Close)
-	hole, pool = blackhole.Pool(t, dbURL, testBound)
-	return direct, pool, hole, blackhole.Calls(pool, testBound)
-}
-
 // runOnceWithin runs one pass, failing the test if it does not return
 // within passDeadline.
 func runOnceWithin(t *testing.T, s *Service) (res *Result, err error) {
@@ -52,7 +36,7 @@ func runOnceWithin(t *testing.T, s *Service) (res *Result, err error) {
 // network forwards again, the next passes move the rows, on new
 // connections (the silenced ones never answer again).
 func TestPassEndsInABlackHoleAndMovesAfterIt(t *testing.T) {
-	direct, pool, hole, calls := silentSetup(t)
+	direct, pool, hole, calls := blackhole.Database(t, testBound)
 	s, err := New(Config{Settings: DefaultSettings(), Pool: pool, Calls: calls})
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +78,7 @@ func TestPassEndsInABlackHoleAndMovesAfterIt(t *testing.T) {
 // ended the silenced session, and rows staged during the hole reach
 // River exactly once.
 func TestServiceRecoversFromABlackHole(t *testing.T) {
-	direct, pool, hole, calls := silentSetup(t)
+	direct, pool, hole, calls := blackhole.Database(t, testBound)
 	s, err := New(Config{Settings: DefaultSettings(), Pool: pool, Calls: calls})
 	if err != nil {
 		t.Fatal(err)

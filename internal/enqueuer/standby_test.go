@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/idemd/idemd/internal/testing/blackhole"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -19,7 +20,7 @@ import (
 // on the silent connection (in pg_advisory_lock, as it once did) never
 // took over.
 func TestStandbyOnASilencedConnectionStandsByAgainAndTakesOver(t *testing.T) {
-	direct, pool, hole, calls := silentSetup(t)
+	direct, pool, hole, calls := blackhole.Database(t, testBound)
 	start := func(p *pgxpool.Pool) (*Service, func()) {
 		t.Helper()
 		s, err := New(Config{Settings: DefaultSettings(), Pool: p, Calls: calls})

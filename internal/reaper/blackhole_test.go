@@ -6,14 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
-	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -23,14 +21,7 @@ import (
 // and deletes what is past retention.
 func TestRunEndsInABlackHoleAndReapsAfterIt(t *testing.T) {
 	const bound = 300 * time.Millisecond
-	dbURL := dbtest.NewDatabase(t)
-	direct, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(direct.Close)
-	hole, pool := blackhole.Pool(t, dbURL, bound)
-	calls := blackhole.Calls(pool, bound)
+	direct, pool, hole, calls := blackhole.Database(t, bound)
 	svc, err := New(Config{Settings: testSettings(), Pool: pool, Calls: calls,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), Registry: prometheus.NewRegistry()})
 	if err != nil {

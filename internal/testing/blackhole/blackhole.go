@@ -28,6 +28,7 @@ import (
 	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/daemon"
 	"github.com/idemd/idemd/internal/dbcall"
+	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
 // Proxy forwards the connections accepted on Addr to a target until
@@ -96,6 +97,16 @@ func Pool(tb testing.TB, dbURL string, bound time.Duration) (*Proxy, *pgxpool.Po
 	tb.Cleanup(pool.Close)
 	tb.Cleanup(p.Close)
 	return p, pool
+}
+
+// Database is a fresh test database reached directly (for a test's own
+// writes and its oracle) and through a black hole (for the service under
+// test): the daemon's pool on the hole, and Calls of bound.
+func Database(tb testing.TB, bound time.Duration) (direct, pool *pgxpool.Pool, hole *Proxy, calls *dbcall.Bounds) {
+	tb.Helper()
+	direct = dbtest.NewPool(tb)
+	hole, pool = Pool(tb, direct.Config().ConnString(), bound)
+	return direct, pool, hole, Calls(pool, bound)
 }
 
 // Calls are the Bounds a daemon gives its services on pool (daemon.Setup):
