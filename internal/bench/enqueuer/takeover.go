@@ -1,22 +1,20 @@
 package enqueuerbench
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemd/idemd/internal/testing/e2e/alertcheck"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
 )
 
@@ -115,53 +113,59 @@ func RunTakeover(ctx context.Context, adminURL string, opts TakeoverOptions) ([]
 // first the drainer and the second standing by, SIGKILLs the drainer, stages
 // one row and returns how long after the kill the row was in River.
 func takeoverOnce(ctx context.Context, bin TakeoverBinary, dbURL string, pool *pgxpool.Pool, logPrefix string) (time.Duration, error) {
-	start := func(name string) (*exec.Cmd, string, error) {
+	start := func(name string) (*system.Proc, error) {
 		addr, err := system.FreeAddr()
 		if err != nil {
-			return nil, "", err
+			return nil, err
 		}
-		log, err := os.Create(logPrefix + "-" + name + ".log")
+		p := &system.Proc{Name: name, Bin: bin.Path, OpsAddr: addr, LogPath: logPrefix + "-" + name + ".log",
+			Args: append([]string{"--http-addr=" + addr, "--sweep-interval=1h", "--log-format=console"}, bin.Args...),
+			Env:  []string{"DATABASE_URL=" + dbURL}}
+		return p, p.Start()
+	}
+	// waitFor polls p's /metrics until series is 1, for a minute.
+	waitFor := func(p *system.Proc, series string) error {
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		err := system.Poll(wctx, 10*time.Millisecond, func() (bool, error) {
+			page, err := p.Metrics(wctx)
+			if err != nil {
+				return false, nil // not answering yet
+			}
+			samples, err := alertcheck.ParseText(bytes.NewReader(page))
+			if err != nil {
+				return false, err
+			}
+			for _, s := range samples {
+				if s.Name == series && s.Value == 1 {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
 		if err != nil {
-			return nil, "", fmt.Errorf("log: %w", err)
+			return fmt.Errorf("%s: no %s = 1 within a minute: %w", p.Name, series, err)
 		}
-		cmd := exec.Command(bin.Path, append([]string{"--http-addr=" + addr, "--sweep-interval=1h", "--log-format=console"}, bin.Args...)...)
-		cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			log.Close()
-			return nil, "", fmt.Errorf("start %s: %w", name, err)
-		}
-		go func() { cmd.Wait(); log.Close() }() //nolint:errcheck // killed on purpose
-		return cmd, addr, nil
+		return nil
 	}
-	waitFor := func(addr, series, what string) error {
-		deadline := time.Now().Add(time.Minute)
-		for time.Now().Before(deadline) {
-			if v, _ := scrapeMetric(ctx, addr, series); v == "1" {
-				return nil
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-		return fmt.Errorf("no %s within a minute", what)
+	a, err := start("a")
+	if a != nil {
+		defer a.Close()
 	}
-	a, aAddr, err := start("a")
 	if err != nil {
 		return 0, err
 	}
-	defer a.Process.Kill() //nolint:errcheck
-	if err := waitFor(aAddr, "idemd_enqueuer_listener_up", "drainer"); err != nil {
+	if err := waitFor(a, "idemd_enqueuer_listener_up"); err != nil {
 		return 0, err
 	}
-	b, bAddr, err := start("b")
+	b, err := start("b")
+	if b != nil {
+		defer b.Close()
+	}
 	if err != nil {
 		return 0, err
 	}
-	defer b.Process.Kill() //nolint:errcheck
-	if err := waitFor(bAddr, "idemd_enqueuer_standby", "standby"); err != nil {
+	if err := waitFor(b, "idemd_enqueuer_standby"); err != nil {
 		return 0, err
 	}
 	var before int64
@@ -177,7 +181,7 @@ func takeoverOnce(ctx context.Context, bin TakeoverBinary, dbURL string, pool *p
 	case <-time.After(time.Duration(rand.Int64N(int64(250 * time.Millisecond)))):
 	}
 	killed := time.Now()
-	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := a.Kill(); err != nil {
 		return 0, fmt.Errorf("kill the drainer: %w", err)
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args) VALUES ('takeover', '{}')`); err != nil {
@@ -191,29 +195,9 @@ func takeoverOnce(ctx context.Context, bin TakeoverBinary, dbURL string, pool *p
 		}
 		if n > before {
 			took := time.Since(killed)
-			return took, waitFor(bAddr, "idemd_enqueuer_listener_up", "takeover on /metrics")
+			return took, waitFor(b, "idemd_enqueuer_listener_up")
 		}
 		time.Sleep(time.Millisecond) // a benchmark's poll, not a test's wait
 	}
 	return 0, errors.New("the row staged after the kill was not in River within a minute")
-}
-
-// scrapeMetric reads one sample's value from a process's /metrics.
-func scrapeMetric(ctx context.Context, addr, series string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
-			return v, nil
-		}
-	}
-	return "", sc.Err()
 }
