@@ -205,15 +205,18 @@ func TestRotationUnderLoadFailsNoPass(t *testing.T) {
 		}
 	}()
 
-	// sessionsAs says whether every daemon holds a session as role.
-	sessionsAs := func(role string) bool {
+	// sessionsAs says whether every daemon holds a session as role opened
+	// after since. The roles alternate, so a session of the same role from
+	// two rotations ago must not count: a daemon that had not yet read the
+	// files would pass, and the next rotation would overtake it.
+	sessionsAs := func(role string, since time.Time) bool {
 		var n int
-		if err := adminPool.QueryRow(ctx, `SELECT count(DISTINCT application_name) FROM pg_stat_activity WHERE usename = $1 AND application_name IN ('idemd-enqueuer', 'idemd-completer', 'idemd-reaper')`, role).Scan(&n); err != nil {
+		if err := adminPool.QueryRow(ctx, `SELECT count(DISTINCT application_name) FROM pg_stat_activity WHERE usename = $1 AND backend_start > $2 AND application_name IN ('idemd-enqueuer', 'idemd-completer', 'idemd-reaper')`, role, since).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n == 3
 	}
-	testwait.Until(t, 2*time.Minute, "every daemon to log in as the first role", func() bool { return sessionsAs(roles[0]) })
+	testwait.Until(t, 2*time.Minute, "every daemon to log in as the first role", func() bool { return sessionsAs(roles[0], time.Time{}) })
 
 	const rotations = 6
 	for i := 1; i <= rotations; i++ {
@@ -223,8 +226,12 @@ func TestRotationUnderLoadFailsNoPass(t *testing.T) {
 		// that role, which the files held two rotations ago, stops working.
 		setPassword(next, pw)
 		passwords = append(passwords, pw)
+		var rotatedAt time.Time
+		if err := adminPool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&rotatedAt); err != nil {
+			t.Fatal(err)
+		}
 		vol.write(t, map[string]string{"username": next, "password": pw})
-		testwait.Until(t, 2*time.Minute, fmt.Sprintf("rotation %d: every daemon to log in as %s", i, next), func() bool { return sessionsAs(next) })
+		testwait.Until(t, 2*time.Minute, fmt.Sprintf("rotation %d: every daemon to log in as %s", i, next), func() bool { return sessionsAs(next, rotatedAt) })
 	}
 	stopLoad()
 	wg.Wait()
