@@ -13,8 +13,8 @@ fi
 if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
   echo "ensure-postgres: no PostgreSQL cluster on this machine; installing Debian's postgresql" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq postgresql >/dev/null
+  apt-get -o DPkg::Lock::Timeout=300 update -qq
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq postgresql >/dev/null
   ver=$(ls /etc/postgresql | sort -V | tail -1)
   # Trust auth on loopback for the tests, as on the machines of this kind.
   hba=/etc/postgresql/$ver/main/pg_hba.conf

@@ -21,9 +21,11 @@ fi
 cleanup() { if [ -n "$created_policy" ]; then rm -f "$policy"; fi; }
 trap cleanup EXIT
 
-apt-get update -qq
+# Another install on the machine (a second checkout's) holds dpkg's lock for
+# a while: wait for it instead of failing.
+apt-get -o DPkg::Lock::Timeout=300 update -qq
 # No recommends: prometheus would bring prometheus-node-exporter, one more daemon.
-apt-get install -y -qq --no-install-recommends "$package" >/dev/null
+apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "$package" >/dev/null
 
 # A machine whose init ignored policy-rc.d may have started the service
 # anyway. Stop it and keep it from starting at boot.
