@@ -142,7 +142,7 @@ func TestNode(t *testing.T) {
 	clienttest.NodePackages(t, node, filepath.Join(dir, "example"), "express", "pg", "idemd-replayauth")
 	env := append(s.env(), "IDEMD_PSQL="+psql)
 	out := clienttest.Run(t, dir, env, langTimeout, node, "--test",
-		"test/vectors.test.js", "test/middleware.test.js", "test/postgres.test.js", "test/express_example.test.js")
+		"test/vectors.test.js", "test/uniquekey.test.js", "test/middleware.test.js", "test/postgres.test.js", "test/express_example.test.js")
 	mustNotSkipPostgres(t, out, "# SKIP IDEMD_TEST_DATABASE_URL")
 	s.refusedByGo(t, "js-once", "js-verifier")
 	u.after(t)
