@@ -535,8 +535,9 @@ func loadUniqueVectors(t *testing.T) []uniqueVector {
 // insertUniqueWithRiver inserts every vector's job with River's own
 // InsertTx and UniqueOpts, as a Go API does, and returns the unique_key
 // and unique_states River wrote to river_job for each, read back from the
-// table.
-func insertUniqueWithRiver(t *testing.T, dbURL string) (keys, states []string) {
+// table. With duplicates, every insert must be one River skips as a
+// duplicate of a job already there.
+func insertUniqueWithRiver(t *testing.T, dbURL string, duplicates bool) (keys, states []string) {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dbURL)
@@ -558,8 +559,8 @@ func insertUniqueWithRiver(t *testing.T, dbURL string) (keys, states []string) {
 		}); err != nil {
 			t.Fatalf("%s: River's InsertTx: %v", c.name, err)
 		}
-		if res.UniqueSkippedAsDuplicate {
-			t.Fatalf("%s: River found it a duplicate of an earlier vector: every vector must be a job of its own", c.name)
+		if res.UniqueSkippedAsDuplicate != duplicates {
+			t.Fatalf("%s: River's InsertTx skipped it as a duplicate: %t, want %t", c.name, res.UniqueSkippedAsDuplicate, duplicates)
 		}
 		var key []byte
 		var st string
@@ -578,7 +579,7 @@ func insertUniqueWithRiver(t *testing.T, dbURL string) (keys, states []string) {
 // key_string hashes to that key.
 func TestUniqueVectorsAreRivers(t *testing.T) {
 	vs := loadUniqueVectors(t)
-	keys, states := insertUniqueWithRiver(t, dbtest.NewDatabase(t))
+	keys, states := insertUniqueWithRiver(t, dbtest.NewDatabase(t), false)
 	for i, v := range vs {
 		sum := sha256.Sum256([]byte(v.KeyString))
 		if hex.EncodeToString(sum[:]) != v.UniqueKey {
@@ -595,10 +596,12 @@ func TestUniqueVectorsAreRivers(t *testing.T) {
 
 // uniqueStaging checks, for one language, that a job staged with plain
 // SQL and the language's unique_key helper is the job Go's InsertTx
-// inserted: River's jobs are inserted before the language's tests run
-// (before), the language's PostgreSQL test stages every vector into
-// staged_jobs with its helper's key and states, and after it the
-// enqueuer's move must write no new job (after).
+// inserted, both ways round: River's jobs are inserted before the
+// language's tests run (newUniqueStaging), the language's PostgreSQL test
+// stages every vector into staged_jobs with its helper's key and states,
+// and after it the enqueuer's move must write no new job (after). Then
+// River's jobs are deleted, the language's rows staged again and moved,
+// and River's InsertTx of every vector must find its job there.
 type uniqueStaging struct {
 	db   clienttest.DB
 	keys []string
@@ -606,7 +609,7 @@ type uniqueStaging struct {
 
 func newUniqueStaging(t *testing.T, db clienttest.DB) *uniqueStaging {
 	t.Helper()
-	keys, _ := insertUniqueWithRiver(t, db.URL)
+	keys, _ := insertUniqueWithRiver(t, db.URL, false)
 	return &uniqueStaging{db: db, keys: keys}
 }
 
@@ -625,6 +628,44 @@ func (u *uniqueStaging) after(t *testing.T) {
 	if staged != len(u.keys) {
 		t.Fatalf("the language staged %d unique rows, want one per vector (%d)", staged, len(u.keys))
 	}
+	// The language's rows, to stage again below.
+	rows, err := pool.Query(ctx, `SELECT job_name, job_args::text, queue, unique_key, unique_states::text FROM staged_jobs WHERE job_name LIKE 'uk\_%' ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type stagedRow struct {
+		Kind, Args, Queue string
+		Key               []byte
+		States            string
+	}
+	languageRows, err := pgx.CollectRows(rows, pgx.RowToStructByPos[stagedRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.moveAndCount(t, pool, "Go's InsertTx, then the language's staged rows")
+
+	if _, err := pool.Exec(ctx, `DELETE FROM river_job WHERE kind LIKE 'uk\_%'`); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range languageRows {
+		if _, err := pool.Exec(ctx, `INSERT INTO staged_jobs (job_name, job_args, queue, unique_key, unique_states) VALUES ($1, $2::jsonb, $3, $4, $5::bit(8))`,
+			r.Kind, r.Args, r.Queue, r.Key, r.States); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u.moveAndCount(t, pool, "the language's staged rows alone")
+	insertUniqueWithRiver(t, u.db.URL, true)
+	var jobs int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind LIKE 'uk\_%'`).Scan(&jobs); err != nil || jobs != len(u.keys) {
+		t.Fatalf("after River's InsertTx of the jobs the language staged first: %d River jobs for %d vectors (%v)", jobs, len(u.keys), err)
+	}
+}
+
+// moveAndCount moves every staged row with the enqueuer and checks River
+// holds one job per vector, each with Go's key.
+func (u *uniqueStaging) moveAndCount(t *testing.T, pool *pgxpool.Pool, what string) {
+	t.Helper()
+	ctx := context.Background()
 	s, err := enqueuer.New(enqueuer.Config{Settings: enqueuer.DefaultSettings(), Pool: pool})
 	if err != nil {
 		t.Fatal(err)
@@ -638,10 +679,10 @@ func (u *uniqueStaging) after(t *testing.T) {
 		t.Fatal(err)
 	}
 	if left != 0 || dead != 0 {
-		t.Fatalf("after the move %d rows staged and %d dead, want 0 and 0", left, dead)
+		t.Fatalf("%s: after the move %d rows staged and %d dead, want 0 and 0", what, left, dead)
 	}
 	if jobs != len(u.keys) {
-		t.Errorf("%d River jobs for %d vectors: %d duplicates between Go's InsertTx and the language's staged rows", jobs, len(u.keys), jobs-len(u.keys))
+		t.Errorf("%s: %d River jobs for %d vectors: %d duplicates", what, jobs, len(u.keys), jobs-len(u.keys))
 	}
 	for i, v := range uniqueCases() {
 		var n int
@@ -649,7 +690,7 @@ func (u *uniqueStaging) after(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n != 1 {
-			t.Errorf("%s: %d River jobs with Go's unique key, want 1", v.name, n)
+			t.Errorf("%s: %s: %d River jobs with Go's unique key, want 1", what, v.name, n)
 		}
 	}
 }
