@@ -73,6 +73,9 @@ type uniqueCase struct {
 	opts              river.UniqueOpts
 	fields            []string
 	at                time.Time
+	// scheduled: at is the job's InsertOpts.ScheduledAt, and the insert's
+	// now is two days earlier.
+	scheduled bool
 }
 
 // Args types with fields marked unique, as an API declares them.
@@ -284,6 +287,8 @@ func uniqueCases() []uniqueCase {
 			opts: river.UniqueOpts{ByPeriod: time.Hour}, at: ukAt.In(time.FixedZone("", -(9*3600 + 30*60)))},
 		{name: "by period: before 1970", kind: "uk_old", queue: "default", args: `{"n":1}`,
 			opts: river.UniqueOpts{ByPeriod: week}, at: time.Date(1969, 7, 20, 20, 17, 40, 0, time.UTC)},
+		{name: "by period: a scheduled job's period is its scheduled_at's, not the insert's", kind: "uk_scheduled", queue: "default",
+			args: `{"n":1}`, opts: river.UniqueOpts{ByPeriod: time.Hour}, at: ukAt, scheduled: true},
 		{name: "by args, period and queue", kind: "uk_all", queue: "billing", args: `{"customer_id":7,"month":"2026-12"}`,
 			opts: river.UniqueOpts{ByArgs: true, ByPeriod: time.Hour, ByQueue: true}, at: ukAt},
 		c("exclude kind: by args", "uk_nokind", `{"shared":"across kinds"}`, river.UniqueOpts{ByArgs: true, ExcludeKind: true}),
@@ -552,9 +557,14 @@ func insertUniqueWithRiver(t *testing.T, dbURL string, duplicates bool) (keys, s
 	}
 	for _, c := range uniqueCases() {
 		clock.t = c.at
+		opts := &river.InsertOpts{Queue: c.queue, UniqueOpts: c.opts}
+		if c.scheduled {
+			clock.t = c.at.Add(-48 * time.Hour)
+			opts.ScheduledAt = c.at
+		}
 		var res *rivertype.JobInsertResult
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
-			res, err = rc.InsertTx(ctx, tx, goArgsOf(t, c), &river.InsertOpts{Queue: c.queue, UniqueOpts: c.opts})
+			res, err = rc.InsertTx(ctx, tx, goArgsOf(t, c), opts)
 			return err
 		}); err != nil {
 			t.Fatalf("%s: River's InsertTx: %v", c.name, err)
