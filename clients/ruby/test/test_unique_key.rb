@@ -22,6 +22,12 @@ class TestUniqueKey < Minitest::Test
     end
   end
 
+  def test_symbol_keys_are_the_string_keys
+    sym = UK.key_string(kind: "k", by_args: true, args: { b: 1, a: { c: 2.0 } })
+    assert_equal '&kind=k&args={"a":{"c":2},"b":1}', sym
+    assert_equal sym, UK.key_string(kind: "k", by_args: true, args: { "b" => 1, "a" => { "c" => 2.0 } })
+  end
+
   def test_refusals
     assert_raises(ArgumentError) { UK.unique_states(%w[available running]) }
     assert_raises(ArgumentError) { UK.key_string(kind: "k", exclude_kind: true) }
