@@ -100,41 +100,52 @@ func (s *shared) refusedByGo(t *testing.T, nonces ...string) {
 }
 
 // TestPython runs clients/python's unittest suite (vectors, WSGI and ASGI
-// middleware, the PostgreSQL store through psycopg2) with Debian's python3.
+// middleware, the PostgreSQL store through psycopg2, unique keys) with
+// Debian's python3. Every unique-key vector's job is inserted by River's
+// InsertTx before and staged by the suite with its unique_key helper: the
+// enqueuer's move after must write no second job.
 func TestPython(t *testing.T) {
 	py := clienttest.Python(t)
 	s := newShared(t)
+	u := newUniqueStaging(t, s.db)
 	dir := filepath.Join(clienttest.Root(t), "clients", "python")
 	out := clienttest.Run(t, dir, s.env(), langTimeout, py, "-m", "unittest", "discover", "-v", "-s", "tests", "-t", "tests")
 	mustNotSkipPostgres(t, out, "skipped 'IDEMD_TEST_DATABASE_URL")
 	s.refusedByGo(t, "py-once", "py-verifier")
+	u.after(t)
 }
 
 // TestRuby runs clients/ruby's minitest suite (vectors, Rack middleware,
-// the PostgreSQL store through ruby-pg) with Debian's ruby.
+// the PostgreSQL store through ruby-pg, unique keys) with Debian's ruby,
+// unique-key vectors staged as in TestPython.
 func TestRuby(t *testing.T) {
 	rb := clienttest.Ruby(t)
 	s := newShared(t)
+	u := newUniqueStaging(t, s.db)
 	dir := filepath.Join(clienttest.Root(t), "clients", "ruby")
 	out := clienttest.Run(t, dir, s.env(), langTimeout, rb, "-Ilib", "-Itest", "test/all.rb", "--verbose")
 	mustNotSkipPostgres(t, out, "IDEMD_TEST_DATABASE_URL needed")
 	s.refusedByGo(t, "rb-once", "rb-verifier")
+	u.after(t)
 }
 
 // TestNode runs clients/node's node:test suite (vectors, Express/connect
 // middleware, the PostgreSQL store through a psql-backed query function,
-// the Express example with node-pg from its npm install).
+// the Express example with node-pg from its npm install, unique keys),
+// unique-key vectors staged as in TestPython.
 func TestNode(t *testing.T) {
 	node := clienttest.Node(t)
 	psql := clienttest.Psql(t)
 	s := newShared(t)
+	u := newUniqueStaging(t, s.db)
 	dir := filepath.Join(clienttest.Root(t), "clients", "node")
 	clienttest.NodePackages(t, node, filepath.Join(dir, "example"), "express", "pg", "idemd-replayauth")
 	env := append(s.env(), "IDEMD_PSQL="+psql)
 	out := clienttest.Run(t, dir, env, langTimeout, node, "--test",
-		"test/vectors.test.js", "test/middleware.test.js", "test/postgres.test.js", "test/express_example.test.js")
+		"test/vectors.test.js", "test/uniquekey.test.js", "test/middleware.test.js", "test/postgres.test.js", "test/express_example.test.js")
 	mustNotSkipPostgres(t, out, "# SKIP IDEMD_TEST_DATABASE_URL")
 	s.refusedByGo(t, "js-once", "js-verifier")
+	u.after(t)
 }
 
 func mustNotSkipPostgres(t *testing.T, out, marker string) {

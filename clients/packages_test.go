@@ -55,10 +55,10 @@ func TestPackages(t *testing.T) {
 		// Only the installed gem is on the load path: the check fails if
 		// the gem lacks the library.
 		got := clienttest.Run(t, tmp, []string{"GEM_HOME=" + home, "GEM_PATH=" + home}, packTimeout, rb, "-e",
-			`gem "idemd-replayauth"; require "idemd/replay_auth"; `+
-				`raise "loaded from #{$LOADED_FEATURES.grep(/replay_auth/)}" unless $LOADED_FEATURES.grep(/replay_auth/).all? { |f| f.start_with?(ENV["GEM_HOME"]) }; `+
-				`print "version=", Gem.loaded_specs["idemd-replayauth"].version, " ", Idemd::ReplayAuth::MSG_UNAUTHORIZED`)
-		if !strings.Contains(got, "version="+want+" Replay signature rejected.") {
+			`gem "idemd-replayauth"; require "idemd/replay_auth"; require "idemd/unique_key"; `+
+				`raise "loaded from #{$LOADED_FEATURES.grep(/replay_auth|unique_key/)}" unless $LOADED_FEATURES.grep(/replay_auth|unique_key/).all? { |f| f.start_with?(ENV["GEM_HOME"]) }; `+
+				`print "version=", Gem.loaded_specs["idemd-replayauth"].version, " ", Idemd::ReplayAuth::MSG_UNAUTHORIZED, " ", Idemd::UniqueKey.unique_states`)
+		if !strings.Contains(got, "version="+want+" Replay signature rejected. 11110101") {
 			t.Fatalf("installed gem: %q, want version %s and the library loaded", got, want)
 		}
 	})
@@ -89,8 +89,8 @@ func TestPackages(t *testing.T) {
 		got := clienttest.Run(t, tmp, nil, packTimeout, py, "-I", "-c",
 			"import sys; sys.path.insert(0, "+pyString(site)+"); import importlib.metadata as m, idemd_replayauth as ra; "+
 				"assert ra.__file__.startswith("+pyString(site)+"), ra.__file__; "+
-				"print('version=' + m.version('idemd-replayauth'), ra.MSG_UNAUTHORIZED)")
-		if !strings.Contains(got, "version="+want+" Replay signature rejected.") {
+				"print('version=' + m.version('idemd-replayauth'), ra.MSG_UNAUTHORIZED, ra.unique_states())")
+		if !strings.Contains(got, "version="+want+" Replay signature rejected. 11110101") {
 			t.Fatalf("installed wheel: %q, want version %s and the library loaded", got, want)
 		}
 	})
@@ -113,8 +113,8 @@ func TestPackages(t *testing.T) {
 		for _, f := range p.Files {
 			files = append(files, f.Path)
 		}
-		if p.Name != "idemd-replayauth" || p.Version != want || !contains(files, "replayauth.js") || !contains(files, "package.json") {
-			t.Fatalf("npm pack: %s %s %v, want idemd-replayauth %s with replayauth.js", p.Name, p.Version, files, want)
+		if p.Name != "idemd-replayauth" || p.Version != want || !contains(files, "replayauth.js") || !contains(files, "uniquekey.js") || !contains(files, "package.json") {
+			t.Fatalf("npm pack: %s %s %v, want idemd-replayauth %s with replayauth.js and uniquekey.js", p.Name, p.Version, files, want)
 		}
 		for _, f := range files {
 			if strings.HasPrefix(f, "test/") || strings.HasPrefix(f, "example/") {

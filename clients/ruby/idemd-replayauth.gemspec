@@ -17,7 +17,7 @@ Gem::Specification.new do |s|
   s.authors = ["The idemd authors"]
   s.homepage = "https://github.com/idemd/idemd"
   s.license = "Apache-2.0"
-  s.files = ["lib/idemd/replay_auth.rb"]
+  s.files = ["lib/idemd/replay_auth.rb", "lib/idemd/unique_key.rb"]
   s.require_paths = ["lib"]
   s.required_ruby_version = ">= 3.0"
 end

@@ -12,7 +12,8 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const { spawn } = require('node:child_process');
 const ra = require('../replayauth');
-const { quietLogger } = require('./helpers');
+const uk = require('../uniquekey');
+const { loadUniqueVectors, quietLogger, vectorOpts } = require('./helpers');
 
 const DB = process.env.IDEMD_TEST_DATABASE_URL;
 const PSQL = process.env.IDEMD_PSQL || 'psql';
@@ -47,6 +48,21 @@ function query(sql, params = []) {
 async function scalar(sql, params = []) {
   return (await query(sql, params)).rows[0];
 }
+
+// Stages every unique-key vector's job with plain SQL and the helper's key
+// and states, as docs/languages/README.md shows. clients' Go TestNode
+// inserted the same jobs with River's InsertTx before and moves these rows
+// with the enqueuer after: River must keep one job per vector. The args
+// are written with goJSON: JSON.stringify cannot write the BigInt values.
+test('stage every unique-key vector', { skip }, async () => {
+  const vs = loadUniqueVectors();
+  for (const v of vs) {
+    const key = uk.uniqueKey(v.kind, v.args, vectorOpts(v));
+    await query('INSERT INTO staged_jobs (job_name, job_args, queue, unique_key, unique_states) VALUES ($1, $2, $3, $4, $5::bit(8))',
+      [v.kind, uk.goJSON(v.args), v.queue, `\\x${key.toString('hex')}`, uk.uniqueStates(v.unique.by_state || null)]);
+  }
+  assert.equal(await scalar("SELECT count(*) FROM staged_jobs WHERE job_name LIKE 'uk\\_%'"), String(vs.length));
+});
 
 test('use records once, with the window as expiry', { skip }, async () => {
   const store = new ra.PostgresNonceStore(query);

@@ -31,6 +31,8 @@ import re
 import threading
 import time
 
+from .unique_key import unique_key, unique_key_string, unique_states
+
 __all__ = [
     "HEADER", "IDEMPOTENCY_KEY_HEADER", "DEFAULT_SKEW", "MIN_SECRET_LEN", "MAX_REPLAY_BODY",
     "USER_ID_KEY", "MSG_UNAUTHORIZED", "MSG_INTERNAL",
@@ -39,6 +41,7 @@ __all__ = [
     "Secret", "read_secret_files", "canonical", "sign", "Verifier",
     "MemoryNonceStore", "PostgresNonceStore", "PostgresKeyLookup", "validate_key",
     "ReplayAuthWSGI", "ReplayAuthASGI",
+    "unique_key", "unique_key_string", "unique_states",
 ]
 
 HEADER = "Idemd-Replay-Signature"

@@ -18,6 +18,17 @@ def load_vectors():
     return vs
 
 
+UNIQUE_VECTORS = os.environ.get("IDEMD_UNIQUE_VECTORS") or os.path.join(
+    HERE, "..", "..", "testdata", "unique_keys.json")
+
+
+def load_unique_vectors():
+    with open(UNIQUE_VECTORS, encoding="utf-8") as f:
+        vs = json.load(f)
+    assert len(vs) > 20, "expected the full unique-key vector set"
+    return vs
+
+
 class Clock:
     def __init__(self, now):
         self.now = now

@@ -4,11 +4,13 @@ runs these (clients, TestPython) creates the database, records a nonce
 through Go's idem.ReplayNonces first, and names it in IDEMD_GO_NONCE."""
 
 import asyncio
+import json
 import os
 import threading
 import unittest
 
-from helpers import Clock
+from helpers import Clock, load_unique_vectors
+from test_unique_key import vector_opts
 
 import idemd_replayauth as ra
 
@@ -50,6 +52,20 @@ class Postgres(unittest.TestCase):
                 return cur.fetchone()[0]
         finally:
             self.pool.putconn(conn)
+
+    def test_stage_unique_vectors(self):
+        """Stages every unique-key vector's job with plain SQL and the helper's
+        key and states, as docs/languages/README.md shows. clients' Go
+        TestPython inserted the same jobs with River's InsertTx before and
+        moves these rows with the enqueuer after: River must keep one job per
+        vector."""
+        vs = load_unique_vectors()
+        for v in vs:
+            key = ra.unique_key(v["kind"], v["args"], **vector_opts(v))
+            self.query("INSERT INTO staged_jobs (job_name, job_args, queue, unique_key, unique_states) "
+                       "VALUES (%s, %s, %s, %s, %s::bit(8))",
+                       (v["kind"], json.dumps(v["args"]), v["queue"], key, ra.unique_states(v["unique"].get("by_state"))))
+        self.assertEqual(self.scalar("SELECT count(*) FROM staged_jobs WHERE job_name LIKE 'uk\\_%%'"), len(vs))
 
     def test_use_records_once_with_the_window_as_expiry(self):
         store = ra.PostgresNonceStore(self.query)

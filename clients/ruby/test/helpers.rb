@@ -2,6 +2,7 @@
 
 require "json"
 require "logger"
+require "time"
 require "minitest/autorun"
 require "idemd/replay_auth"
 
@@ -13,6 +14,17 @@ module Helpers
   def self.vectors
     vs = JSON.parse(File.read(VECTORS, encoding: "UTF-8"))
     raise "expected the full vector set" unless vs.size > 10
+
+    vs
+  end
+
+  UNIQUE_VECTORS = ENV.fetch("IDEMD_UNIQUE_VECTORS") do
+    File.expand_path("../../testdata/unique_keys.json", __dir__)
+  end
+
+  def self.unique_vectors
+    vs = JSON.parse(File.read(UNIQUE_VECTORS, encoding: "UTF-8"))
+    raise "expected the full unique-key vector set" unless vs.size > 20
 
     vs
   end

@@ -132,4 +132,26 @@ class TestPostgres < Minitest::Test
     refute lookup.call(7, "rb-open", "PUT", "/orders"), "another method"
     refute lookup.call(7, "rb-none", "POST", "/orders"), "no such key"
   end
+
+  # Stages every unique-key vector's job with plain SQL and the helper's
+  # key and states, as docs/languages/README.md shows. clients' Go TestRuby
+  # inserted the same jobs with River's InsertTx before and moves these
+  # rows with the enqueuer after: River must keep one job per vector.
+  def test_stage_unique_vectors
+    require "idemd/unique_key"
+    vs = Helpers.unique_vectors
+    vs.each do |v|
+      u = v["unique"]
+      key = Idemd::UniqueKey.unique_key(
+        kind: v["kind"], args: v["args"], queue: v["queue"], by_args: u.fetch("by_args", false), fields: u["fields"],
+        by_period: u["by_period"], by_queue: u.fetch("by_queue", false), exclude_kind: u.fetch("exclude_kind", false),
+        at: Time.iso8601(v["at"])
+      )
+      query.call("INSERT INTO staged_jobs (job_name, job_args, queue, unique_key, unique_states) " \
+                 "VALUES ($1, $2, $3, $4, $5::bit(8))",
+                 [v["kind"], JSON.generate(v["args"]), v["queue"], { value: key, format: 1 },
+                  Idemd::UniqueKey.unique_states(u["by_state"])])
+    end
+    assert_equal vs.size.to_s, scalar("SELECT count(*) FROM staged_jobs WHERE job_name LIKE 'uk\\_%'")
+  end
 end
