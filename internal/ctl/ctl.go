@@ -135,6 +135,13 @@ func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
 		LockWait: m.wait(), DDLLockTimeout: m.DDLLockTimeout,
 		TransactionPooler: g.Pooler == config.PoolerTransaction, Logger: logging.Slog(g.Logger), Calls: g.Calls,
 	})
+	// A login role that may not act as idemd_migrator is the Job's
+	// configuration (the runtime's secret given to it, say): exit 2, which
+	// running it again does not change.
+	var roleErr *migrate.RoleError
+	if errors.As(err, &roleErr) {
+		return &config.Error{Problems: []string{roleErr.Error()}}
+	}
 	if err != nil {
 		return err
 	}
