@@ -265,6 +265,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer base.Close()
+	for _, u := range base.UnknownEnv {
+		fmt.Fprintf(stderr, "idemctl: warning: %s\n", u)
+	}
 
 	g := &Globals{Pool: base.Pool, Pooler: cli.Database.Pooler, Calls: base.Calls, Logger: base.Logger, Stdout: stdout, Stderr: stderr, Kctx: kctx,
 		HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}
