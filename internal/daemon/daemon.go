@@ -162,6 +162,9 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 	if err != nil {
 		stop()
 		logger.Sync() //nolint:errcheck
+		for _, u := range unknown {
+			fmt.Fprintf(stderr, "%s: warning: %s\n", name, u)
+		}
 		// A URL that does not parse is a configuration error.
 		fmt.Fprintf(stderr, "%s: invalid configuration:\n  - --database-url: %v\n", name, err)
 		return nil, nil, ExitConfig
