@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -41,8 +42,10 @@ SELECT (SELECT count(*) FROM pg_catalog.pg_class WHERE relowner = to_regrole($1)
 // this one's; each is dropped once its migration ends, as Vault's
 // revocation does. The oracle is the catalog's: none of them owns an
 // object (pg_class, pg_namespace, pg_proc, pg_type), each DROP ROLE
-// succeeds, and every idemd object belongs to idemd_migrator. The
-// runtime's credentials given to the migration are refused, exit 2.
+// succeeds, and every idemd object belongs to idemd_migrator. A fourth
+// lease goes through a transaction-mode pooler, refused until its default
+// role is idemd_migrator. The runtime's credentials given to the migration
+// are refused, exit 2.
 func TestVaultMigratorLeases(t *testing.T) {
 	ctx := context.Background()
 	c := dbtest.StartCluster(t)
@@ -187,6 +190,34 @@ WHERE p.pronamespace = 'public'::regnamespace AND p.proowner <> to_regrole('idem
 	if !canInsert {
 		t.Error("idemd_runtime may not insert into idemd_reaper_runs, created by a lease")
 	}
+
+	// Through a transaction-mode pooler (--pooler transaction) a session's
+	// SET ROLE cannot hold: a lease is refused there unless its creation
+	// statements make idemd_migrator its default role, as the docs say.
+	name, pw = lease(4)
+	pool, err = pgxpool.New(ctx, withUser(t, dbURL, name, pw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = migrate.Up(ctx, pool, migrate.Options{TransactionPooler: true})
+	pool.Close()
+	var roleErr *migrate.RoleError
+	if !errors.As(err, &roleErr) || !strings.Contains(err.Error(), "transaction-mode pooler") {
+		t.Errorf("migrate as %s through a transaction pooler: %v, want a refusal naming the pooler", name, err)
+	}
+	if _, err := adminPool.Exec(ctx, fmt.Sprintf("ALTER ROLE %s SET role = 'idemd_migrator'", pgx.Identifier{name}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	pool, err = pgxpool.New(ctx, withUser(t, dbURL, name, pw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = migrate.Up(ctx, pool, migrate.Options{TransactionPooler: true})
+	pool.Close()
+	if err != nil {
+		t.Errorf("migrate as %s with role = idemd_migrator through a transaction pooler: %v", name, err)
+	}
+	revoke(name)
 
 	// The runtime's credentials wired to the migration Job by mistake.
 	rpw := leasePassword(t)
