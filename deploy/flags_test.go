@@ -292,7 +292,8 @@ func resolveCommand(t *testing.T, bin string, args []string) ([]string, *cliSpec
 // validates all its settings first and exits 2 listing every problem; with
 // good settings it gets as far as parsing the URL and exits 2 on that alone.
 // Either way it stops before touching a database, and any problem other
-// than the URL (a bad duration, an unknown enum value) fails the test.
+// than the URL (a bad duration, an unknown enum value) fails the test, as
+// does a warning about an IDEMD_ variable the command does not read.
 func checkConfigAccepted(t *testing.T, w workload, c *corev1.Container, bin string, env map[string]string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -313,6 +314,11 @@ func checkConfigAccepted(t *testing.T, w workload, c *corev1.Container, bin stri
 		return
 	}
 	for _, line := range strings.Split(out.String(), "\n") {
+		// An IDEMD_ variable the command does not read (a typo, or one
+		// meant for another command) is ignored; the command says so.
+		if strings.Contains(line, "is not a setting of this command") {
+			t.Errorf("%s: container %s: %s does not read a variable of its environment: %s", w, c.Name, filepath.Base(bin), line)
+		}
 		problem, ok := strings.CutPrefix(strings.TrimSpace(line), "- ")
 		if !ok || strings.Contains(problem, "database-url") || strings.Contains(problem, "DATABASE_URL") {
 			continue

@@ -57,7 +57,14 @@ func (a *AdoptFlags) run(ctx context.Context, g *Globals, migrateLockTimeout tim
 	if len(problems) > 0 {
 		return &config.Error{Problems: problems}
 	}
-	res, err := migrate.AdoptArticleSchema(ctx, g.Pool, migrate.AdoptOptions{
+	// The adoption alters idemd's table as its owner, idemd_migrator,
+	// whatever login role runs it (internal/migrate/owner.go).
+	owner, err := migrate.OwnerPool(ctx, g.Pool, g.Pooler == config.PoolerTransaction, g.Calls)
+	if err != nil {
+		return err
+	}
+	defer owner.Close()
+	res, err := migrate.AdoptArticleSchema(ctx, owner, migrate.AdoptOptions{
 		BatchSize: a.BatchSize, Pause: a.Pause, LockTimeout: a.LockTimeout, LockWait: a.LockWait,
 		MigrateLockTimeout: migrateLockTimeout, Logger: logging.Slog(g.Logger), Calls: g.Calls,
 	})

@@ -135,6 +135,13 @@ func (m *MigrateCmd) Run(ctx context.Context, g *Globals) error {
 		LockWait: m.wait(), DDLLockTimeout: m.DDLLockTimeout,
 		TransactionPooler: g.Pooler == config.PoolerTransaction, Logger: logging.Slog(g.Logger), Calls: g.Calls,
 	})
+	// A login role that may not act as idemd_migrator is the Job's
+	// configuration (the runtime's secret given to it, say): exit 2, which
+	// running it again does not change.
+	var roleErr *migrate.RoleError
+	if errors.As(err, &roleErr) {
+		return &config.Error{Problems: []string{roleErr.Error()}}
+	}
 	if err != nil {
 		return err
 	}
@@ -258,6 +265,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer base.Close()
+	for _, u := range base.UnknownEnv {
+		fmt.Fprintf(stderr, "idemctl: warning: %s\n", u)
+	}
 
 	g := &Globals{Pool: base.Pool, Pooler: cli.Database.Pooler, Calls: base.Calls, Logger: base.Logger, Stdout: stdout, Stderr: stderr, Kctx: kctx,
 		HasDatabase: strings.TrimSpace(cli.DatabaseURL) != ""}

@@ -98,7 +98,19 @@ type Base struct {
 	// --database-password-file; and the calls that ran out of their
 	// bound (internal/dbcall).
 	Collectors []prometheus.Collector
+	// UnknownEnv are the IDEMD_* variables of the environment that no flag
+	// reads (a typo): the command tells them once at start, a daemon in
+	// its log (LogUnknownEnv), idemctl on stderr.
+	UnknownEnv []config.UnknownVar
 	close      []func()
+}
+
+// LogUnknownEnv logs one warning for each IDEMD_* variable no flag reads.
+func LogUnknownEnv(logger *zap.Logger, unknown []config.UnknownVar) {
+	for _, u := range unknown {
+		logger.Warn("an IDEMD_ environment variable is not a setting of this command and is ignored",
+			zap.String("variable", u.Name), zap.String("did_you_mean", u.Nearest))
+	}
 }
 
 // Close closes the pool, stops listening for signals and flushes the log.
@@ -123,9 +135,17 @@ type versionFlag struct {
 func Setup(name, description string, cli any, db *config.Database, log *config.Logging, args []string, stdout, stderr io.Writer) (*kong.Context, *Base, int) {
 	kctx, err := config.Parse(name, description, cli, args, stdout,
 		kong.Embed(&versionFlag{}), kong.Vars{"version": buildinfo.Line(name)})
+	var unknown []config.UnknownVar
+	if kctx != nil {
+		unknown = config.UnknownEnv(config.KnownEnv(kctx.Model), os.Environ())
+	}
 	if err != nil {
 		if errors.Is(err, config.ErrHelp) {
 			return nil, nil, ExitOK
+		}
+		// A mistyped variable may be why the configuration is wrong.
+		for _, u := range unknown {
+			fmt.Fprintf(stderr, "%s: warning: %s\n", name, u)
 		}
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return nil, nil, ExitConfig
@@ -142,13 +162,16 @@ func Setup(name, description string, cli any, db *config.Database, log *config.L
 	if err != nil {
 		stop()
 		logger.Sync() //nolint:errcheck
+		for _, u := range unknown {
+			fmt.Fprintf(stderr, "%s: warning: %s\n", name, u)
+		}
 		// A URL that does not parse is a configuration error.
 		fmt.Fprintf(stderr, "%s: invalid configuration:\n  - --database-url: %v\n", name, err)
 		return nil, nil, ExitConfig
 	}
 	calls := dbcall.New(db.Timeout, logger)
 	calls.ResetOnTimeout(pool.Reset)
-	b := &Base{Ctx: ctx, Logger: logger, Pool: pool, Calls: calls, Collectors: append(collectors, calls.Collectors()...)}
+	b := &Base{Ctx: ctx, Logger: logger, Pool: pool, Calls: calls, Collectors: append(collectors, calls.Collectors()...), UnknownEnv: unknown}
 	b.close = []func(){func() { logger.Sync() }, stop, pool.Close} //nolint:errcheck
 	return kctx, b, ExitOK
 }
@@ -163,6 +186,7 @@ func MainWith(name, description string, cmd Command, args []string, stdout, stde
 	defer base.Close()
 	ctx, pool := base.Ctx, base.Pool
 	logger := base.Logger.With(zap.String("component", name))
+	LogUnknownEnv(logger, base.UnknownEnv)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

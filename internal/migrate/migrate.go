@@ -81,6 +81,10 @@ type Options struct {
 	// wait bounded by DDLLockTimeout and a vanished server found by the
 	// connection's keepalives. nil bounds them by the default.
 	Calls *dbcall.Bounds
+	// Target, when positive, stops idemd's migrations at that version, as
+	// an older release would (a database a release behind, for tests of an
+	// upgrade); 0 applies every one this binary ships.
+	Target int64
 }
 
 // Up applies River's migrations and then idemd's, then the grants on
@@ -116,6 +120,13 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 	}
 	deadline := time.Now().Add(opts.LockWait)
 
+	// Before anything else, the lock included: a login role that may not
+	// act as idemd_migrator is refused without waiting (owner.go).
+	role, err := ownerRole(ctx, pool, opts.TransactionPooler, opts.Calls)
+	if err != nil {
+		return nil, err
+	}
+
 	release, err := holdLock(ctx, pool, opts.LockWait, opts.Calls)
 	if err != nil {
 		return nil, err
@@ -123,7 +134,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 	defer release()
 
 	last := &lastTimedOut{}
-	ddl, err := ddlPool(ctx, pool, opts, last)
+	ddl, err := ddlPool(ctx, pool, opts, role, last)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +142,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 
 	res := &Result{}
 	for attempt := 1; ; attempt++ {
-		err := upOnce(ctx, ddl, logger, res, opts.Calls)
+		err := upOnce(ctx, ddl, logger, res, opts.Calls, opts.Target)
 		if err == nil {
 			return res, nil
 		}
@@ -161,7 +172,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Result, error) 
 // TRANSACTION, as statements that are each safe to run again, and both
 // record a version only once it is applied, so after a failure a new run
 // resumes where this one stopped.
-func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *Result, calls *dbcall.Bounds) error {
+func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *Result, calls *dbcall.Bounds, target int64) error {
 	var river riverTables
 	err := calls.Do(ctx, "migrate: read River's tables", func(ctx context.Context) (err error) {
 		river, err = readRiverTables(ctx, pool)
@@ -215,7 +226,12 @@ func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *R
 	if err != nil {
 		return fmt.Errorf("migrate: idemd provider: %w", err)
 	}
-	results, err := provider.Up(ctx)
+	var results []*goose.MigrationResult
+	if target > 0 {
+		results, err = provider.UpTo(ctx, target)
+	} else {
+		results, err = provider.Up(ctx)
+	}
 	var partial *goose.PartialError
 	if errors.As(err, &partial) {
 		results = partial.Applied
@@ -242,13 +258,15 @@ func upOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, res *R
 }
 
 // ddlPool is a pool for the migrations' statements: pool's settings, at
-// most a few connections, each with lock_timeout set to opts.DDLLockTimeout
-// (unless opts.TransactionPooler), and last told the statement of each lock
+// most a few connections, each acting as role (SET ROLE, unless role is
+// "": owner.go), with lock_timeout set to opts.DDLLockTimeout (unless
+// opts.TransactionPooler), and last told the statement of each lock
 // timeout.
-func ddlPool(ctx context.Context, pool *pgxpool.Pool, opts Options, last *lastTimedOut) (*pgxpool.Pool, error) {
+func ddlPool(ctx context.Context, pool *pgxpool.Pool, opts Options, role string, last *lastTimedOut) (*pgxpool.Pool, error) {
 	cfg := pool.Config().Copy()
 	cfg.MaxConns = 4
 	cfg.MinConns = 0
+	setRoleOnConnect(cfg, role)
 	cfg.ConnConfig.Tracer = &lockTimeoutTracer{prev: cfg.ConnConfig.Tracer, last: last}
 	if !opts.TransactionPooler {
 		prev := cfg.AfterConnect

@@ -38,12 +38,7 @@ func TestChangelogAgreesWithCode(t *testing.T) {
 		section = section[:end+1]
 	}
 
-	floors := map[string]int64{
-		"enqueuer":  enqueuer.OldestSchema,
-		"completer": completer.OldestSchema,
-		"reaper":    reaper.OldestSchema,
-		"idemctl":   ctl.OldestSchema,
-	}
+	floors := schemaFloors()
 	m := regexp.MustCompile(`oldest\s+idemd\s+migration\s+it\s+runs\s+on\s+\(([^)]*)\)`).FindStringSubmatch(section)
 	if m == nil {
 		t.Fatal("the release's section no longer states each command's oldest schema as \"oldest idemd migration it runs on (the enqueuer N, ...)\": update this test with it")

@@ -1,8 +1,6 @@
 package docscheck
 
 import (
-	"errors"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/idemd/idemd/examples/rocketrides/server"
 	"github.com/idemd/idemd/internal/completer"
-	"github.com/idemd/idemd/internal/config"
 	"github.com/idemd/idemd/internal/ctl"
 	"github.com/idemd/idemd/internal/enqueuer"
 	"github.com/idemd/idemd/internal/reaper"
@@ -111,15 +108,7 @@ func clientNames(t *testing.T) (envs, flags map[string]bool) {
 // negatable x) and every environment variable kong reads.
 func flagsOf(t *testing.T, name string, cli any, flags, envs map[string]string) {
 	t.Helper()
-	stop := errors.New("model built")
-	var model *kong.Kong
-	_, err := config.Parse(name, "", cli, nil, io.Discard, kong.PostBuild(func(k *kong.Kong) error {
-		model = k
-		return stop
-	}))
-	if model == nil {
-		t.Fatalf("%s: no parser model: %v", name, err)
-	}
+	model := commandModel(t, name, cli)
 	var walk func(n *kong.Node)
 	walk = func(n *kong.Node) {
 		for _, f := range n.Flags {
