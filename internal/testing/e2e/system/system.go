@@ -161,7 +161,7 @@ func (p *Proc) Start() error {
 	}
 	fmt.Fprintf(p.log, "=== start %d at %s\n", p.starts+1, time.Now().Format("15:04:05.000"))
 	cmd := exec.Command(p.Bin, p.Args...)
-	cmd.Env = append(os.Environ(), p.Env...)
+	cmd.Env = append(harnessFreeEnv(os.Environ()), p.Env...)
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("%s: start: %w", p.Name, err)
@@ -765,4 +765,18 @@ func StartRetrying(newProc func() (*Proc, error), up func(*Proc) error) error {
 		}
 	}
 	return last
+}
+
+// harnessFreeEnv is environ without the variables that configure the test
+// run itself (IDEMD_E2E_*, IDEMD_SOAK*): a daemon warns about any IDEMD_*
+// variable it does not know, and these are the harness's, not a user's.
+func harnessFreeEnv(environ []string) []string {
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "IDEMD_E2E_") || strings.HasPrefix(kv, "IDEMD_SOAK") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }
