@@ -202,6 +202,34 @@ func TestPodValues(t *testing.T) {
 	}
 }
 
+// allPodValues sets every standard value globally and, differently, on
+// every component, with a token and a ServiceAccount of the migration's
+// own and each component's egress: the rendering the Kubernetes schema
+// check validates (schema_test.go).
+func allPodValues() map[string]any {
+	values := map[string]any{
+		"serviceAccount": map[string]any{"automountServiceAccountToken": true, "annotations": map[string]any{"example.com/role": "idemd"}},
+		"networkPolicy":  map[string]any{"extraEgress": []any{map[string]any{"ports": []any{map[string]any{"port": 8200, "protocol": "TCP"}}}}},
+	}
+	for _, pv := range podValues {
+		values[pv.key] = pv.global
+	}
+	for c := range components {
+		cv := map[string]any{
+			"serviceAccount": map[string]any{"automountServiceAccountToken": false},
+			"networkPolicy":  map[string]any{"extraEgress": []any{map[string]any{"ports": []any{map[string]any{"port": 587, "protocol": "TCP"}}}}},
+		}
+		if c == "migrate" {
+			cv["serviceAccount"] = map[string]any{"name": "idemd-migrator", "automountServiceAccountToken": true}
+		}
+		for _, pv := range podValues {
+			cv[pv.key] = pv.override
+		}
+		values[c] = cv
+	}
+	return values
+}
+
 func show(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
