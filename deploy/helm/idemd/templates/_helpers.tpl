@@ -136,7 +136,7 @@ topologySpreadConstraints:
   {{- if not (hasKey $tsc "labelSelector") }}
   {{- $_ := set $tsc "labelSelector" (dict "matchLabels" (fromYaml (include "idemd.selectorLabels" $))) }}
   {{- end }}
-  - {{- toYaml $tsc | nindent 4 }}
+  - {{ toYaml $tsc | nindent 4 | trim }}
   {{- end }}
 {{- end }}
 {{- end }}
