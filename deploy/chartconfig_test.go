@@ -185,7 +185,8 @@ func TestChartConfigKeysMatchFlags(t *testing.T) {
 		return
 	}
 	if !bytes.Equal(raw, want) {
-		t.Errorf("deploy/%s is not what the commands' flags give: run go test ./deploy -run TestChartConfigKeysMatchFlags -update and review the diff", chartSchemaPath)
+		t.Errorf("deploy/%s is not what the commands' flags give%s: run go test ./deploy -run TestChartConfigKeysMatchFlags -update and review the diff",
+			chartSchemaPath, configKeyDiff(t, raw, want))
 	}
 	// The lists hold what the chart's defaults set, and not the typo.
 	for component, keys := range map[string][]string{
@@ -216,4 +217,43 @@ func TestChartConfigKeysMatchFlags(t *testing.T) {
 	if _, ok := def["properties"].(map[string]any)["IDEMD_RATE"]; ok {
 		t.Error("common.config admits IDEMD_RATE, which only the completer reads")
 	}
+}
+
+// configKeyDiff names the config keys the schema file has and the flags do
+// not give, and the other way round.
+func configKeyDiff(t *testing.T, have, want []byte) string {
+	t.Helper()
+	keys := func(raw []byte) map[string][]string {
+		var schema struct {
+			Definitions map[string]struct {
+				Properties map[string]any `json:"properties"`
+			} `json:"definitions"`
+		}
+		if err := json.Unmarshal(raw, &schema); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]string{}
+		for component := range chartConfigs {
+			out[component] = slices.Sorted(maps.Keys(schema.Definitions[component+"Config"].Properties))
+		}
+		return out
+	}
+	h, w := keys(have), keys(want)
+	var diffs []string
+	for _, component := range slices.Sorted(maps.Keys(chartConfigs)) {
+		for _, k := range h[component] {
+			if !slices.Contains(w[component], k) {
+				diffs = append(diffs, fmt.Sprintf("%s.config admits %s, which no flag reads", component, k))
+			}
+		}
+		for _, k := range w[component] {
+			if !slices.Contains(h[component], k) {
+				diffs = append(diffs, fmt.Sprintf("%s.config lacks %s", component, k))
+			}
+		}
+	}
+	if len(diffs) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(diffs, "; ") + ")"
 }
