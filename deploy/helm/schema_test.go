@@ -149,6 +149,7 @@ func TestRenderedObjectsMatchKubernetesSchema(t *testing.T) {
 				"dashboard":      map[string]any{"annotations": map[string]any{"grafana_folder": "idemd"}},
 			},
 		}), []string{"Deployment", "CronJob", "Job", "PodMonitor"}},
+		{"chart every pod value", chart(allPodValues()), []string{"Deployment", "CronJob", "Job", "NetworkPolicy", "ServiceAccount"}},
 		{"chart minimal", chart(map[string]any{
 			"enqueuer": off, "completer": off, "console": off, "networkPolicy": off,
 			"monitoring": map[string]any{"podMonitor": off, "prometheusRule": off, "dashboard": off},

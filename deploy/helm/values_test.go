@@ -176,16 +176,30 @@ func TestPasswordFile(t *testing.T) {
 // install error instead of a broken manifest.
 func TestSchemaRejects(t *testing.T) {
 	for what, values := range map[string]map[string]any{
-		"unknown key":     {"enqueur": map[string]any{"enabled": false}},
-		"replicas string": {"enqueuer": map[string]any{"replicas": "two"}},
-		"bad digest":      {"image": map[string]any{"digest": "latest"}},
-		"non-string env":  {"completer": map[string]any{"config": map[string]any{"IDEMD_RATE": 5}}},
-		"not a flag env":  {"completer": map[string]any{"config": map[string]any{"DATABASE_URL": "postgres://x"}}},
-		"no memory limit": {"reaper": map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": nil}}}},
-		"user file alone": {"database": map[string]any{"userFile": "/var/run/secrets/db/username"}},
+		"unknown key":                 {"enqueur": map[string]any{"enabled": false}},
+		"replicas string":             {"enqueuer": map[string]any{"replicas": "two"}},
+		"bad digest":                  {"image": map[string]any{"digest": "latest"}},
+		"non-string env":              {"completer": map[string]any{"config": map[string]any{"IDEMD_RATE": 5}}},
+		"not a flag env":              {"completer": map[string]any{"config": map[string]any{"DATABASE_URL": "postgres://x"}}},
+		"no memory limit":             {"reaper": map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": nil}}}},
+		"user file alone":             {"database": map[string]any{"userFile": "/var/run/secrets/db/username"}},
+		"unknown daemon config key":   {"completer": map[string]any{"config": map[string]any{"IDEMD_RATEE": "5"}}},
+		"another daemon's config key": {"enqueuer": map[string]any{"config": map[string]any{"IDEMD_RATE": "5"}}},
+		"common key not every reads":  {"common": map[string]any{"config": map[string]any{"IDEMD_RETENTION": "72h"}}},
+		"enum value not the flag's":   {"common": map[string]any{"config": map[string]any{"IDEMD_LOG_FORMAT": "text"}}},
+		"unknown component key":       {"enqueuer": map[string]any{"nodeSelectr": map[string]any{"pool": "a"}}},
+		"unknown global key":          {"tolerationz": []any{}},
+		"unknown serviceAccount key":  {"serviceAccount": map[string]any{"automount": true}},
+		"component creates an SA":     {"migrate": map[string]any{"serviceAccount": map[string]any{"create": true}}},
+		"unknown networkPolicy key":   {"reaper": map[string]any{"networkPolicy": map[string]any{"egress": []any{}}}},
+		"tolerations not a list":      {"tolerations": map[string]any{"key": "a"}},
+		"env entry without a name":    {"extraEnv": []any{map[string]any{"value": "x"}}},
+		"schedule in words":           {"reaper": map[string]any{"schedule": "every hour please"}},
 	} {
 		if _, err := tryRenderChart(values); err == nil {
 			t.Errorf("%s: %v rendered without error", what, values)
+		} else {
+			t.Logf("%s: %v", what, err)
 		}
 	}
 }
