@@ -2,16 +2,15 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // Stager stages River jobs exactly as a River client's InsertTx would
@@ -51,7 +50,7 @@ func NewStager(cfg *river.Config) (*Stager, error) {
 			Workers:             cfg.Workers,
 		}
 	}
-	client, err := river.NewClient[pgx.Tx](stagingDriver{riverpgxv5.New(nil)}, c)
+	client, err := river.NewClient[pgx.Tx](riverdb.NewDriver(nil), c)
 	if err != nil {
 		return nil, fmt.Errorf("idem: stager: %w", err)
 	}
@@ -85,15 +84,13 @@ func StageInsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *riv
 // When ctx carries an OpenTelemetry span, the job's metadata gets its W3C
 // trace context, as StageJob adds it.
 func (s *Stager) InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (int64, error) {
-	slot := &stagedParams{}
-	_, err := s.client.InsertTx(context.WithValue(ctx, stagedParamsKey{}, slot), tx, args, opts)
-	if !errors.Is(err, errStaged) {
-		if err == nil {
-			err = errors.New("River inserted the job without staging it")
-		}
+	p, err := riverdb.Capture(ctx, func(ctx context.Context) error {
+		_, err := s.client.InsertTx(ctx, tx, args, opts)
+		return err
+	})
+	if err != nil {
 		return 0, fmt.Errorf("idem: stage job %s: %w", args.Kind(), err)
 	}
-	p := slot.params
 	if p.State == rivertype.JobStatePending {
 		return 0, fmt.Errorf("idem: stage job %s: pending jobs (InsertOpts.Pending) cannot be staged", p.Kind)
 	}
@@ -105,7 +102,7 @@ func (s *Stager) InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, op
 		scheduledAt  any // NULL: at the move, as River's now()
 		uniqueStates pgtype.Bits
 	)
-	if p.ScheduledAt != nil && p.State == rivertype.JobStateScheduled {
+	if p.ScheduledAt != nil {
 		scheduledAt = *p.ScheduledAt
 	}
 	if p.UniqueKey != nil {
@@ -122,40 +119,4 @@ func (s *Stager) InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, op
 		return 0, fmt.Errorf("idem: stage job %s: %w", p.Kind, err)
 	}
 	return id, nil
-}
-
-// errStaged ends River's insert where it would write river_job: the
-// parameters are in the context's slot.
-var errStaged = errors.New("idem: staged")
-
-type stagedParamsKey struct{}
-
-// stagedParams receives the parameters River's insert would write.
-type stagedParams struct {
-	params *riverdriver.JobInsertFastParams
-}
-
-// stagingDriver is River's pgx driver with River's final write taken
-// over: the job's parameters, as River computed them, go to the slot in
-// the context, and the insert ends with errStaged. River reads nothing
-// from the database on the way to that write.
-type stagingDriver struct {
-	*riverpgxv5.Driver
-}
-
-func (d stagingDriver) UnwrapExecutor(tx pgx.Tx) riverdriver.ExecutorTx {
-	return stagingExecutor{d.Driver.UnwrapExecutor(tx)}
-}
-
-type stagingExecutor struct {
-	riverdriver.ExecutorTx
-}
-
-func (stagingExecutor) JobInsertFastMany(ctx context.Context, params *riverdriver.JobInsertFastManyParams) ([]*riverdriver.JobInsertFastResult, error) {
-	slot, ok := ctx.Value(stagedParamsKey{}).(*stagedParams)
-	if !ok || len(params.Jobs) != 1 {
-		return nil, errors.New("idem: staging insert without its slot")
-	}
-	slot.params = params.Jobs[0]
-	return nil, errStaged
 }
