@@ -29,32 +29,32 @@ import (
 // (NewStager); StageInsertTx uses one with River's defaults.
 type Stager struct {
 	client *river.Client[pgx.Tx]
+	// testClock: River's Config.Test.Time is stubbed, and sets CreatedAt.
+	testClock bool
 }
 
 // NewStager returns a Stager that stages as a River client configured
-// with cfg inserts. Only what shapes an insert is taken from cfg: Hooks,
-// JobInsertMiddleware, Logger, MaxAttempts, Middleware, SkipUnknownJobCheck,
-// Test and Workers (with Workers set, a kind without a worker is refused,
-// as InsertTx refuses it). cfg may be nil.
+// with cfg inserts: pass the API's own River configuration. What shapes an
+// insert is applied as InsertTx applies it: Plugins, Hooks, Middleware and
+// JobInsertMiddleware (insert middleware and HookInsertBegin, the kind's
+// own included), MaxAttempts, Workers (with Workers set, a kind without a
+// worker is refused, as InsertTx refuses it), SkipUnknownJobCheck,
+// SkipJobKindValidation, Test and Logger. What only shapes River's workers
+// and maintenance (Queues, PeriodicJobs, retention, ...) is left out. What
+// staging cannot honour is refused with an error naming it, never dropped:
+// a Schema (the enqueuer writes River in the schema its role resolves
+// first), and, at InsertTx, an ID or CreatedAt that insert middleware or a
+// hook sets (a River job's are the move's). cfg may be nil.
 func NewStager(cfg *river.Config) (*Stager, error) {
-	c := &river.Config{}
-	if cfg != nil {
-		c = &river.Config{
-			Hooks:               cfg.Hooks,
-			JobInsertMiddleware: cfg.JobInsertMiddleware, //nolint:staticcheck // still applied by River's insert
-			Logger:              cfg.Logger,
-			MaxAttempts:         cfg.MaxAttempts,
-			Middleware:          cfg.Middleware,
-			SkipUnknownJobCheck: cfg.SkipUnknownJobCheck,
-			Test:                cfg.Test,
-			Workers:             cfg.Workers,
-		}
+	c, err := riverdb.StagingConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("idem: stager: %w", err)
 	}
 	client, err := river.NewClient[pgx.Tx](riverdb.NewDriver(nil), c)
 	if err != nil {
 		return nil, fmt.Errorf("idem: stager: %w", err)
 	}
-	return &Stager{client: client}, nil
+	return &Stager{client: client, testClock: c.Test.Time != nil}, nil
 }
 
 var (
@@ -84,7 +84,7 @@ func StageInsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *riv
 // When ctx carries an OpenTelemetry span, the job's metadata gets its W3C
 // trace context, as StageJob adds it.
 func (s *Stager) InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (int64, error) {
-	p, err := riverdb.Capture(ctx, func(ctx context.Context) error {
+	p, err := riverdb.Capture(ctx, s.testClock, func(ctx context.Context) error {
 		_, err := s.client.InsertTx(ctx, tx, args, opts)
 		return err
 	})

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"reflect"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -111,6 +114,49 @@ type Job struct {
 	UniqueStates byte
 }
 
+// jobFate classifies River's parameters of one insert
+// (rivertype.JobInsertParams, which River's driver receives as
+// riverdriver.JobInsertFastParams) as a Stager treats them: copied into
+// Job and staged_jobs, applied by River before the capture, or refused.
+var jobFate = map[string]fate{
+	"Args":         applied, // encoded into EncodedArgs; a unique key is computed from it
+	"EncodedArgs":  copied,
+	"Kind":         copied,
+	"MaxAttempts":  copied,
+	"Metadata":     copied,
+	"Priority":     copied,
+	"Queue":        copied,
+	"ScheduledAt":  copied, // of a scheduled job; an available one's is the move's now()
+	"State":        copied, // available or scheduled; idem refuses pending
+	"Tags":         copied,
+	"UniqueKey":    copied,
+	"UniqueStates": copied,
+	"ID":           refused,
+	"CreatedAt":    refused,
+}
+
+// jobRefusal says why each refused parameter cannot be staged.
+var jobRefusal = map[string]string{
+	"ID": "an insert middleware or hook set the job's ID: River's table assigns a staged job's ID when the enqueuer " +
+		"moves it, so staging cannot keep it",
+	"CreatedAt": "an insert middleware or hook set the job's CreatedAt: a River job's created_at is the time " +
+		"the enqueuer moves it, so staging cannot keep it",
+}
+
+var errJobRefused = errors.New("riverdb: job refused for staging")
+
+// sortedFates lists the names m gives fate f, in order.
+func sortedFates(m map[string]fate, f fate) []string {
+	var names []string
+	for name, g := range m {
+		if g == f {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
 // ErrCaptured ends River's insert where it would write river_job.
 var ErrCaptured = errors.New("riverdb: insert captured")
 
@@ -131,8 +177,11 @@ func (s *captureSlot) take(params *riverdriver.JobInsertFastManyParams) error {
 // Capture runs insert (a River client's InsertTx on a Driver's client)
 // with ctx marked so the Driver captures the one job River would write
 // instead of writing it, and returns that job. insert's error is
-// returned as it is unless it is ErrCaptured.
-func Capture(ctx context.Context, insert func(ctx context.Context) error) (*Job, error) {
+// returned as it is unless it is ErrCaptured. A job with a parameter
+// staging cannot keep (jobRefusal) is refused with an error; testClock
+// says the client has a stubbed Config.Test.Time, which sets every job's
+// CreatedAt, and accepts it.
+func Capture(ctx context.Context, testClock bool, insert func(ctx context.Context) error) (*Job, error) {
 	slot := &captureSlot{}
 	err := insert(context.WithValue(ctx, captureKey{}, slot))
 	if !errors.Is(err, ErrCaptured) {
@@ -142,6 +191,20 @@ func Capture(ctx context.Context, insert func(ctx context.Context) error) (*Job,
 		return nil, err
 	}
 	p := slot.job
+	// What River computed that a staged job cannot keep is refused, never
+	// replaced at the move without a word.
+	v := reflect.ValueOf(p).Elem()
+	for _, name := range sortedFates(jobFate, refused) {
+		if name == "CreatedAt" && testClock {
+			// River's stubbed test clock set it, as it does for every
+			// insert of such a client; the unique period was computed from
+			// it, as InsertTx computes it.
+			continue
+		}
+		if !v.FieldByName(name).IsZero() {
+			return nil, fmt.Errorf("%w: %s", errJobRefused, jobRefusal[name])
+		}
+	}
 	j := &Job{
 		Kind: p.Kind, EncodedArgs: p.EncodedArgs, Queue: p.Queue, Priority: p.Priority, MaxAttempts: p.MaxAttempts,
 		State: p.State, Tags: p.Tags, Metadata: p.Metadata, UniqueKey: p.UniqueKey, UniqueStates: p.UniqueStates,
