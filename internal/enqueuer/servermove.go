@@ -27,7 +27,7 @@ import (
 // columns, River's defaults for what the row leaves out, River's insert
 // notification for the queues that got available jobs), which is the way
 // River's clients in other languages insert jobs. Which rows it can move
-// is decided in SQL by the same rules as validator.check; a batch with any
+// is decided in SQL by the same rules as riverdb.Validator.Check; a batch with any
 // row it would refuse moves nothing and goes to the Go path (moveBatch),
 // which dead-letters that row with its reason, as does a batch River's
 // table refuses (a CHECK constraint validation did not foresee).

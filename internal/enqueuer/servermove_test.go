@@ -237,7 +237,7 @@ FROM river_job j ORDER BY (j.args->>'case')::int, j.id`)
 	}
 }
 
-// riverdb.ValidSQL decides as validator.check does, for rows made to sit on each
+// riverdb.ValidSQL decides as riverdb.Validator.Check does, for rows made to sit on each
 // rule's edges and for random queue names and tags, with and without an
 // allow-list of kinds.
 func TestServerMoveValidatesAsGoDoes(t *testing.T) {

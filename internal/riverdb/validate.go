@@ -242,7 +242,7 @@ const (
 // MetadataFor returns the River job metadata: the staged row's own metadata
 // plus MetadataStagedID and MetadataStagedAt. The staged values are merged
 // as raw JSON, never decoded: a number stays the digits it was staged with
-// (through float64, integers above 2^53 were rounded). moveSQL builds the
+// (through float64, integers above 2^53 were rounded). MoveSQL builds the
 // same object in SQL (TestServerMoveInsertsWhatRiverInserts).
 func MetadataFor(r *StagedRow) ([]byte, error) {
 	if len(r.Metadata) == 0 {
