@@ -192,12 +192,12 @@ func declaredMethods(t *testing.T, file string) map[string][]string {
 // shapes no insert, and refuses what staging cannot honour, by name.
 func TestStagingConfig(t *testing.T) {
 	mw := []rivertype.Middleware{}
-	cfg, err := StagingConfig(&river.Config{MaxAttempts: 7, SkipJobKindValidation: true, Middleware: mw,
+	cfg, err := StagingConfig(&river.Config{MaxAttempts: 7, SkipUnknownJobCheck: true, Middleware: mw,
 		Queues: map[string]river.QueueConfig{"default": {MaxWorkers: 1}}, ID: "api-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.MaxAttempts != 7 || !cfg.SkipJobKindValidation || cfg.Middleware == nil {
+	if cfg.MaxAttempts != 7 || !cfg.SkipUnknownJobCheck || cfg.Middleware == nil {
 		t.Errorf("applied fields not applied: %+v", cfg)
 	}
 	if cfg.Queues != nil || cfg.ID != "" {
