@@ -2,16 +2,15 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // Stager stages River jobs exactly as a River client's InsertTx would
@@ -30,32 +29,32 @@ import (
 // (NewStager); StageInsertTx uses one with River's defaults.
 type Stager struct {
 	client *river.Client[pgx.Tx]
+	// testClock: River's Config.Test.Time is stubbed, and sets CreatedAt.
+	testClock bool
 }
 
 // NewStager returns a Stager that stages as a River client configured
-// with cfg inserts. Only what shapes an insert is taken from cfg: Hooks,
-// JobInsertMiddleware, Logger, MaxAttempts, Middleware, SkipUnknownJobCheck,
-// Test and Workers (with Workers set, a kind without a worker is refused,
-// as InsertTx refuses it). cfg may be nil.
+// with cfg inserts: pass the API's own River configuration. What shapes an
+// insert is applied as InsertTx applies it: Plugins, Hooks, Middleware and
+// JobInsertMiddleware (insert middleware and HookInsertBegin, the kind's
+// own included), MaxAttempts, Workers (with Workers set, a kind without a
+// worker is refused, as InsertTx refuses it), SkipUnknownJobCheck,
+// SkipJobKindValidation, Test and Logger. What only shapes River's workers
+// and maintenance (Queues, PeriodicJobs, retention, ...) is left out. What
+// staging cannot honour is refused with an error naming it, never dropped:
+// a Schema (the enqueuer writes River in the schema its role resolves
+// first), and, at InsertTx, an ID or CreatedAt that insert middleware or a
+// hook sets (a River job's are the move's). cfg may be nil.
 func NewStager(cfg *river.Config) (*Stager, error) {
-	c := &river.Config{}
-	if cfg != nil {
-		c = &river.Config{
-			Hooks:               cfg.Hooks,
-			JobInsertMiddleware: cfg.JobInsertMiddleware, //nolint:staticcheck // still applied by River's insert
-			Logger:              cfg.Logger,
-			MaxAttempts:         cfg.MaxAttempts,
-			Middleware:          cfg.Middleware,
-			SkipUnknownJobCheck: cfg.SkipUnknownJobCheck,
-			Test:                cfg.Test,
-			Workers:             cfg.Workers,
-		}
-	}
-	client, err := river.NewClient[pgx.Tx](stagingDriver{riverpgxv5.New(nil)}, c)
+	c, err := riverdb.StagingConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("idem: stager: %w", err)
 	}
-	return &Stager{client: client}, nil
+	client, err := river.NewClient[pgx.Tx](riverdb.NewDriver(nil), c)
+	if err != nil {
+		return nil, fmt.Errorf("idem: stager: %w", err)
+	}
+	return &Stager{client: client, testClock: c.Test.Time != nil}, nil
 }
 
 var (
@@ -85,15 +84,13 @@ func StageInsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *riv
 // When ctx carries an OpenTelemetry span, the job's metadata gets its W3C
 // trace context, as StageJob adds it.
 func (s *Stager) InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (int64, error) {
-	slot := &stagedParams{}
-	_, err := s.client.InsertTx(context.WithValue(ctx, stagedParamsKey{}, slot), tx, args, opts)
-	if !errors.Is(err, errStaged) {
-		if err == nil {
-			err = errors.New("River inserted the job without staging it")
-		}
+	p, err := riverdb.Capture(ctx, s.testClock, func(ctx context.Context) error {
+		_, err := s.client.InsertTx(ctx, tx, args, opts)
+		return err
+	})
+	if err != nil {
 		return 0, fmt.Errorf("idem: stage job %s: %w", args.Kind(), err)
 	}
-	p := slot.params
 	if p.State == rivertype.JobStatePending {
 		return 0, fmt.Errorf("idem: stage job %s: pending jobs (InsertOpts.Pending) cannot be staged", p.Kind)
 	}
@@ -105,7 +102,7 @@ func (s *Stager) InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, op
 		scheduledAt  any // NULL: at the move, as River's now()
 		uniqueStates pgtype.Bits
 	)
-	if p.ScheduledAt != nil && p.State == rivertype.JobStateScheduled {
+	if p.ScheduledAt != nil {
 		scheduledAt = *p.ScheduledAt
 	}
 	if p.UniqueKey != nil {
@@ -122,40 +119,4 @@ func (s *Stager) InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, op
 		return 0, fmt.Errorf("idem: stage job %s: %w", p.Kind, err)
 	}
 	return id, nil
-}
-
-// errStaged ends River's insert where it would write river_job: the
-// parameters are in the context's slot.
-var errStaged = errors.New("idem: staged")
-
-type stagedParamsKey struct{}
-
-// stagedParams receives the parameters River's insert would write.
-type stagedParams struct {
-	params *riverdriver.JobInsertFastParams
-}
-
-// stagingDriver is River's pgx driver with River's final write taken
-// over: the job's parameters, as River computed them, go to the slot in
-// the context, and the insert ends with errStaged. River reads nothing
-// from the database on the way to that write.
-type stagingDriver struct {
-	*riverpgxv5.Driver
-}
-
-func (d stagingDriver) UnwrapExecutor(tx pgx.Tx) riverdriver.ExecutorTx {
-	return stagingExecutor{d.Driver.UnwrapExecutor(tx)}
-}
-
-type stagingExecutor struct {
-	riverdriver.ExecutorTx
-}
-
-func (stagingExecutor) JobInsertFastMany(ctx context.Context, params *riverdriver.JobInsertFastManyParams) ([]*riverdriver.JobInsertFastResult, error) {
-	slot, ok := ctx.Value(stagedParamsKey{}).(*stagedParams)
-	if !ok || len(params.Jobs) != 1 {
-		return nil, errors.New("idem: staging insert without its slot")
-	}
-	slot.params = params.Jobs[0]
-	return nil, errStaged
 }

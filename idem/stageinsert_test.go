@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -174,6 +175,110 @@ func TestStageInsertTxIsRiversInsertTx(t *testing.T) {
 	var stamped int
 	if err := byStaging.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE metadata->>'tenant' = 'acme'`).Scan(&stamped); err != nil || stamped != 12 {
 		t.Fatalf("%d staged jobs carry the insert middleware's metadata, want 12: %v", stamped, err)
+	}
+}
+
+// errThirteen is the refusing hook's error.
+var errThirteen = errors.New("tenant acme may not insert n=13")
+
+// The API's River configuration shapes a staged job as it shapes
+// InsertTx's, Plugins included (the non-deprecated home of insert
+// middleware and hooks): a middleware in Plugins stamps the metadata of
+// every job, and a HookInsertBegin in Plugins refuses one job with its
+// own error, on River's InsertTx and through staging alike. The oracle is
+// SQL: river_job column for column on both sides, and staged_jobs holding
+// nothing of the refused call.
+func TestStagerAppliesPluginsAndHooks(t *testing.T) {
+	ctx := context.Background()
+	stamp := river.JobInsertMiddlewareFunc(func(ctx context.Context, many []*rivertype.JobInsertParams,
+		doInner func(context.Context) ([]*rivertype.JobInsertResult, error)) ([]*rivertype.JobInsertResult, error) {
+		for _, p := range many {
+			p.Metadata = []byte(`{"tenant": "acme", "by": "plugin"}`)
+		}
+		return doInner(ctx)
+	})
+	refuse := river.HookInsertBeginFunc(func(_ context.Context, p *rivertype.JobInsertParams) error {
+		if a, ok := p.Args.(plainArgs); ok && a.N == 13 {
+			return errThirteen
+		}
+		return nil
+	})
+	cfg := &river.Config{Plugins: []rivertype.Plugin{stamp, refuse}}
+
+	byRiver := dbtest.NewPool(t)
+	rc, err := river.NewClient(riverpgxv5.New(byRiver), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byStaging := dbtest.NewPool(t)
+	stager, err := idem.NewStager(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 13, 2} {
+		errRiver := pgx.BeginFunc(ctx, byRiver, func(tx pgx.Tx) error { _, err := rc.InsertTx(ctx, tx, plainArgs{N: n}, nil); return err })
+		errStaged := pgx.BeginFunc(ctx, byStaging, func(tx pgx.Tx) error {
+			_, err := stager.InsertTx(ctx, tx, plainArgs{N: n}, nil)
+			return err
+		})
+		if n == 13 {
+			if !errors.Is(errRiver, errThirteen) || !errors.Is(errStaged, errThirteen) {
+				t.Errorf("n=13: InsertTx %v, staging %v: both must be the hook's refusal", errRiver, errStaged)
+			}
+			continue
+		}
+		if errRiver != nil || errStaged != nil {
+			t.Fatalf("n=%d: InsertTx %v, staging %v", n, errRiver, errStaged)
+		}
+	}
+	var staged int
+	if err := byStaging.QueryRow(ctx, `SELECT count(*) FROM staged_jobs WHERE job_args->>'n' = '13'`).Scan(&staged); err != nil || staged != 0 {
+		t.Fatalf("%d rows staged for the refused job: %v", staged, err)
+	}
+	moveAll(t, byStaging)
+	want, got := riverJobs(t, byRiver), riverJobs(t, byStaging)
+	if len(want) != 2 || len(got) != 2 {
+		t.Fatalf("River's InsertTx kept %d jobs, staging %d; want 2 each", len(want), len(got))
+	}
+	for i := range want {
+		w, g := fmt.Sprintf("%+v", want[i]), fmt.Sprintf("%+v", got[i])
+		if w != g {
+			t.Errorf("job %d:\nRiver's InsertTx: %s\nstaged:           %s", i, w, g)
+		}
+		if !strings.Contains(g, `"by": "plugin"`) {
+			t.Errorf("job %d lacks the plugin middleware's metadata: %s", i, g)
+		}
+	}
+}
+
+// What staging cannot honour is refused with an error, never dropped: a
+// River Schema (NewStager), and an ID an insert middleware sets (at the
+// insert); nothing is staged.
+func TestStagerRefusesWhatItCannotHonour(t *testing.T) {
+	ctx := context.Background()
+	if _, err := idem.NewStager(&river.Config{Schema: "jobs"}); err == nil || !strings.Contains(err.Error(), "Schema") {
+		t.Errorf("NewStager with a Schema: %v, want a refusal naming Schema", err)
+	}
+	setID := river.JobInsertMiddlewareFunc(func(ctx context.Context, many []*rivertype.JobInsertParams,
+		doInner func(context.Context) ([]*rivertype.JobInsertResult, error)) ([]*rivertype.JobInsertResult, error) {
+		for _, p := range many {
+			id := int64(424242)
+			p.ID = &id
+		}
+		return doInner(ctx)
+	})
+	stager, err := idem.NewStager(&river.Config{Plugins: []rivertype.Plugin{setID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := dbtest.NewPool(t)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := stager.InsertTx(ctx, tx, plainArgs{N: 1}, nil); return err })
+	if err == nil || !strings.Contains(err.Error(), "ID") {
+		t.Errorf("a middleware that sets the job's ID: %v, want a refusal naming ID", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM staged_jobs`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d rows staged by a refused call: %v", n, err)
 	}
 }
 

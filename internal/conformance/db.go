@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // db is the oracle: idemd's tables, read independently of the API.
@@ -28,7 +30,7 @@ func (r *run) openDB(ctx context.Context) error {
 	d := &db{pool: r.cfg.Pool}
 	var keys, staged, dead, river bool
 	err := d.pool.QueryRow(ctx, `SELECT to_regclass('idempotency_keys') IS NOT NULL, to_regclass('staged_jobs') IS NOT NULL,
-		to_regclass('staged_jobs_dead') IS NOT NULL, to_regclass('river_job') IS NOT NULL`).Scan(&keys, &staged, &dead, &river)
+		to_regclass('staged_jobs_dead') IS NOT NULL, to_regclass($1) IS NOT NULL`, riverdb.JobTable).Scan(&keys, &staged, &dead, &river)
 	if err != nil {
 		return fmt.Errorf("conformance: read the database's tables: %w", err)
 	}
@@ -51,7 +53,7 @@ func (r *run) openDB(ctx context.Context) error {
 	// Where the enqueuer moves jobs: the API's role may not read them (the
 	// daemons' role does); unread, a job moved during the run is missed.
 	d.dead = dead && d.readable(ctx, "staged_jobs_dead")
-	d.river = river && d.readable(ctx, "river_job")
+	d.river = river && d.readable(ctx, riverdb.JobTable)
 	r.db = d
 	return nil
 }
@@ -234,7 +236,7 @@ func (d *db) jobMark(ctx context.Context) (int64, error) {
 		q += `, (SELECT max(id) FROM staged_jobs_dead)`
 	}
 	if d.river {
-		q += `, (SELECT max((metadata->>'idemd_staged_id')::bigint) FROM river_job WHERE metadata ? 'idemd_staged_id')`
+		q += `, (` + riverdb.MaxStagedIDSQL + `)`
 	}
 	var m *int64
 	if err := d.pool.QueryRow(ctx, q+`)`).Scan(&m); err != nil {
@@ -255,8 +257,7 @@ func (d *db) jobsSince(ctx context.Context, mark int64) ([]int64, error) {
 		q += ` UNION SELECT id FROM staged_jobs_dead WHERE id > $1`
 	}
 	if d.river {
-		q += ` UNION SELECT (metadata->>'idemd_staged_id')::bigint FROM river_job
-			WHERE metadata ? 'idemd_staged_id' AND (metadata->>'idemd_staged_id')::bigint > $1`
+		q += ` UNION ` + riverdb.StagedIDsAboveSQL
 	}
 	rows, err := d.pool.Query(ctx, q, mark)
 	if err != nil {
@@ -274,9 +275,7 @@ func (d *db) riverTwice(ctx context.Context, ids []int64) ([]int64, error) {
 	if !d.river || len(ids) == 0 {
 		return nil, nil
 	}
-	rows, err := d.pool.Query(ctx, `SELECT (metadata->>'idemd_staged_id')::bigint FROM river_job
-		WHERE metadata ? 'idemd_staged_id' AND (metadata->>'idemd_staged_id')::bigint = ANY($1)
-		GROUP BY 1 HAVING count(*) > 1`, ids)
+	rows, err := d.pool.Query(ctx, riverdb.StagedIDsTwiceSQL, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read river_job: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/idemd/idemd/internal/operator"
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // DeadCmd groups the dead-letter subcommands.
@@ -106,7 +107,7 @@ func writeDeadReport(w io.Writer, rep *operator.DeadReport) error {
 	}
 	writeLines(w, pairs)
 	if len(rep.River) > 0 {
-		fmt.Fprintln(w, "\nRIVER JOBS (metadata idemd_staged_id)")
+		fmt.Fprintln(w, "\nRIVER JOBS (metadata "+riverdb.MetadataStagedID+")")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  ID\tKIND\tSTATE\tQUEUE\tATTEMPT\tCREATED_AT\tFINALIZED_AT")
 		for _, j := range rep.River {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/operator"
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // KeysCmd groups the key subcommands.
@@ -142,7 +143,7 @@ func writeKeyReport(w io.Writer, rep *operator.KeyReport) error {
 			if j.StagedID != nil {
 				staged = "staged id " + strconv.FormatInt(*j.StagedID, 10)
 			}
-			fmt.Fprintf(tw, "  river_job\t%d\t%s\t%s\t%s\t%s\n", j.ID, j.Kind, j.State, ts(&j.CreatedAt), staged)
+			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\n", riverdb.JobTable, j.ID, j.Kind, j.State, ts(&j.CreatedAt), staged)
 		}
 		tw.Flush()
 	}

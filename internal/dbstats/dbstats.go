@@ -44,6 +44,7 @@ import (
 
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
+	"github.com/idemd/idemd/internal/riverdb"
 	"github.com/idemd/idemd/internal/runhistory"
 )
 
@@ -52,19 +53,6 @@ const LeaseName = "db-stats"
 
 // States are the river_job states counted, in the order they are exported.
 var States = []string{"available", "pending", "retryable", "running", "scheduled"}
-
-// statsSQL counts the live jobs by queue and state and finds each
-// (queue, state)'s earliest scheduled_at. Its WHERE is on the leading
-// column of River's river_job_prioritized_fetching_index (state, queue,
-// priority, scheduled_at, id), which also holds every column it reads: the
-// plan is a scan of the index's live-state ranges, never of the finalized
-// rows (TestStatsQueryPlan). @now replaces the database clock in tests.
-const statsSQL = `
-SELECT queue, state::text, count(*),
-       extract(epoch FROM greatest(coalesce(@now::timestamptz, now()) - min(scheduled_at), interval '0'))::float8
-FROM river_job
-WHERE state IN ('available', 'pending', 'retryable', 'running', 'scheduled')
-GROUP BY queue, state`
 
 // QueueStats is one queue's part of a pass.
 type QueueStats struct {
@@ -257,7 +245,7 @@ func (s *Service) stopExporting(why string, err error, fields ...zap.Field) {
 	s.exporting = false
 }
 
-// statsRow is one row of statsSQL.
+// statsRow is one row of riverdb.LiveJobsSQL.
 type statsRow struct {
 	Queue, State string
 	Count        int64
@@ -294,7 +282,7 @@ func (s *Service) queryTx(ctx context.Context, rd *reading) error {
 		if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", fmt.Sprint(s.cfg.StatementTimeout.Milliseconds())); err != nil {
 			return err
 		}
-		r, err := tx.Query(ctx, statsSQL, pgx.NamedArgs{"now": s.pinnedNow})
+		r, err := tx.Query(ctx, riverdb.LiveJobsSQL, pgx.NamedArgs{"now": s.pinnedNow})
 		if err != nil {
 			return fmt.Errorf("count river_job: %w", err)
 		}
@@ -322,7 +310,7 @@ type Querier interface {
 // the exporter's own query: idemctl status and the console show the
 // numbers idemd_river_jobs exports. A state without jobs is absent.
 func CountJobs(ctx context.Context, q Querier) (map[string]int64, error) {
-	r, err := q.Query(ctx, statsSQL, pgx.NamedArgs{"now": nil})
+	r, err := q.Query(ctx, riverdb.LiveJobsSQL, pgx.NamedArgs{"now": nil})
 	if err != nil {
 		return nil, fmt.Errorf("count river_job: %w", err)
 	}

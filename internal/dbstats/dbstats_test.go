@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/idemd/idemd/internal/config"
+	"github.com/idemd/idemd/internal/riverdb"
 	"github.com/idemd/idemd/internal/runhistory"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/testwait"
@@ -498,7 +499,7 @@ FROM generate_series(1, 20000)`); err != nil {
 		Plan map[string]any `json:"Plan"`
 	}
 	var raw []byte
-	if err := pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+statsSQL, pgx.NamedArgs{"now": nil}).Scan(&raw); err != nil {
+	if err := pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+riverdb.LiveJobsSQL, pgx.NamedArgs{"now": nil}).Scan(&raw); err != nil {
 		t.Fatal(err)
 	}
 	if err := json.Unmarshal(raw, &plan); err != nil || len(plan) != 1 {

@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"go.uber.org/zap"
+
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // batchResult is what one batch did.
@@ -122,7 +124,7 @@ func (s *Service) serverBatch(ctx context.Context, from, gapBelow int64, riverVe
 // fail a large batch on a slow link every time.
 func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow bool, riverVersion int) (*batchResult, error) {
 	var tx pgx.Tx
-	var staged []stagedRow
+	var staged []riverdb.StagedRow
 	err := s.calls.Do(ctx, batchOp, func(ctx context.Context) (err error) {
 		tx, staged, err = s.beginTake(ctx, from, riverVersion)
 		return err
@@ -153,15 +155,15 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 	}
 
 	params := make([]river.InsertManyParams, 0, len(staged))
-	good := make([]*stagedRow, 0, len(staged))
+	good := make([]*riverdb.StagedRow, 0, len(staged))
 	var dead []deadRow
 	// Of the rows with one unique key the first (lowest id) is inserted
-	// and the others are its duplicates, as in moveSQL: River's insert of
+	// and the others are its duplicates, as in riverdb.MoveSQL: River's insert of
 	// both in one statement would fail the batch.
 	var uniques map[string]bool
 	for i := range staged {
 		r := &staged[i]
-		if bad := s.valid.check(r); bad != nil {
+		if bad := s.valid.Check(r); bad != nil {
 			dead = append(dead, deadRow{row: r, why: bad})
 			continue
 		}
@@ -175,9 +177,9 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 			}
 			uniques[string(r.UniqueKey)] = true
 		}
-		p, err := insertParams(r)
+		p, err := riverdb.InsertParams(r)
 		if err != nil {
-			dead = append(dead, deadRow{row: r, why: &invalid{ReasonInvalidMeta, err.Error()}})
+			dead = append(dead, deadRow{row: r, why: &riverdb.Invalid{Code: riverdb.ReasonInvalidMeta, Detail: err.Error()}})
 			continue
 		}
 		params = append(params, p)
@@ -207,10 +209,10 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 	res.deadLettered = len(dead)
 	s.gap(GapSwept, gaps, zap.Int64("lowest_staged_id", lowestGap), zap.Int("rows", gaps))
 	for _, d := range dead {
-		s.metrics.deadLettered.WithLabelValues(d.why.code).Inc()
+		s.metrics.deadLettered.WithLabelValues(d.why.Code).Inc()
 		s.logger.Warn("staged job dead-lettered",
 			zap.Int64("staged_id", d.row.ID), zap.String("kind", d.row.Kind),
-			zap.String("reason", d.why.code), zap.String("detail", d.why.detail))
+			zap.String("reason", d.why.Code), zap.String("detail", d.why.Detail))
 	}
 	return res, nil
 }
@@ -227,7 +229,7 @@ func (s *Service) moveBatch(ctx context.Context, from, gapBelow int64, rowByRow 
 // added to river_job by hand would empty staged_jobs into
 // staged_jobs_dead. So does an insert that wrote fewer jobs than it was
 // given (errJobsDropped).
-func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, rows []*stagedRow, rowByRow bool) (moved, dups int, dead []deadRow, err error) {
+func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, rows []*riverdb.StagedRow, rowByRow bool) (moved, dups int, dead []deadRow, err error) {
 	if len(params) == 0 {
 		return 0, 0, nil, nil
 	}
@@ -285,7 +287,7 @@ func (s *Service) insertRows(ctx context.Context, tx pgx.Tx, params []river.Inse
 				}
 				refusals = append(refusals, pgErr)
 			}
-			dead = append(dead, deadRow{row: rows[i], why: &invalid{ReasonRejectedByRiver, rejected.Error()}})
+			dead = append(dead, deadRow{row: rows[i], why: &riverdb.Invalid{Code: riverdb.ReasonRejectedByRiver, Detail: rejected.Error()}})
 			continue
 		}
 		moved++
@@ -353,8 +355,8 @@ func tableFault(n int, refusals []*pgconn.PgError) (string, bool) {
 // takes River's unique-key locks (its ON CONFLICT's) in one order, so
 // two batches with keys in common wait for one another but never
 // deadlock; in id order they did (40P01), ids and keys being unrelated.
-// moveSQL inserts in the same order.
-func sortByUniqueKey(params []river.InsertManyParams, rows []*stagedRow) {
+// riverdb.MoveSQL inserts in the same order.
+func sortByUniqueKey(params []river.InsertManyParams, rows []*riverdb.StagedRow) {
 	if !anyUnique(params) {
 		return
 	}
@@ -413,7 +415,7 @@ func (s *Service) insertMany(ctx context.Context, tx pgx.Tx, params []river.Inse
 	if len(res) != len(params) {
 		// River's insert returns a row for each job it wrote or found; a
 		// trigger or rule that drops an insert returns none. The caller
-		// fails the batch, so the rows stay staged (moveSQL's
+		// fails the batch, so the rows stay staged (riverdb.MoveSQL's
 		// idemd_move_check, on the Go path).
 		return 0, 0, fmt.Errorf("%w: %d staged rows taken but %d River jobs written or found", errJobsDropped, len(params), len(res))
 	}
@@ -424,7 +426,7 @@ func (s *Service) insertMany(ctx context.Context, tx pgx.Tx, params []river.Inse
 // not say which rows were duplicates.
 func anyUnique(params []river.InsertManyParams) bool {
 	for _, p := range params {
-		if a, ok := p.Args.(rawArgs); ok && a.uniqueKey != nil {
+		if a, ok := p.Args.(riverdb.StagedArgs); ok && a.UniqueKey != nil {
 			return true
 		}
 	}
@@ -452,48 +454,9 @@ func isDataError(err error, conn *pgx.Conn) bool {
 	return !conn.IsClosed()
 }
 
-// rawArgs hands River the staged job_args unchanged, and the row's unique
-// key and states to stagedUniqueDriver.
-type rawArgs struct {
-	kind         string
-	args         json.RawMessage
-	uniqueKey    []byte
-	uniqueStates byte
-}
-
-func (a rawArgs) Kind() string                 { return a.kind }
-func (a rawArgs) MarshalJSON() ([]byte, error) { return a.args, nil }
-
-func insertParams(r *stagedRow) (river.InsertManyParams, error) {
-	md, err := metadataFor(r)
-	if err != nil {
-		return river.InsertManyParams{}, err
-	}
-	var tags []string // nil when the row has none: River's default, {}
-	for _, t := range r.Tags.Elements {
-		tags = append(tags, *t) // never nil: validated
-	}
-	opts := &river.InsertOpts{Metadata: md, Tags: tags}
-	if r.Queue != nil {
-		opts.Queue = *r.Queue
-	}
-	if r.Priority != nil {
-		opts.Priority = int(*r.Priority)
-	}
-	if r.MaxAttempts != nil {
-		opts.MaxAttempts = int(*r.MaxAttempts)
-	}
-	opts.ScheduledAt = r.scheduledAt()
-	a := rawArgs{kind: r.Kind, args: r.Args}
-	if r.UniqueKey != nil {
-		a.uniqueKey, a.uniqueStates = r.UniqueKey, r.UniqueStates.Bytes[0] // validated: one byte
-	}
-	return river.InsertManyParams{Args: a, InsertOpts: opts}, nil
-}
-
 type deadRow struct {
-	row *stagedRow
-	why *invalid
+	row *riverdb.StagedRow
+	why *riverdb.Invalid
 }
 
 func insertDead(ctx context.Context, tx pgx.Tx, dead []deadRow) error {
@@ -521,17 +484,17 @@ func nullJSON(b []byte) any {
 // beginTake begins a Go-path move transaction and takes up to
 // --batch-size rows from `from`, returning them read. On error nothing is
 // held.
-func (s *Service) beginTake(ctx context.Context, from int64, riverVersion int) (tx pgx.Tx, staged []stagedRow, err error) {
+func (s *Service) beginTake(ctx context.Context, from int64, riverVersion int) (tx pgx.Tx, staged []riverdb.StagedRow, err error) {
 	if tx, err = s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: moveBeginSQL}); err != nil {
 		return nil, nil, fmt.Errorf("enqueuer batch: begin: %w", err)
 	}
-	// The gate's check in this transaction, as moveSQL makes it in its
+	// The gate's check in this transaction, as riverdb.MoveSQL makes it in its
 	// statement: river_job locked against River's migrations (which lock
 	// it ACCESS EXCLUSIVE) before the version is read, so the version read
 	// is the one the inserts meet.
 	var version int
-	if _, err = tx.Exec(ctx, riverLockSQL); err == nil {
-		err = tx.QueryRow(ctx, riverVersionSQL).Scan(&version)
+	if _, err = tx.Exec(ctx, riverdb.LockSQL); err == nil {
+		err = tx.QueryRow(ctx, riverdb.VersionSQL).Scan(&version)
 	}
 	if err != nil {
 		s.rollback(ctx, tx)
@@ -567,15 +530,15 @@ func (s *Service) rollback(ctx context.Context, tx pgx.Tx) {
 }
 
 // scanTaken reads the take's rows and closes them.
-func (s *Service) scanTaken(rows pgx.Rows) ([]stagedRow, error) {
+func (s *Service) scanTaken(rows pgx.Rows) ([]riverdb.StagedRow, error) {
 	defer rows.Close()
 	// Grown as rows come: a slice of --batch-size rows (760 kB at the
 	// default) allocated and zeroed per transaction was most of the
 	// process's CPU, in the garbage collector, when every move took this
 	// path.
-	staged := make([]stagedRow, 0, min(s.cfg.BatchSize, 64))
+	staged := make([]riverdb.StagedRow, 0, min(s.cfg.BatchSize, 64))
 	for rows.Next() {
-		var r stagedRow
+		var r riverdb.StagedRow
 		if err := rows.Scan(&r.ID, &r.CreatedAt, &r.Kind, &r.Args, &r.Queue, &r.Priority, &r.MaxAttempts, &r.ScheduledAt, &r.Tags, &r.Metadata,
 			&r.UniqueKey, &r.UniqueStates); err != nil {
 			return nil, fmt.Errorf("enqueuer batch: scan: %w", err)

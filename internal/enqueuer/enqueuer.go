@@ -41,13 +41,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"go.uber.org/zap"
 
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/lease"
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/lifecycle/testsignal"
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // NotifyChannel is the channel the staged_jobs trigger notifies.
@@ -110,7 +110,7 @@ type Service struct {
 	// a rotated password; nil without one.
 	listenAuth func(context.Context, *pgx.ConnConfig) error
 	river      *river.Client[pgx.Tx]
-	valid      validator
+	valid      riverdb.Validator
 	// riverGate is the River schema gate's last verdict (riverschema.go).
 	riverGate riverGate
 	// refusals is the refusal the last batch failed with (refusal.go).
@@ -206,7 +206,7 @@ func New(cfg Config) (*Service, error) {
 	// It validates and encodes jobs exactly as any River client would
 	// (insertMany), and it is the reference the server-side move is tested
 	// against.
-	rc, err := river.NewClient[pgx.Tx](stagedUniqueDriver{riverpgxv5.New(cfg.Pool)}, &river.Config{Logger: nil})
+	rc, err := river.NewClient[pgx.Tx](riverdb.NewDriver(cfg.Pool), &river.Config{Logger: nil})
 	if err != nil {
 		return nil, fmt.Errorf("enqueuer: river client: %w", err)
 	}
@@ -217,7 +217,7 @@ func New(cfg Config) (*Service, error) {
 		listenCfg:  listenCfg,
 		listenAuth: cfg.Pool.Config().BeforeConnect,
 		river:      rc,
-		valid:      newValidator(cfg.AllowedKinds, cfg.MaxArgsBytes),
+		valid:      riverdb.NewValidator(cfg.AllowedKinds, cfg.MaxArgsBytes),
 		logger:     cfg.Logger,
 		metrics:    m,
 		wake:       make(chan struct{}, 1),

@@ -22,6 +22,7 @@ import (
 	"github.com/idemd/idemd/internal/lifecycle"
 	"github.com/idemd/idemd/internal/lifecycle/testsignal"
 	"github.com/idemd/idemd/internal/migrate"
+	"github.com/idemd/idemd/internal/riverdb"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
@@ -168,16 +169,16 @@ INSERT INTO staged_jobs (job_name, job_args, tags) VALUES ('good', '{"n": 12}', 
 		t.Fatalf("moved %v, want [1 10]", moved)
 	}
 	wantReasons := map[string]string{
-		"unlisted":  ReasonUnknownKind,
-		`{"n": 3}`:  ReasonInvalidQueue,
-		`{"n": 4}`:  ReasonInvalidPrio,
-		`{"n": 5}`:  ReasonInvalidMaxAtt,
-		"big":       ReasonArgsTooLarge,
-		"[1, 2]":    ReasonInvalidArgs,
-		`{"n": 8}`:  ReasonInvalidTags,
-		`{"n": 9}`:  ReasonInvalidMeta,
-		`{"n": 11}`: ReasonInvalidKind,
-		`{"n": 12}`: ReasonInvalidTags,
+		"unlisted":  riverdb.ReasonUnknownKind,
+		`{"n": 3}`:  riverdb.ReasonInvalidQueue,
+		`{"n": 4}`:  riverdb.ReasonInvalidPrio,
+		`{"n": 5}`:  riverdb.ReasonInvalidMaxAtt,
+		"big":       riverdb.ReasonArgsTooLarge,
+		"[1, 2]":    riverdb.ReasonInvalidArgs,
+		`{"n": 8}`:  riverdb.ReasonInvalidTags,
+		`{"n": 9}`:  riverdb.ReasonInvalidMeta,
+		`{"n": 11}`: riverdb.ReasonInvalidKind,
+		`{"n": 12}`: riverdb.ReasonInvalidTags,
 	}
 	rows, _ = pool.Query(ctx, `SELECT CASE WHEN job_name = 'unlisted' THEN 'unlisted' WHEN length(job_args::text) > 1000 THEN 'big' ELSE job_args::text END, reason FROM staged_jobs_dead`)
 	got := map[string]string{}
@@ -199,7 +200,7 @@ INSERT INTO staged_jobs (job_name, job_args, tags) VALUES ('good', '{"n": 12}', 
 	if n := count(t, pool, "SELECT count(*) FROM staged_jobs"); n != 0 {
 		t.Fatalf("%d rows left staged", n)
 	}
-	if v := testutil.ToFloat64(s.metrics.deadLettered.WithLabelValues(ReasonInvalidQueue)); v != 1 {
+	if v := testutil.ToFloat64(s.metrics.deadLettered.WithLabelValues(riverdb.ReasonInvalidQueue)); v != 1 {
 		t.Fatalf("dead-letter metric for invalid_queue = %v", v)
 	}
 }
@@ -234,7 +235,7 @@ FROM generate_series(1, 50) g`); err != nil {
 		t.Fatalf("%d good rows in River, want 45", n)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM staged_jobs_dead
-WHERE job_args ? 'poison' AND reason LIKE $1 AND reason LIKE '%no_poison%'`, ReasonRejectedByRiver+": %"); n != 5 {
+WHERE job_args ? 'poison' AND reason LIKE $1 AND reason LIKE '%no_poison%'`, riverdb.ReasonRejectedByRiver+": %"); n != 5 {
 		t.Fatalf("%d poison rows dead-lettered with the constraint as reason, want 5", n)
 	}
 	if n := count(t, pool, "SELECT count(*) FROM staged_jobs"); n != 0 {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemd/idemd/internal/riverdb"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
@@ -49,7 +50,7 @@ SELECT min(id) + 10000 FROM i`).Scan(&mid); err != nil {
 		cases = append(cases,
 			planCase{"take " + from.name, takeSQL, takeArgs(from.id, DefaultSettings().BatchSize),
 				[]string{"Index Scan using staged_jobs_pkey", "Index Cond: (id >= ", "LockRows", "Tid Scan on staged_jobs", "TID Cond: (ctid = ANY ("}},
-			planCase{"move " + from.name, moveSQL, newService(t, pool).moveArgs(from.id, fullPass, riverNewest),
+			planCase{"move " + from.name, riverdb.MoveSQL, newService(t, pool).moveArgs(from.id, fullPass, riverNewest),
 				[]string{"Index Scan using staged_jobs_pkey", "Index Cond: (id >= ", "LockRows", "Tid Scan on staged_jobs", "TID Cond: (ctid = ANY ("}},
 			planCase{"backlog " + from.name, backlogSQL, pgx.NamedArgs{"from": from.id},
 				[]string{"Index Scan using staged_jobs_pkey", "Index Cond: (id >= "}},

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemd/idemd/internal/opshttp"
+	"github.com/idemd/idemd/internal/riverdb"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
@@ -294,7 +295,7 @@ func TestReplicasOnHotUniqueKeysDoNotDeadlock(t *testing.T) {
 INSERT INTO staged_jobs (job_name, job_args, unique_key, unique_states, priority)
 SELECT 'k', jsonb_build_object('key', k), sha256(('key' || k)::bytea), $2::bit(8), CASE WHEN g % 100 = 0 THEN 9 END
 FROM (SELECT g, (hashint4(g) & 2147483647) % $1::int AS k FROM generate_series(1, $3::int) g) s`,
-		keys, fmt.Sprintf("%08b", uniqueRequired), rows); err != nil {
+		keys, fmt.Sprintf("%08b", riverdb.UniqueRequired), rows); err != nil {
 		t.Fatal(err)
 	}
 	var (

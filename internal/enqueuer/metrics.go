@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // Wake-up causes, the values of the cause label of
@@ -152,7 +154,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// Every reason and cause starts at 0: increase() over a series that
 	// appears at 1 is 0, so the first dead-lettered row of a reason would
 	// not alert.
-	for _, r := range DeadLetterReasons {
+	for _, r := range riverdb.DeadLetterReasons {
 		m.deadLettered.WithLabelValues(r)
 	}
 	for _, r := range GapReasons {

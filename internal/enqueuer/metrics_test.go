@@ -1,15 +1,11 @@
 package enqueuer
 
 import (
-	"go/ast"
-	"go/constant"
-	"go/parser"
-	"go/token"
-	"slices"
-	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // A fresh process exports every dead-letter reason at 0, so the alert's
@@ -20,10 +16,10 @@ func TestDeadLetteredReasonsStartAtZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := gatheredLabelValues(t, reg, "idemd_enqueuer_jobs_dead_lettered_total", "reason")
-	if len(got) != len(DeadLetterReasons) {
-		t.Errorf("fresh registry exports reasons %v, want %v", got, DeadLetterReasons)
+	if len(got) != len(riverdb.DeadLetterReasons) {
+		t.Errorf("fresh registry exports reasons %v, want %v", got, riverdb.DeadLetterReasons)
 	}
-	for _, r := range DeadLetterReasons {
+	for _, r := range riverdb.DeadLetterReasons {
 		v, ok := got[r]
 		if !ok {
 			t.Errorf("reason %q is not exported on a fresh registry", r)
@@ -59,53 +55,6 @@ func TestLabelledCountersStartAtZero(t *testing.T) {
 			}
 		}
 	}
-}
-
-// DeadLetterReasons must name every Reason* constant: one left out would be
-// born at 1 on its first row and never alert.
-func TestDeadLetterReasonsListsEveryConstant(t *testing.T) {
-	consts := reasonConstants(t, "validate.go")
-	if len(consts) == 0 {
-		t.Fatal("validate.go declares no Reason* constants")
-	}
-	for name, v := range consts {
-		if !slices.Contains(DeadLetterReasons, v) {
-			t.Errorf("%s = %q is missing from DeadLetterReasons", name, v)
-		}
-	}
-	if len(DeadLetterReasons) != len(consts) {
-		t.Errorf("DeadLetterReasons has %d entries, validate.go %d Reason* constants", len(DeadLetterReasons), len(consts))
-	}
-}
-
-// reasonConstants returns the string constants named Reason* in file.
-func reasonConstants(t *testing.T, file string) map[string]string {
-	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
-	if err != nil {
-		t.Fatalf("parse %s: %v", file, err)
-	}
-	out := map[string]string{}
-	for _, d := range f.Decls {
-		g, ok := d.(*ast.GenDecl)
-		if !ok || g.Tok != token.CONST {
-			continue
-		}
-		for _, s := range g.Specs {
-			vs := s.(*ast.ValueSpec)
-			for i, n := range vs.Names {
-				if !strings.HasPrefix(n.Name, "Reason") || i >= len(vs.Values) {
-					continue
-				}
-				lit, ok := vs.Values[i].(*ast.BasicLit)
-				if !ok || lit.Kind != token.STRING {
-					t.Fatalf("%s: %s is not a string literal", file, n.Name)
-				}
-				out[n.Name] = constant.StringVal(constant.MakeFromLiteral(lit.Value, lit.Kind, 0))
-			}
-		}
-	}
-	return out
 }
 
 // gatheredLabelValues returns the value of each series of the counter name,

@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/idemd/idemd/internal/riverdb"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
@@ -55,14 +56,14 @@ func pick(rng *rand.Rand, from []string) string { return from[rng.IntN(len(from)
 // API that lists jobs): nil when River takes the job and can read it back,
 // else why not. A value River's Go API cannot even express (an infinite
 // time, a NULL tag, tags of two dimensions) is a refusal.
-func riverHolds(ctx context.Context, rc *river.Client[pgx.Tx], tx pgx.Tx, r *stagedRow) (err error) {
+func riverHolds(ctx context.Context, rc *river.Client[pgx.Tx], tx pgx.Tx, r *riverdb.StagedRow) (err error) {
 	if r.ScheduledAt.Valid && r.ScheduledAt.InfinityModifier != pgtype.Finite {
-		return fmt.Errorf("scheduled_at %s: no time.Time holds it", timeString(r.ScheduledAt))
+		return fmt.Errorf("scheduled_at %s: no time.Time holds it", riverdb.TimeString(r.ScheduledAt))
 	}
 	if len(r.Tags.Dims) > 1 {
 		return fmt.Errorf("tags of %d dimensions: no []string holds them", len(r.Tags.Dims))
 	}
-	opts := &river.InsertOpts{Metadata: r.Metadata, ScheduledAt: r.scheduledAt()}
+	opts := &river.InsertOpts{Metadata: r.Metadata, ScheduledAt: r.ScheduledAtOrZero()}
 	if r.Tags.Valid {
 		opts.Tags = []string{}
 		for _, t := range r.Tags.Elements {
@@ -89,7 +90,7 @@ func riverHolds(ctx context.Context, rc *river.Client[pgx.Tx], tx pgx.Tx, r *sta
 		return err
 	}
 	defer sp.Rollback(ctx) //nolint:errcheck // River's job is only tried
-	res, err := rc.InsertManyTx(ctx, sp, []river.InsertManyParams{{Args: rawArgs{kind: r.Kind, args: r.Args}, InsertOpts: opts}})
+	res, err := rc.InsertManyTx(ctx, sp, []river.InsertManyParams{{Args: riverdb.StagedArgs{KindName: r.Kind, Args: r.Args}, InsertOpts: opts}})
 	if err != nil {
 		return fmt.Errorf("InsertManyTx: %w", err)
 	}
@@ -147,14 +148,14 @@ func TestMoveAcceptsWhatRiverAccepts(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows, err := tx.Query(ctx, `SELECT id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, unique_key, unique_states,
-    `+validSQL+` FROM staged_jobs ORDER BY id`, s.moveArgs(fullPass, fullPass, riverNewest))
+    `+riverdb.ValidSQL+` FROM staged_jobs ORDER BY id`, s.moveArgs(fullPass, fullPass, riverNewest))
 	if err != nil {
 		t.Fatal(err)
 	}
 	type verdict struct {
-		row      stagedRow
+		row      riverdb.StagedRow
 		sqlValid bool
-		goWhy    *invalid
+		goWhy    *riverdb.Invalid
 	}
 	var staged []verdict
 	for rows.Next() {
@@ -164,7 +165,7 @@ func TestMoveAcceptsWhatRiverAccepts(t *testing.T) {
 			&r.UniqueKey, &r.UniqueStates, &v.sqlValid); err != nil {
 			t.Fatal(err)
 		}
-		v.goWhy = s.valid.check(r)
+		v.goWhy = s.valid.Check(r)
 		staged = append(staged, v)
 	}
 	if err := rows.Err(); err != nil {
@@ -173,7 +174,7 @@ func TestMoveAcceptsWhatRiverAccepts(t *testing.T) {
 	riverTakes := map[int64]error{}
 	// created_at is idemd's (when the row was staged), which River's
 	// insert never sees.
-	stricter := map[string]bool{ReasonInvalidArgs: true, ReasonInvalidMeta: true, ReasonInvalidKind: true, ReasonInvalidCreated: true}
+	stricter := map[string]bool{riverdb.ReasonInvalidArgs: true, riverdb.ReasonInvalidMeta: true, riverdb.ReasonInvalidKind: true, riverdb.ReasonInvalidCreated: true}
 	agree, idemdStricter := 0, 0
 	for _, v := range staged {
 		rerr := riverHolds(ctx, reference, tx, &v.row)
@@ -184,12 +185,12 @@ func TestMoveAcceptsWhatRiverAccepts(t *testing.T) {
 		switch {
 		case v.goWhy == nil && rerr != nil:
 			t.Errorf("row %d (kind %q, queue %v, scheduled_at %s, tags %+v): the move takes it, River does not: %v",
-				v.row.ID, v.row.Kind, v.row.Queue, timeString(v.row.ScheduledAt), v.row.Tags, rerr)
+				v.row.ID, v.row.Kind, v.row.Queue, riverdb.TimeString(v.row.ScheduledAt), v.row.Tags, rerr)
 		case v.goWhy != nil && rerr == nil:
 			// River's driver clamps a max_attempts above 32767 to 32767
 			// without a word; the move refuses to change what was staged.
-			clamped := v.goWhy.code == ReasonInvalidMaxAtt && *v.row.MaxAttempts > 32767
-			if !stricter[v.goWhy.code] && !clamped {
+			clamped := v.goWhy.Code == riverdb.ReasonInvalidMaxAtt && *v.row.MaxAttempts > 32767
+			if !stricter[v.goWhy.Code] && !clamped {
 				t.Errorf("row %d: the move refuses it (%v), River takes it, and that is not one of idemd's stricter rules", v.row.ID, v.goWhy)
 			}
 			idemdStricter++
@@ -231,12 +232,12 @@ func TestMoveAcceptsWhatRiverAccepts(t *testing.T) {
 		}
 		want := "a River job"
 		if v.goWhy != nil {
-			want = "dead-lettered as " + v.goWhy.code
+			want = "dead-lettered as " + v.goWhy.Code
 		}
 		switch {
 		case jobs+dead != 1:
 			t.Errorf("row %d: %d River jobs and %d dead rows, want one of them (%s)", v.row.ID, jobs, dead, want)
-		case v.goWhy == nil && jobs != 1, v.goWhy != nil && (dead != 1 || !strings.HasPrefix(*reason, v.goWhy.code+": ")):
+		case v.goWhy == nil && jobs != 1, v.goWhy != nil && (dead != 1 || !strings.HasPrefix(*reason, v.goWhy.Code+": ")):
 			t.Errorf("row %d: %d jobs, dead reason %v; want %s", v.row.ID, jobs, reason, want)
 		}
 	}
@@ -321,8 +322,8 @@ FROM generate_series(1, 24) g`); err != nil {
 		t.Fatalf("drain: %+v, want 8 moved and 16 dead-lettered", res)
 	}
 	for _, c := range []struct{ reason, like string }{
-		{ReasonInvalidSchedule, "%-infinity%"}, {ReasonInvalidSchedule, "%got infinity%"}, {ReasonInvalidSchedule, "%10000-01-01%"},
-		{ReasonInvalidTags, "%NULL%"},
+		{riverdb.ReasonInvalidSchedule, "%-infinity%"}, {riverdb.ReasonInvalidSchedule, "%got infinity%"}, {riverdb.ReasonInvalidSchedule, "%10000-01-01%"},
+		{riverdb.ReasonInvalidTags, "%NULL%"},
 	} {
 		if n := count(t, pool, `SELECT count(*) FROM staged_jobs_dead WHERE reason LIKE $1 || ': %' AND reason LIKE $2`, c.reason, c.like); n != 4 {
 			t.Errorf("%d rows dead-lettered as %s (%s), want 4", n, c.reason, c.like)

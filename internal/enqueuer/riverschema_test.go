@@ -16,51 +16,6 @@ import (
 	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
-// The gate's decision, without a database.
-func TestJudgeRiverSchema(t *testing.T) {
-	good := func() []riverColumn {
-		var cs []riverColumn
-		for _, name := range sortedKeys(riverWrites) {
-			cs = append(cs, riverColumn{name: name, typ: riverWrites[name], notNull: name != "unique_key" && name != "unique_states"})
-		}
-		return append(cs, riverColumn{name: "id", typ: "bigint", notNull: true, hasDefault: true},
-			riverColumn{name: "errors", typ: "jsonb[]"})
-	}
-	known := []int{7, 8}
-	for _, c := range []struct {
-		name string
-		s    riverSchema
-		want string // "" ok, else a word of the reason
-	}{
-		{"current", riverSchema{found: true, hasLine: true, version: 8, columns: good()}, ""},
-		{"previous", riverSchema{found: true, hasLine: true, version: 7, columns: good()}, ""},
-		{"newer", riverSchema{found: true, hasLine: true, version: 9, columns: good()}, "newer"},
-		{"older", riverSchema{found: true, hasLine: true, version: 6, columns: good()}, "older"},
-		{"before river_migration.line", riverSchema{found: true, columns: good()}, "older"},
-		{"not migrated", riverSchema{}, "idemctl migrate"},
-		{"another schema", riverSchema{schemas: []string{"jobs"}}, "search_path = jobs"},
-		{"a NOT NULL column added", riverSchema{found: true, hasLine: true, version: 8,
-			columns: append(good(), riverColumn{name: "tenant", typ: "integer", notNull: true})}, "tenant is NOT NULL"},
-		{"a nullable column added", riverSchema{found: true, hasLine: true, version: 8,
-			columns: append(good(), riverColumn{name: "tenant", typ: "integer"})}, ""},
-		{"a NOT NULL column with a default added", riverSchema{found: true, hasLine: true, version: 8,
-			columns: append(good(), riverColumn{name: "tenant", typ: "integer", notNull: true, hasDefault: true})}, ""},
-		{"a column missing", riverSchema{found: true, hasLine: true, version: 8, columns: good()[1:]}, "args is missing"},
-		{"a column retyped", riverSchema{found: true, hasLine: true, version: 8,
-			columns: append(good()[1:], riverColumn{name: "args", typ: "json", notNull: true})}, "args is json"},
-	} {
-		ok, why := judgeRiverSchema(c.s, known)
-		switch {
-		case c.want == "" && !ok:
-			t.Errorf("%s: refused: %s", c.name, why)
-		case c.want != "" && ok:
-			t.Errorf("%s: accepted, want refused (%s)", c.name, c.want)
-		case c.want != "" && !strings.Contains(why, c.want):
-			t.Errorf("%s: reason %q does not say %q", c.name, why, c.want)
-		}
-	}
-}
-
 // The newest River schema the River module ships is one the move writes:
 // a River upgrade that adds a migration fails here until the move is
 // tested against it and migrate.RiverSchemaVersions names it.

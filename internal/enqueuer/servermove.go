@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // A move is one round trip: BEGIN, the session settings, one statement
@@ -20,12 +22,12 @@ import (
 // for a core the API's backends hold; with the take, River's insert and the
 // commit sent one after the other, those waits were most of a row's time
 // from its commit to River (docs/benchmarks/enqueuer.md). Here the rows
-// never leave the server: moveSQL deletes them and inserts their jobs into
+// never leave the server: riverdb.MoveSQL deletes them and inserts their jobs into
 // river_job as River's own insert does (JobInsertFastMany: the same
 // columns, River's defaults for what the row leaves out, River's insert
 // notification for the queues that got available jobs), which is the way
 // River's clients in other languages insert jobs. Which rows it can move
-// is decided in SQL by the same rules as validator.check; a batch with any
+// is decided in SQL by the same rules as riverdb.Validator.Check; a batch with any
 // row it would refuse moves nothing and goes to the Go path (moveBatch),
 // which dead-letters that row with its reason, as does a batch River's
 // table refuses (a CHECK constraint validation did not foresee).
@@ -34,100 +36,7 @@ import (
 // them.
 var moveBegin = strings.Split(moveBeginSQL, "; ")
 
-// validSQL is validator.check in SQL, over a staged_jobs row: true when
-// the enqueuer would move the row, false (never NULL) when it would
-// dead-letter it. TestServerMoveValidatesAsGoDoes holds the two together.
-const validSQL = `
-coalesce(
-    octet_length(job_name) BETWEEN 1 AND 127
-    AND (@kinds::text[] IS NULL OR job_name = ANY (@kinds::text[]))
-    AND octet_length(job_args::text) <= @max_args_bytes
-    AND jsonb_typeof(job_args) = 'object'
-    AND (queue IS NULL OR (octet_length(queue) <= 64 AND queue ~ '^[a-z0-9]+([_|-]?[a-z0-9]+)*$'))
-    AND (priority IS NULL OR priority BETWEEN 1 AND 4)
-    AND (max_attempts IS NULL OR max_attempts BETWEEN 1 AND 32767)
-    AND (tags IS NULL OR coalesce(array_ndims(tags), 1) = 1)
-    AND (tags IS NULL OR NOT EXISTS (
-        SELECT FROM unnest(tags) t
-        WHERE t IS NULL OR octet_length(t) > 255 OR t !~ '^[0-9A-Za-z_][0-9A-Za-z_-]+[0-9A-Za-z_]$'))
-    AND (metadata IS NULL OR jsonb_typeof(metadata) = 'object')
-    AND (scheduled_at IS NULL OR (isfinite(scheduled_at) AND scheduled_at >= @time_min AND scheduled_at < @time_max))
-    AND isfinite(created_at) AND created_at >= @time_min AND created_at < @time_max
-    AND (unique_key IS NULL) = (unique_states IS NULL)
-    AND (unique_key IS NULL OR octet_length(unique_key) = @unique_key_len)
-    AND (unique_states IS NULL OR (length(unique_states) = 8 AND (unique_states::integer & @unique_required) = @unique_required)),
-false)`
-
-// moveSQL takes up to @batch_size committed, unlocked rows with id >=
-// @from, as takeSQL does, and when every one of them is valid and River's
-// schema is still at @river_version deletes them and inserts their River
-// jobs; otherwise it changes nothing. It reports the rows it locked, how
-// many of those were invalid, whether River's version was @river_version,
-// the jobs it wrote or found (River's unique jobs), how many of those
-// were unique duplicates, the highest id locked, the ids below @gap_below
-// (a count and the lowest) and the queues it sent River's insert
-// notification for: those of available jobs, not in @quiet.
-//
-// The job columns are insertParams' and River's
-// (TestServerMoveInsertsWhatRiverInserts). A unique job is inserted with
-// River's own ON CONFLICT, so a job River's insert would have kept one of
-// is kept once; of the rows in one batch with the same unique key the
-// lowest id's is inserted and the others are duplicates of it, since one
-// statement may not insert and then conflict on the same key. The jobs are
-// inserted in unique-key order (the Go path's too: sortByUniqueKey), so
-// replicas moving rows with keys in common take River's unique-key locks
-// in one order and never deadlock.
-// idemd_move_check (migration 00021) aborts the statement unless a job was
-// written or found for every row deleted.
-const moveSQL = `
-WITH locked AS MATERIALIZED (
-    SELECT ctid, id, ` + validSQL + ` AS ok
-    FROM staged_jobs WHERE id >= @from ORDER BY id LIMIT @batch_size FOR UPDATE SKIP LOCKED
-), gate AS MATERIALIZED (
-    SELECT coalesce((SELECT max(version) FROM river_migration WHERE line = 'main') = @river_version, false) AS ok
-), taken AS (
-    DELETE FROM staged_jobs
-    WHERE ctid = ANY (ARRAY(SELECT ctid FROM locked))
-      AND (SELECT bool_and(ok) FROM locked) AND (SELECT ok FROM gate)
-    RETURNING id, created_at, job_name, job_args, queue, priority, max_attempts,
-        nullif(scheduled_at, @time_min) AS scheduled_at, tags, metadata, unique_key, unique_states
-), firsts AS (
-    SELECT * FROM (
-        SELECT *, row_number() OVER (PARTITION BY unique_key ORDER BY id) AS nth FROM taken
-    ) t WHERE unique_key IS NULL OR nth = 1
-), jobs AS (
-    INSERT INTO river_job (args, kind, max_attempts, metadata, priority, queue, scheduled_at, state, tags, unique_key, unique_states)
-    SELECT job_args, job_name, coalesce(max_attempts, @default_max_attempts),
-        coalesce(metadata, '{}') || jsonb_build_object(
-            'idemd_staged_id', id,
-            'idemd_staged_at', regexp_replace(to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '\.?0+$', '') || 'Z'),
-        coalesce(priority, @default_priority), coalesce(queue, @default_queue), coalesce(scheduled_at, now()),
-        (CASE WHEN scheduled_at IS NULL THEN 'available' ELSE 'scheduled' END)::river_job_state,
-        coalesce(tags, '{}'), unique_key, unique_states
-    FROM firsts ORDER BY unique_key NULLS LAST, id
-    ON CONFLICT (unique_key)
-        WHERE unique_key IS NOT NULL AND unique_states IS NOT NULL AND river_job_state_in_bitmask(unique_states, state)
-        DO UPDATE SET kind = river_job.kind
-    RETURNING queue, state, xmax <> 0 AS duplicate
-), written AS (
-    SELECT idemd_move_check((SELECT count(*) FROM firsts), (SELECT count(*) FROM jobs)) AS n
-), notified AS (
-    SELECT queue, pg_notify(current_schema() || '.river_insert', json_build_object('queue', queue)::text)
-    FROM (SELECT DISTINCT queue FROM jobs WHERE state = 'available' AND NOT duplicate) q
-    WHERE NOT (queue = ANY (@quiet::text[]))
-)
-SELECT
-    (SELECT count(*) FROM locked),
-    (SELECT count(*) FROM locked WHERE NOT ok),
-    (SELECT ok FROM gate),
-    (SELECT n FROM written) + (SELECT count(*) FROM taken) - (SELECT count(*) FROM firsts),
-    (SELECT count(*) FROM jobs WHERE duplicate) + (SELECT count(*) FROM taken) - (SELECT count(*) FROM firsts),
-    (SELECT coalesce(max(id), 0) FROM locked),
-    (SELECT count(*) FROM locked WHERE id < @gap_below),
-    (SELECT coalesce(min(id), 0) FROM locked WHERE id < @gap_below),
-    (SELECT coalesce(array_agg(queue), '{}') FROM notified)`
-
-// serverMoveResult is what one moveSQL did.
+// serverMoveResult is what one riverdb.MoveSQL did.
 type serverMoveResult struct {
 	locked, invalid int
 	// riverCurrent: River's schema was at the version the move was told;
@@ -179,7 +88,7 @@ func (s *Service) moveInServerOnce(ctx context.Context, from, gapBelow int64, ri
 	for _, q := range moveBegin {
 		b.Queue(q)
 	}
-	b.Queue(moveSQL, s.moveArgs(from, gapBelow, riverVersion))
+	b.Queue(riverdb.MoveSQL, s.moveArgs(from, gapBelow, riverVersion))
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	defer func() {
@@ -210,23 +119,7 @@ func (s *Service) moveInServerOnce(ctx context.Context, from, gapBelow int64, ri
 }
 
 func (s *Service) moveArgs(from, gapBelow int64, riverVersion int) pgx.NamedArgs {
-	var kinds []string // nil: NULL, any kind
-	if s.valid.allowed != nil {
-		kinds = s.cfg.AllowedKinds
-	}
-	return pgx.NamedArgs{
-		"from": from, "batch_size": s.cfg.BatchSize, "gap_below": gapBelow,
-		"kinds": kinds, "max_args_bytes": s.cfg.MaxArgsBytes,
-		"default_max_attempts": river.MaxAttemptsDefault,
-		"default_priority":     river.PriorityDefault,
-		"default_queue":        river.QueueDefault,
-		"quiet":                s.notices.quiet(time.Now()),
-		"river_version":        riverVersion,
-		"time_min":             timeMin,
-		"time_max":             timeMax,
-		"unique_key_len":       uniqueKeyLen,
-		"unique_required":      int32(uniqueRequired),
-	}
+	return riverdb.MoveArgs(&s.valid, from, gapBelow, s.cfg.BatchSize, s.notices.quiet(time.Now()), riverVersion)
 }
 
 // insertNotices limits River's insert notifications as River's own client

@@ -17,6 +17,7 @@ import (
 	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/idemd/idemd/internal/riverdb"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
@@ -148,7 +149,7 @@ func TestRefusedServerMoveLeavesNothingOpen(t *testing.T) {
 
 // The server-side move writes the River job River's client writes for the
 // same staged row: each row below is staged twice, once moved by the Go
-// path (River's InsertManyTx) and once by moveSQL, and the two jobs must be
+// path (River's InsertManyTx) and once by riverdb.MoveSQL, and the two jobs must be
 // equal column for column but for the id and the staged id; an unset
 // scheduled_at is the insert's time in both.
 func TestServerMoveInsertsWhatRiverInserts(t *testing.T) {
@@ -157,7 +158,7 @@ func TestServerMoveInsertsWhatRiverInserts(t *testing.T) {
 }
 
 // assertGoAndServerMovesAgree stages the same rows twice and moves them
-// once by the Go path (River's InsertManyTx) and once by moveSQL, on the
+// once by the Go path (River's InsertManyTx) and once by riverdb.MoveSQL, on the
 // River schema the database has, and compares the jobs column for column
 // but for the id, the staged id and the unique key (each pass stages its
 // own, or the second pass's would be duplicates of the first's).
@@ -236,7 +237,7 @@ FROM river_job j ORDER BY (j.args->>'case')::int, j.id`)
 	}
 }
 
-// validSQL decides as validator.check does, for rows made to sit on each
+// riverdb.ValidSQL decides as riverdb.Validator.Check does, for rows made to sit on each
 // rule's edges and for random queue names and tags, with and without an
 // allow-list of kinds.
 func TestServerMoveValidatesAsGoDoes(t *testing.T) {
@@ -331,18 +332,18 @@ VALUES ('ok', '{}', 'infinity', now(), NULL, NULL, NULL),
 	for _, allowed := range [][]string{nil, {"ok", strings.Repeat("k", 127)}} {
 		s := newService(t, pool, func(c *Settings) { c.AllowedKinds = allowed; c.MaxArgsBytes = 27 })
 		args := s.moveArgs(fullPass, fullPass, riverNewest)
-		rows, err := pool.Query(ctx, `SELECT id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, unique_key, unique_states, `+validSQL+` FROM staged_jobs ORDER BY id`, args)
+		rows, err := pool.Query(ctx, `SELECT id, created_at, job_name, job_args, queue, priority, max_attempts, scheduled_at, tags, metadata, unique_key, unique_states, `+riverdb.ValidSQL+` FROM staged_jobs ORDER BY id`, args)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var valid, invalid int
 		for rows.Next() {
-			var r stagedRow
+			var r riverdb.StagedRow
 			var ok bool
 			if err := rows.Scan(&r.ID, &r.CreatedAt, &r.Kind, &r.Args, &r.Queue, &r.Priority, &r.MaxAttempts, &r.ScheduledAt, &r.Tags, &r.Metadata, &r.UniqueKey, &r.UniqueStates, &ok); err != nil {
 				t.Fatal(err)
 			}
-			bad := s.valid.check(&r)
+			bad := s.valid.Check(&r)
 			if ok != (bad == nil) {
 				t.Errorf("allowed %v: row %d (kind %q, args %s, queue %v, tags %v, metadata %s): SQL says valid %v, Go says %v", allowed, r.ID, r.Kind, r.Args, r.Queue, r.Tags, r.Metadata, ok, bad)
 			}

@@ -97,6 +97,6 @@ func deadArgs(d deadRow) pgx.NamedArgs {
 		"id": r.ID, "created_at": r.CreatedAt, "job_name": r.Kind, "job_args": json.RawMessage(r.Args),
 		"queue": r.Queue, "priority": r.Priority, "max_attempts": r.MaxAttempts, "scheduled_at": r.ScheduledAt,
 		"tags": r.Tags, "metadata": nullJSON(r.Metadata), "unique_key": r.UniqueKey, "unique_states": r.UniqueStates,
-		"reason": d.why.code + ": " + d.why.detail,
+		"reason": d.why.Code + ": " + d.why.Detail,
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/idemd/idemd/internal/backoff"
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/dbcred"
+	"github.com/idemd/idemd/internal/riverdb"
 	"github.com/idemd/idemd/migrations"
 )
 
@@ -631,8 +632,7 @@ func Inspect(ctx context.Context, pool *pgxpool.Pool, oldest int64) (*Schema, er
 	// not read River's version (River installed by the API's role, before
 	// deploy/sql/river-grants.sql ran), that is left to the gate too.
 	var readable bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass('river_migration') IS NULL
-    OR has_table_privilege(to_regclass('river_migration'), 'SELECT')`).Scan(&readable); err != nil {
+	if err := pool.QueryRow(ctx, riverdb.VersionReadableSQL).Scan(&readable); err != nil {
 		return nil, fmt.Errorf("migrate: check River's schema: %w", err)
 	}
 	if !readable {
@@ -706,15 +706,6 @@ func Known(v int64) bool {
 	return slices.ContainsFunc(ms, func(m migration) bool { return m.version == v })
 }
 
-// riverGINPendingSQL lists River's GIN indexes on river_job that keep a
-// pending list (fastupdate on).
-const riverGINPendingSQL = `
-SELECT c.oid::regclass::text
-FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
-WHERE i.indrelid = to_regclass('river_job') AND a.amname = 'gin'
-  AND NOT coalesce(c.reloptions @> ARRAY['fastupdate=off'], false)
-  AND pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE')`
-
 // keepRiverGINWithoutPendingList sets fastupdate = off on River's GIN
 // indexes of river_job where it is not (migration 00020 says why), on
 // every run: a River migration that rebuilds one of them brings its pending
@@ -723,7 +714,7 @@ WHERE i.indrelid = to_regclass('river_job') AND a.amname = 'gin'
 // one the role does not own (River installed by the API's role, whose
 // owner may set it: docs/operations.md).
 func keepRiverGINWithoutPendingList(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
-	rows, err := pool.Query(ctx, riverGINPendingSQL)
+	rows, err := pool.Query(ctx, riverdb.GINPendingSQL)
 	if err != nil {
 		return fmt.Errorf("migrate: River's GIN indexes: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	rolesql "github.com/idemd/idemd/deploy/sql"
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // PendingSQL is `idemctl migrate --print-sql`: the migrations the database
@@ -55,7 +56,7 @@ func PendingSQL(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 		}
 		for _, v := range res.Versions {
 			pending++
-			fmt.Fprintf(&b, "-- River migration %03d (%s)\nBEGIN;\n%s\n%s;\nCOMMIT;\n\n", v.Version, v.Name, strings.TrimSpace(v.SQL), riverVersionInsert(v.Version))
+			fmt.Fprintf(&b, "-- River migration %03d (%s)\nBEGIN;\n%s\n%s;\nCOMMIT;\n\n", v.Version, v.Name, strings.TrimSpace(v.SQL), riverdb.MigrationInsert(v.Version))
 		}
 	}
 
@@ -105,15 +106,6 @@ func PendingSQL(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 	}
 	fmt.Fprintf(&b, "-- The grants `idemctl migrate` applies after every run (deploy/sql/grants.sql)\n%s", rolesql.Grants)
 	return b.String(), nil
-}
-
-// riverVersionInsert is the row River's migrator records for version v:
-// without the line column before migration 005 added it.
-func riverVersionInsert(v int) string {
-	if v < 5 {
-		return fmt.Sprintf("INSERT INTO river_migration (version) VALUES (%d)", v)
-	}
-	return fmt.Sprintf("INSERT INTO river_migration (line, version) VALUES ('main', %d)", v)
 }
 
 // pendingIdemd lists the embedded idemd migrations the database has not

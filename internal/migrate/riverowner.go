@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // River's tables may exist before idemd: an API written with River ran
@@ -29,11 +31,6 @@ import (
 // fails when a River upgrade brings a migration not listed here.
 var RiverSchemaVersions = []int{7, 8}
 
-// RiverVersionSQL reads the version of River's main migration line (0
-// before River's first migration); the enqueuer's River schema gate reads
-// it too.
-const RiverVersionSQL = `SELECT coalesce(max(version), 0) FROM river_migration WHERE line = 'main'`
-
 // riverTables is what migrate found of River before running.
 type riverTables struct {
 	// onPath: river_migration resolves on the search path.
@@ -46,16 +43,6 @@ type riverTables struct {
 	// version is River's main-line version, when readable (-1 if not).
 	version int
 }
-
-const riverTablesSQL = `
-SELECT to_regclass('river_migration') IS NOT NULL,
-    coalesce((SELECT pg_catalog.pg_has_role(current_user, relowner, 'USAGE') FROM pg_catalog.pg_class WHERE oid = to_regclass('river_migration')), false),
-    coalesce((SELECT relowner::regrole::text FROM pg_catalog.pg_class WHERE oid = to_regclass('river_migration')), ''),
-    (SELECT coalesce(array_agg(n.nspname::text ORDER BY n.nspname), '{}')
-       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-      WHERE c.relname = 'river_migration' AND c.relkind IN ('r', 'p')),
-    CASE WHEN has_table_privilege(to_regclass('river_migration'), 'SELECT')
-         THEN -2 ELSE -1 END`
 
 // riverAction is what migrate does with River.
 type riverAction int
@@ -87,11 +74,11 @@ func decideRiver(r riverTables) (riverAction, error) {
 // may read it.
 func readRiverTables(ctx context.Context, pool *pgxpool.Pool) (riverTables, error) {
 	var r riverTables
-	if err := pool.QueryRow(ctx, riverTablesSQL).Scan(&r.onPath, &r.ours, &r.owner, &r.schemas, &r.version); err != nil {
+	if err := pool.QueryRow(ctx, riverdb.MigrationTablesSQL).Scan(&r.onPath, &r.ours, &r.owner, &r.schemas, &r.version); err != nil {
 		return r, fmt.Errorf("migrate: find River's tables: %w", err)
 	}
 	if r.version == -2 {
-		if err := pool.QueryRow(ctx, RiverVersionSQL).Scan(&r.version); err != nil {
+		if err := pool.QueryRow(ctx, riverdb.VersionSQL).Scan(&r.version); err != nil {
 			return r, fmt.Errorf("migrate: read River's version: %w", err)
 		}
 	}

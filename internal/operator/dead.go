@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // DeadJob is one staged_jobs_dead row: a staged job the enqueuer could not
@@ -117,7 +119,7 @@ func ShowDead(ctx context.Context, db TxDB, id int64) (*DeadReport, error) {
 	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM staged_jobs WHERE id = $1)", id).Scan(&rep.Staged); err != nil {
 		return nil, fmt.Errorf("dead show: %w", err)
 	}
-	filter, _ := json.Marshal(map[string]int64{"idemd_staged_id": id})
+	filter, _ := json.Marshal(map[string]int64{riverdb.MetadataStagedID: id})
 	if rep.River, err = riverJobs(ctx, tx, filter); err != nil {
 		return nil, fmt.Errorf("dead show: river jobs: %w", err)
 	}

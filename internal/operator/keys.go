@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemd/idemd/internal/review"
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // KeyRef names one key: by id, or by user and idempotency key.
@@ -326,16 +327,9 @@ FROM staged_jobs_dead WHERE metadata @> $1::jsonb ORDER BY id LIMIT 100`, link)
 	return jobs, err
 }
 
-// riverJobsSQL lists the River jobs whose metadata contains $1, through
-// river_job_metadata_index (GIN).
-const riverJobsSQL = `
-SELECT id, kind, state::text, queue, attempt::int, created_at, finalized_at,
-       CASE WHEN jsonb_typeof(metadata->'idemd_staged_id') = 'number' THEN (metadata->>'idemd_staged_id')::bigint END, NULL::text
-FROM river_job WHERE metadata @> $1::jsonb ORDER BY id LIMIT 100`
-
 // riverJobs lists the River jobs whose metadata contains filter.
 func riverJobs(ctx context.Context, db DB, filter []byte) ([]JobRef, error) {
-	return collectJobs(ctx, db, riverJobsSQL, filter)
+	return collectJobs(ctx, db, riverdb.JobsByMetadataSQL, filter)
 }
 
 func collectJobs(ctx context.Context, db DB, sql string, args ...any) ([]JobRef, error) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemd/idemd/internal/riverdb"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 )
 
@@ -31,7 +32,7 @@ func TestRiverJobLookupUsesMetadataIndex(t *testing.T) {
 	if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tx.Query(ctx, "EXPLAIN "+RiverJobsSQL, `{"idemd_key_id": 1}`)
+	rows, err := tx.Query(ctx, "EXPLAIN "+riverdb.JobsByMetadataSQL, `{"idemd_key_id": 1}`)
 	if err != nil {
 		t.Fatal(err)
 	}

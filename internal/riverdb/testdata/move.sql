@@ -21,7 +21,7 @@ coalesce(
 false) AS ok
     FROM staged_jobs WHERE id >= @from ORDER BY id LIMIT @batch_size FOR UPDATE SKIP LOCKED
 ), gate AS MATERIALIZED (
-    SELECT coalesce((SELECT max(version) FROM river_migration WHERE line = 'main') = @river_version, false) AS ok
+    SELECT (SELECT coalesce(max(version), 0) FROM river_migration WHERE line = 'main') = @river_version AS ok
 ), taken AS (
     DELETE FROM staged_jobs
     WHERE ctid = ANY (ARRAY(SELECT ctid FROM locked))

@@ -1,4 +1,4 @@
-package enqueuer
+package riverdb
 
 import (
 	"bytes"
@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/riverqueue/river/rivershared/uniquestates"
 	"github.com/riverqueue/river/rivertype"
@@ -60,28 +62,28 @@ var (
 	tagRE       = regexp.MustCompile(`\A[\w][\w\-]+[\w]\z`)
 )
 
-// timeMin and timeMax bound the times a staged row may carry: River's
+// TimeMin and TimeMax bound the times a staged row may carry: River's
 // clients read them back (the lower bound is River's "not set", the upper
 // the last instant Go's JSON encoding of a time can write).
 var (
-	timeMin = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
-	timeMax = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+	TimeMin = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+	TimeMax = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
 )
 
-// uniqueRequired are the job states River requires in a unique job's
+// UniqueRequired are the job states River requires in a unique job's
 // states (UniqueOpts.ByState must contain them), as River's bitmask.
-var uniqueRequired = uniquestates.UniqueStatesToBitmask([]rivertype.JobState{
+var UniqueRequired = uniquestates.UniqueStatesToBitmask([]rivertype.JobState{
 	rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
 })
 
-// uniqueKeyLen is the length of River's unique key, a SHA-256.
-const uniqueKeyLen = 32
+// UniqueKeyLen is the length of River's unique key, a SHA-256.
+const UniqueKeyLen = 32
 
-// stagedRow is one row taken from staged_jobs. Every column is scanned
+// StagedRow is one row taken from staged_jobs. Every column is scanned
 // into a type that holds whatever the column can: a row the enqueuer
 // cannot move is dead-lettered, never a scan error that fails every batch
 // it is in (an infinite time, a NULL tag, a tags array of two dimensions).
-type stagedRow struct {
+type StagedRow struct {
 	ID          int64
 	CreatedAt   pgtype.Timestamptz
 	Kind        string
@@ -101,37 +103,41 @@ type stagedRow struct {
 
 // finiteTime reports whether t is a time River's clients read back.
 func finiteTime(t pgtype.Timestamptz) bool {
-	return t.InfinityModifier == pgtype.Finite && !t.Time.Before(timeMin) && t.Time.Before(timeMax)
+	return t.InfinityModifier == pgtype.Finite && !t.Time.Before(TimeMin) && t.Time.Before(TimeMax)
 }
 
-// scheduledAt is the row's scheduled_at as River's insert takes it: the
+// ScheduledAtOrZero is the row's scheduled_at as River's insert takes it: the
 // zero time (year 1's first instant, River's "not set") when NULL.
-func (r *stagedRow) scheduledAt() time.Time {
+func (r *StagedRow) ScheduledAtOrZero() time.Time {
 	if !r.ScheduledAt.Valid {
 		return time.Time{}
 	}
 	return r.ScheduledAt.Time
 }
 
-// invalid is why a row cannot become a River job.
-type invalid struct {
-	code   string
-	detail string
+// Invalid is why a row cannot become a River job.
+type Invalid struct {
+	Code   string // one of DeadLetterReasons
+	Detail string
 }
 
-func (v *invalid) Error() string { return v.code + ": " + v.detail }
+func (v *Invalid) Error() string { return v.Code + ": " + v.Detail }
 
-type validator struct {
+// Validator checks staged rows in Go (Check); ValidSQL checks them in
+// SQL with ValidArgs.
+type Validator struct {
 	allowed      map[string]bool // nil: any kind
+	kinds        []string        // allowed as a list; nil: any kind
 	maxArgsBytes int
 }
 
-// newValidator accepts the kinds allowed (empty: any) and job_args up to
+// NewValidator accepts the kinds allowed (empty: any) and job_args up to
 // maxArgsBytes.
-func newValidator(allowed []string, maxArgsBytes int) validator {
-	v := validator{maxArgsBytes: maxArgsBytes}
+func NewValidator(allowed []string, maxArgsBytes int) Validator {
+	v := Validator{maxArgsBytes: maxArgsBytes}
 	if len(allowed) > 0 {
 		v.allowed = make(map[string]bool, len(allowed))
+		v.kinds = slices.Clone(allowed)
 		for _, k := range allowed {
 			v.allowed[k] = true
 		}
@@ -139,69 +145,83 @@ func newValidator(allowed []string, maxArgsBytes int) validator {
 	return v
 }
 
-func (v *validator) check(r *stagedRow) *invalid {
+// ValidArgs are ValidSQL's parameters for the rules v checks:
+// @kinds, @max_args_bytes, @time_min, @time_max, @unique_key_len and
+// @unique_required.
+func (v *Validator) ValidArgs() pgx.NamedArgs {
+	return pgx.NamedArgs{
+		"kinds": v.kinds, "max_args_bytes": v.maxArgsBytes,
+		"time_min": TimeMin, "time_max": TimeMax,
+		"unique_key_len": UniqueKeyLen, "unique_required": int32(UniqueRequired),
+	}
+}
+
+// Check returns why r cannot become a River job, or nil. ValidSQL is the
+// same rules in SQL (TestServerMoveValidatesAsGoDoes, in the enqueuer,
+// holds the two together on rows at each rule's edges).
+func (v *Validator) Check(r *StagedRow) *Invalid {
 	switch {
 	case r.Kind == "" || len(r.Kind) >= 128 || !utf8.ValidString(r.Kind):
-		return &invalid{ReasonInvalidKind, fmt.Sprintf("kind must be 1 to 127 bytes of UTF-8, got %d bytes", len(r.Kind))}
+		return &Invalid{ReasonInvalidKind, fmt.Sprintf("kind must be 1 to 127 bytes of UTF-8, got %d bytes", len(r.Kind))}
 	case v.allowed != nil && !v.allowed[r.Kind]:
-		return &invalid{ReasonUnknownKind, fmt.Sprintf("kind %q is not in the enqueuer's allow-list", r.Kind)}
+		return &Invalid{ReasonUnknownKind, fmt.Sprintf("kind %q is not in the enqueuer's allow-list", r.Kind)}
 	}
 	if len(r.Args) > v.maxArgsBytes {
-		return &invalid{ReasonArgsTooLarge, fmt.Sprintf("job_args is %d bytes, limit %d", len(r.Args), v.maxArgsBytes)}
+		return &Invalid{ReasonArgsTooLarge, fmt.Sprintf("job_args is %d bytes, limit %d", len(r.Args), v.maxArgsBytes)}
 	}
 	// River workers unmarshal args into a struct: anything but an object
 	// would fail every attempt of the job.
 	if a := bytes.TrimSpace(r.Args); len(a) == 0 || a[0] != '{' {
-		return &invalid{ReasonInvalidArgs, "job_args must be a JSON object"}
+		return &Invalid{ReasonInvalidArgs, "job_args must be a JSON object"}
 	}
 	if r.Queue != nil {
 		q := *r.Queue
 		if q == "" || len(q) > 64 || !queueNameRE.MatchString(q) {
-			return &invalid{ReasonInvalidQueue, fmt.Sprintf("queue %q must be 1 to 64 lower-case letters and digits separated by '_' or '-'", q)}
+			return &Invalid{ReasonInvalidQueue, fmt.Sprintf("queue %q must be 1 to 64 lower-case letters and digits separated by '_' or '-'", q)}
 		}
 	}
 	if r.Priority != nil && (*r.Priority < 1 || *r.Priority > 4) {
-		return &invalid{ReasonInvalidPrio, "priority must be between 1 and 4, got " + strconv.Itoa(int(*r.Priority))}
+		return &Invalid{ReasonInvalidPrio, "priority must be between 1 and 4, got " + strconv.Itoa(int(*r.Priority))}
 	}
 	if r.MaxAttempts != nil && (*r.MaxAttempts < 1 || *r.MaxAttempts > 32767) {
-		return &invalid{ReasonInvalidMaxAtt, "max_attempts must be between 1 and 32767, got " + strconv.Itoa(int(*r.MaxAttempts))}
+		return &Invalid{ReasonInvalidMaxAtt, "max_attempts must be between 1 and 32767, got " + strconv.Itoa(int(*r.MaxAttempts))}
 	}
 	if len(r.Tags.Dims) > 1 {
-		return &invalid{ReasonInvalidTags, fmt.Sprintf("tags must be a one-dimensional array, got %d dimensions", len(r.Tags.Dims))}
+		return &Invalid{ReasonInvalidTags, fmt.Sprintf("tags must be a one-dimensional array, got %d dimensions", len(r.Tags.Dims))}
 	}
 	for _, t := range r.Tags.Elements {
 		if t == nil {
-			return &invalid{ReasonInvalidTags, "tags must not contain NULL"}
+			return &Invalid{ReasonInvalidTags, "tags must not contain NULL"}
 		}
 		if len(*t) > 255 || !tagRE.MatchString(*t) {
-			return &invalid{ReasonInvalidTags, fmt.Sprintf("tag %q must match %s and be at most 255 bytes", *t, tagRE)}
+			return &Invalid{ReasonInvalidTags, fmt.Sprintf("tag %q must match %s and be at most 255 bytes", *t, tagRE)}
 		}
 	}
 	if len(r.Metadata) > 0 {
 		var m map[string]json.RawMessage
 		if err := json.Unmarshal(r.Metadata, &m); err != nil || m == nil {
-			return &invalid{ReasonInvalidMeta, "metadata must be a JSON object"}
+			return &Invalid{ReasonInvalidMeta, "metadata must be a JSON object"}
 		}
 	}
 	if r.ScheduledAt.Valid && !finiteTime(r.ScheduledAt) {
-		return &invalid{ReasonInvalidSchedule, "scheduled_at must be a finite time in the years 1 to 9999, got " + timeString(r.ScheduledAt)}
+		return &Invalid{ReasonInvalidSchedule, "scheduled_at must be a finite time in the years 1 to 9999, got " + TimeString(r.ScheduledAt)}
 	}
 	if !finiteTime(r.CreatedAt) {
-		return &invalid{ReasonInvalidCreated, "created_at must be a finite time in the years 1 to 9999, got " + timeString(r.CreatedAt)}
+		return &Invalid{ReasonInvalidCreated, "created_at must be a finite time in the years 1 to 9999, got " + TimeString(r.CreatedAt)}
 	}
 	switch {
 	case (r.UniqueKey == nil) != !r.UniqueStates.Valid:
-		return &invalid{ReasonInvalidUnique, "unique_key and unique_states must be set together or both NULL"}
-	case r.UniqueKey != nil && len(r.UniqueKey) != uniqueKeyLen:
-		return &invalid{ReasonInvalidUnique, fmt.Sprintf("unique_key must be River's %d-byte SHA-256, got %d bytes", uniqueKeyLen, len(r.UniqueKey))}
-	case r.UniqueStates.Valid && (r.UniqueStates.Len != 8 || len(r.UniqueStates.Bytes) != 1 || r.UniqueStates.Bytes[0]&uniqueRequired != uniqueRequired):
-		return &invalid{ReasonInvalidUnique, "unique_states must hold River's required states available, pending, running and scheduled"}
+		return &Invalid{ReasonInvalidUnique, "unique_key and unique_states must be set together or both NULL"}
+	case r.UniqueKey != nil && len(r.UniqueKey) != UniqueKeyLen:
+		return &Invalid{ReasonInvalidUnique, fmt.Sprintf("unique_key must be River's %d-byte SHA-256, got %d bytes", UniqueKeyLen, len(r.UniqueKey))}
+	case r.UniqueStates.Valid && (r.UniqueStates.Len != 8 || len(r.UniqueStates.Bytes) != 1 || r.UniqueStates.Bytes[0]&UniqueRequired != UniqueRequired):
+		return &Invalid{ReasonInvalidUnique, "unique_states must hold River's required states available, pending, running and scheduled"}
 	}
 	return nil
 }
 
-// timeString shows a time a row carried, infinite ones included.
-func timeString(t pgtype.Timestamptz) string {
+// TimeString shows a time a row carried, infinite ones included.
+func TimeString(t pgtype.Timestamptz) string {
 	switch t.InfinityModifier {
 	case pgtype.Infinity:
 		return "infinity"
@@ -211,17 +231,25 @@ func timeString(t pgtype.Timestamptz) string {
 	return t.Time.UTC().Format(time.RFC3339Nano)
 }
 
-// metadataFor returns the River job metadata: the staged row's own metadata
-// plus idemd_staged_id and idemd_staged_at, which let anyone trace a job back
-// to the staged row (and let tests check exactly-once with SQL). The staged
-// values are merged as raw JSON, never decoded: a number stays the digits
-// it was staged with (through float64, integers above 2^53 were rounded).
-func metadataFor(r *stagedRow) ([]byte, error) {
+// The metadata keys idemd adds to every River job it writes: the staged
+// row's id and created_at. They let anyone trace a job back to its staged
+// row (idemctl dead show, idemctl keys, tests' exactly-once checks).
+const (
+	MetadataStagedID = "idemd_staged_id"
+	MetadataStagedAt = "idemd_staged_at"
+)
+
+// MetadataFor returns the River job metadata: the staged row's own metadata
+// plus MetadataStagedID and MetadataStagedAt. The staged values are merged
+// as raw JSON, never decoded: a number stays the digits it was staged with
+// (through float64, integers above 2^53 were rounded). MoveSQL builds the
+// same object in SQL (TestServerMoveInsertsWhatRiverInserts).
+func MetadataFor(r *StagedRow) ([]byte, error) {
 	if len(r.Metadata) == 0 {
 		b := make([]byte, 0, 80)
-		b = append(b, `{"idemd_staged_id":`...)
+		b = append(b, `{"`+MetadataStagedID+`":`...)
 		b = strconv.AppendInt(b, r.ID, 10)
-		b = append(b, `,"idemd_staged_at":"`...)
+		b = append(b, `,"`+MetadataStagedAt+`":"`...)
 		b = r.CreatedAt.Time.UTC().AppendFormat(b, time.RFC3339Nano)
 		b = append(b, `"}`...)
 		return b, nil
@@ -233,7 +261,7 @@ func metadataFor(r *stagedRow) ([]byte, error) {
 	if m == nil {
 		return nil, errors.New("metadata: not a JSON object")
 	}
-	m["idemd_staged_id"] = strconv.AppendInt(nil, r.ID, 10)
-	m["idemd_staged_at"] = strconv.AppendQuote(nil, r.CreatedAt.Time.UTC().Format(time.RFC3339Nano))
+	m[MetadataStagedID] = strconv.AppendInt(nil, r.ID, 10)
+	m[MetadataStagedAt] = strconv.AppendQuote(nil, r.CreatedAt.Time.UTC().Format(time.RFC3339Nano))
 	return json.Marshal(m)
 }

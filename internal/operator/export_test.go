@@ -1,4 +1,0 @@
-package operator
-
-// RiverJobsSQL is riverJobsSQL, for the plan test.
-const RiverJobsSQL = riverJobsSQL
