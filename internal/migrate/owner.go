@@ -9,6 +9,7 @@ import (
 
 	rolesql "github.com/idemd/idemd/deploy/sql"
 	"github.com/idemd/idemd/internal/dbcall"
+	"github.com/idemd/idemd/internal/riverdb"
 )
 
 // Every object a migration creates belongs to the role that created it.
@@ -41,8 +42,7 @@ SELECT current_user::text,
     coalesce((SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user), false),
     to_regrole($1) IS NOT NULL,
     to_regrole($1) IS NOT NULL AND pg_catalog.pg_has_role(current_user, to_regrole($1), 'MEMBER'),
-    coalesce((SELECT pg_catalog.pg_has_role(current_user, relowner, 'USAGE') FROM pg_catalog.pg_class
-              WHERE oid = to_regclass('river_migration')), false),
+    ` + riverdb.ActsAsOwnerExpr + `,
     to_regrole($1) IS NOT NULL AND current_schema() IS NOT NULL
         AND pg_catalog.has_schema_privilege(to_regrole($1), current_schema(), 'CREATE')`
 

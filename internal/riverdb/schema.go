@@ -171,13 +171,18 @@ func ReadSchema(ctx context.Context, q interface {
 // River's migration table, as migrate reads it before it runs River's
 // migrations (internal/migrate/riverowner.go says why).
 
+// ActsAsOwnerExpr is a boolean SQL expression: the running role may act
+// as the owner of River's tables on the search path (false when River is
+// not installed). migrate's owner check reads it too.
+const ActsAsOwnerExpr = `coalesce((SELECT pg_catalog.pg_has_role(current_user, relowner, 'USAGE') FROM pg_catalog.pg_class WHERE oid = to_regclass('river_migration')), false)`
+
 // MigrationTablesSQL reads whether river_migration resolves on the search
 // path, whether the running role may act as its owner, the owner, the
 // schemas holding one, and -2 when the role may read River's version
 // (VersionSQL then reads it) or -1 when not.
 const MigrationTablesSQL = `
 SELECT to_regclass('river_migration') IS NOT NULL,
-    coalesce((SELECT pg_catalog.pg_has_role(current_user, relowner, 'USAGE') FROM pg_catalog.pg_class WHERE oid = to_regclass('river_migration')), false),
+    ` + ActsAsOwnerExpr + `,
     coalesce((SELECT relowner::regrole::text FROM pg_catalog.pg_class WHERE oid = to_regclass('river_migration')), ''),
     (SELECT coalesce(array_agg(n.nspname::text ORDER BY n.nspname), '{}')
        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
