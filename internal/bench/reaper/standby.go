@@ -323,7 +323,7 @@ type standbyConfig struct {
 // named.
 var (
 	StandbyConfigKeys      = []string{"old-default", "defaults", "commit-latency", "wal-rate", "throttled"}
-	StandbyExtraConfigKeys = []string{"fixed-sleeps", "throttled-batch-10000", "trickle"}
+	StandbyExtraConfigKeys = []string{"wal-auto", "fixed-sleeps", "throttled-batch-10000", "trickle"}
 )
 
 // standbyConfigs is the suite's configurations, only those of keys when
@@ -347,6 +347,11 @@ func standbyConfigs(keys []string, rep *StandbyReport) ([]standbyConfig, error) 
 			s.Throttle.MaxLoad = "wal_rate=3MB"
 		}},
 		{key: "throttled", name: "replica limits only (--max-lag 1s, --max-lag-bytes 64MB, no --max-load)", mutate: noLoad},
+		// The checkpoint budget alone: what wal_rate=auto costs a server
+		// apart from the commit budget.
+		{key: "wal-auto", name: "replica limits + --max-load wal_rate=auto", mutate: func(s *reaper.Settings) {
+			s.Throttle.MaxLoad = "wal_rate=auto"
+		}},
 		{key: "fixed-sleeps", name: "fixed sleeps, pt-archiver style (batch 5000, pause 250ms, no throttle)", mutate: func(s *reaper.Settings) {
 			s.BatchSize, s.BatchPause = 5000, 250*time.Millisecond
 			noReplicaLimits(s)
