@@ -160,9 +160,9 @@ func TestWALRateHolds(t *testing.T) {
 	}
 }
 
-// wal_rate=auto paces the run at half of max_wal_size per
-// checkpoint_timeout, and a checkpoint the server requests during the run
-// halves the rate: the WAL the run writes after it, by the server's
+// wal_rate=auto paces the run by the server's checkpoint budget, and a
+// checkpoint the server requests during the run halves the rate and
+// spends the bucket's credit: the WAL the run writes after it, by the server's
 // position and clock, is within 10 % of the halved rate at most.
 func TestRequestedCheckpointSlowsTheRun(t *testing.T) {
 	// A small max_wal_size and the shortest checkpoint_timeout: a
@@ -175,7 +175,7 @@ func TestRequestedCheckpointSlowsTheRun(t *testing.T) {
 	if _, err := admin.Exec(ctx, "CHECKPOINT"); err != nil {
 		t.Fatal(err)
 	}
-	budget := throttle.Checkpoints{MaxWALSize: 64 << 20, Timeout: 30 * time.Second, CompletionTarget: 0.9, SegmentSize: 16 << 20}.WALBudget()
+	budget := throttle.Checkpoints{MaxWALSize: 64 << 20, Timeout: 30 * time.Second, CompletionTarget: 0.9, SegmentSize: 16 << 20}.WALBudget().Rate
 	var once sync.Once
 	var at walMark
 	svc := newService(t, pool, func(s *Settings) {

@@ -83,13 +83,16 @@ func (s *Service) startThrottle(ctx context.Context, t *runThrottle, res *Result
 			return fmt.Errorf("reaper: throttle: %w", err)
 		}
 		t.decide.WatchCheckpoints(c.Requested)
-		rate := l.MaxLoad.WALRate
-		if l.MaxLoad.WALRateAuto {
-			rate = c.WALBudget()
+		var p *throttle.WALPacer
+		switch b := c.WALBudget(); {
+		case l.MaxLoad.WALRateAuto && b.Rate > 0:
+			p = throttle.NewBudgetPacer(b)
+		case l.MaxLoad.WALRate > 0:
+			p = throttle.NewWALPacer(l.MaxLoad.WALRate)
 		}
-		if rate > 0 {
-			t.decide.Pace(rate, l.MaxLoad.WALRateAuto)
-			res.WALRate = rate
+		if p != nil {
+			t.decide.Pace(p, l.MaxLoad.WALRateAuto)
+			res.WALRate = p.Rate()
 		}
 	}
 	t.budget = l.MaxLoad.CommitLatency

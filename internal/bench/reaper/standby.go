@@ -67,6 +67,13 @@ type StandbyRow struct {
 	KeysPerSec float64
 	// WALBytes the server wrote during the run, the workload's included.
 	WALBytes int64
+	// BaselineWALRate is the server's WAL rate (bytes/s) in the baseline
+	// window, the inserts alone; RunWALPerKey the run's own WAL per key
+	// deleted: WALBytes less the baseline's rate over the run, per key.
+	// What the WAL budget and the run's WAL per key allow is then
+	// (budget - BaselineWALRate) / RunWALPerKey keys a second.
+	BaselineWALRate float64
+	RunWALPerKey    float64
 	// Before and During are the inserts' latencies in the baseline window
 	// and while the run deleted; P99Ratio is During.P99 over Before.P99.
 	Before, During Latency
@@ -316,7 +323,7 @@ type standbyConfig struct {
 // named.
 var (
 	StandbyConfigKeys      = []string{"old-default", "defaults", "commit-latency", "wal-rate", "throttled"}
-	StandbyExtraConfigKeys = []string{"fixed-sleeps", "throttled-batch-10000", "trickle"}
+	StandbyExtraConfigKeys = []string{"wal-auto", "fixed-sleeps", "throttled-batch-10000", "trickle"}
 )
 
 // standbyConfigs is the suite's configurations, only those of keys when
@@ -340,6 +347,11 @@ func standbyConfigs(keys []string, rep *StandbyReport) ([]standbyConfig, error) 
 			s.Throttle.MaxLoad = "wal_rate=3MB"
 		}},
 		{key: "throttled", name: "replica limits only (--max-lag 1s, --max-lag-bytes 64MB, no --max-load)", mutate: noLoad},
+		// The checkpoint budget alone: what wal_rate=auto costs a server
+		// apart from the commit budget.
+		{key: "wal-auto", name: "replica limits + --max-load wal_rate=auto", mutate: func(s *reaper.Settings) {
+			s.Throttle.MaxLoad = "wal_rate=auto"
+		}},
 		{key: "fixed-sleeps", name: "fixed sleeps, pt-archiver style (batch 5000, pause 250ms, no throttle)", mutate: func(s *reaper.Settings) {
 			s.BatchSize, s.BatchPause = 5000, 250*time.Millisecond
 			noReplicaLimits(s)
@@ -481,10 +493,20 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 			return err
 		}
 	}
+	baseLSN, err := b.walLSN(ctx)
+	if err != nil {
+		return StandbyRow{}, err
+	}
+	baseStart := time.Now()
 	before, err := b.workload(ctx, window)
 	if err != nil {
 		return StandbyRow{}, err
 	}
+	baseWAL, err := b.walSince(ctx, baseLSN)
+	if err != nil {
+		return StandbyRow{}, err
+	}
+	baseRate := float64(baseWAL) / time.Since(baseStart).Seconds()
 	svc, err := reaper.New(reaper.Config{Settings: s, Pool: b.pool, Logger: zap.NewNop()})
 	if err != nil {
 		return StandbyRow{}, err
@@ -530,6 +552,10 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	row.P99Ratio = float64(row.During.P99) / float64(row.Before.P99)
 	if row.WALBytes, err = b.walSince(ctx, lsn); err != nil {
 		return StandbyRow{}, err
+	}
+	row.BaselineWALRate = baseRate
+	if res.Deleted > 0 {
+		row.RunWALPerKey = max(float64(row.WALBytes)-baseRate*res.Duration.Seconds(), 0) / float64(res.Deleted)
 	}
 	ckptAfter, err := b.requestedCheckpoints(ctx)
 	if err != nil {
@@ -665,8 +691,8 @@ func (r StandbyRow) line() string {
 	if r.RunWALRate > 0 || r.CommitBudget > 0 {
 		limits = fmt.Sprintf("; run's WAL rate at its end %.2f MiB/s, commit budget %s, final batch %d, paced %s", r.RunWALRate/(1<<20), r.CommitBudget, r.FinalBatchSize, r.Paced.Round(time.Millisecond))
 	}
-	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL, %d requested checkpoints; WAL MiB/s per 10 s [%s], any 10 s window %.2f-%.2f; inserts before: %s; during: %s; p99 %.2fx; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s%s",
-		r.Deleted, r.Duration.Round(time.Millisecond), r.KeysPerSec, done, mb(r.WALBytes), r.RequestedCheckpoints, strings.Join(windows, " "), r.WALWindowMin/(1<<20), r.WALWindowMax/(1<<20),
+	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL (the inserts alone %.2f MiB/s before; the run's own %.0f B/key), %d requested checkpoints; WAL MiB/s per 10 s [%s], any 10 s window %.2f-%.2f; inserts before: %s; during: %s; p99 %.2fx; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s%s",
+		r.Deleted, r.Duration.Round(time.Millisecond), r.KeysPerSec, done, mb(r.WALBytes), r.BaselineWALRate/(1<<20), r.RunWALPerKey, r.RequestedCheckpoints, strings.Join(windows, " "), r.WALWindowMin/(1<<20), r.WALWindowMax/(1<<20),
 		r.Before, r.During, r.P99Ratio,
 		r.LagMax.Round(time.Millisecond), float64(r.LagMaxBytes)/1e6, 100*r.LagOver1s, 100*r.LagOver64MB, r.Throttled.Round(time.Millisecond), r.ThrottleReason, limits)
 }

@@ -18,6 +18,12 @@ type Checkpoints struct {
 	// SegmentSize is wal_segment_size: PostgreSQL counts the WAL toward a
 	// checkpoint in whole segments.
 	SegmentSize float64
+	// SinceRedo is the WAL written since the redo of the last checkpoint
+	// the control file records (pg_control_checkpoint()): at least what
+	// the current checkpoint cycle has written (while a checkpoint is in
+	// progress the file still holds the one before it, and the figure
+	// is larger).
+	SinceRedo float64
 	// Requested counts the checkpoints the server requested (WAL volume,
 	// CHECKPOINT, DROP DATABASE) since its statistics were reset:
 	// pg_stat_bgwriter.checkpoints_req up to PostgreSQL 16,
@@ -25,32 +31,63 @@ type Checkpoints struct {
 	Requested int64
 }
 
-// checkpointShare is how much of the WAL that makes the server request a
-// checkpoint a run lets it write per checkpoint_timeout. PostgreSQL
-// requests one when the WAL since the last checkpoint reaches
-// max_wal_size / (1 + checkpoint_completion_target) in whole segments,
-// less one (32 segments of 16 MB at the defaults, 1GB and 0.9: 1.79 MB/s
-// over 5min; RequestThreshold); the pacer
-// holds the server's whole WAL, the API's included, to 0.8 of that, so
-// the rounding to segments, a checkpoint that starts late and the WAL
-// written before the run starts fit in the rest.
-const checkpointShare = 0.8
-
-// WALBudget is the server's WAL rate, bytes per second, that lets its
-// checkpoints come on checkpoint_timeout's schedule: 1.43 MB/s at
-// PostgreSQL's defaults (max_wal_size 1GB, checkpoint_timeout 5min,
-// checkpoint_completion_target 0.9). 0 when a setting is unknown.
-func (c Checkpoints) WALBudget() float64 {
-	if c.Timeout <= 0 {
-		return 0
-	}
-	return checkpointShare * c.RequestThreshold() / c.Timeout.Seconds()
+// Budget is wal_rate=auto's WAL pacer (NewBudgetPacer): a rate, the WAL
+// the bucket may let through at once (Depth), the most a round should
+// write (Batch), and the credit the run starts with (Initial).
+type Budget struct {
+	Rate, Depth, Batch, Initial float64
 }
 
-// RequestThreshold is the WAL since the last checkpoint at which the
-// server requests the next (xlog.c's CheckPointSegments, and
-// XLogCheckpointNeeded's one segment less); at least a segment. 0 when a
+// budgetDepthShare and budgetBatchShare split the WAL that makes the
+// server request a checkpoint (RequestThreshold) into the bucket's depth,
+// one round's most and the rate that fills the rest over
+// checkpoint_timeout. A token bucket lets through at most its depth plus
+// rate·W plus the round paid after its credit ran out in any window of W,
+// so over any checkpoint_timeout the server's WAL stays under the
+// threshold: a checkpoint comes on its schedule, never requested by
+// volume, with nothing set aside by guess. The split is a choice: a fifth
+// as depth lets a run whose whole WAL is under it (a few hundred thousand
+// keys on PostgreSQL's defaults, millions on a server with a larger
+// max_wal_size) go at full speed, and costs a longer run a fifth of the
+// rate it could keep.
+const (
+	budgetDepthShare = 5  // depth: a fifth of the threshold
+	budgetBatchShare = 16 // a round: a sixteenth of the depth
+)
+
+// WALBudget is wal_rate=auto's pacer for the server: at PostgreSQL's
+// defaults (max_wal_size 1GB, checkpoint_timeout 5min,
+// checkpoint_completion_target 0.9; a checkpoint requested after 512 MiB)
+// 1.41 MB/s with 107 MB at once and rounds of 6.7 MB at most. Initial is
+// the depth less the WAL written since the last checkpoint's redo
+// (SinceRedo), so a run that starts late in a busy cycle (or right after
+// another run) starts with what is left of it. The zero Budget when a
 // setting is unknown.
+func (c Checkpoints) WALBudget() Budget {
+	v := c.RequestThreshold()
+	if c.Timeout <= 0 || v <= 0 {
+		return Budget{}
+	}
+	depth := v / budgetDepthShare
+	batch := depth / budgetBatchShare
+	return Budget{
+		Rate:    (v - depth - batch) / c.Timeout.Seconds(),
+		Depth:   depth,
+		Batch:   batch,
+		Initial: max(depth-c.SinceRedo, 0),
+	}
+}
+
+// RequestThreshold is the most WAL since the last checkpoint's redo the
+// server writes without requesting the next, by PostgreSQL 15's xlog.c:
+// CalculateCheckpointSegments sets CheckPointSegments to max_wal_size in
+// segments / (1 + checkpoint_completion_target), rounded down, and
+// XLogWrite requests a checkpoint when it finishes a segment whose number
+// is CheckPointSegments-1 past the redo's segment
+// (XLogCheckpointNeeded). With the redo at the end of its segment that is
+// CheckPointSegments-1 whole segments after it: 32 of 16 MB at the
+// defaults (64 segments / 1.9 = 33). At least a segment. 0 when a setting
+// is unknown.
 func (c Checkpoints) RequestThreshold() float64 {
 	if c.MaxWALSize <= 0 || c.SegmentSize <= 0 || c.CompletionTarget < 0 {
 		return 0
@@ -60,14 +97,16 @@ func (c Checkpoints) RequestThreshold() float64 {
 }
 
 // checkpointSettingsSQL reads max_wal_size in bytes, checkpoint_timeout in
-// seconds, checkpoint_completion_target, and the server's version for the
-// statistics view.
+// seconds, checkpoint_completion_target, wal_segment_size, the server's
+// version for the statistics view, and the WAL since the last
+// checkpoint's redo (pg_control_checkpoint() may be run by any role).
 const checkpointSettingsSQL = `
 SELECT pg_size_bytes(current_setting('max_wal_size'))::float8,
        (SELECT setting::float8 FROM pg_settings WHERE name = 'checkpoint_timeout'),
        current_setting('checkpoint_completion_target')::float8,
        pg_size_bytes(current_setting('wal_segment_size'))::float8,
-       current_setting('server_version_num')::int`
+       current_setting('server_version_num')::int,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), (SELECT redo_lsn FROM pg_control_checkpoint()))::float8`
 
 // Requested checkpoints moved from pg_stat_bgwriter to
 // pg_stat_checkpointer in PostgreSQL 17.
@@ -85,8 +124,8 @@ func (r *Reader) ReadCheckpoints(ctx context.Context) (Checkpoints, error) {
 	var c Checkpoints
 	var timeout float64
 	var version int
-	if err := r.Primary.QueryRow(ctx, checkpointSettingsSQL).Scan(&c.MaxWALSize, &timeout, &c.CompletionTarget, &c.SegmentSize, &version); err != nil {
-		return Checkpoints{}, fmt.Errorf("read max_wal_size and checkpoint_timeout: %w", err)
+	if err := r.Primary.QueryRow(ctx, checkpointSettingsSQL).Scan(&c.MaxWALSize, &timeout, &c.CompletionTarget, &c.SegmentSize, &version, &c.SinceRedo); err != nil {
+		return Checkpoints{}, fmt.Errorf("read max_wal_size, checkpoint_timeout and the last checkpoint: %w", err)
 	}
 	c.Timeout = seconds(timeout)
 	r.requestedSQL = requestedBefore17SQL

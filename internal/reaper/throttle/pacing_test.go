@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 )
@@ -146,13 +147,38 @@ func TestWALPacerHalves(t *testing.T) {
 
 func TestCheckpointsWALBudget(t *testing.T) {
 	// PostgreSQL's defaults: a checkpoint is requested after 32
-	// segments of WAL (64 / 1.9, less one); 0.8 of that per 5min.
+	// segments of WAL (64 / 1.9 = 33, less one).
 	def := Checkpoints{MaxWALSize: 1 << 30, Timeout: 5 * time.Minute, CompletionTarget: 0.9, SegmentSize: 16 << 20}
-	if got := def.RequestThreshold(); got != 512<<20 {
+	const v = float64(512 << 20)
+	if got := def.RequestThreshold(); got != v {
 		t.Errorf("default server's threshold %f, want 512 MiB", got)
 	}
-	if got, want := def.WALBudget(), 0.8*float64(512<<20)/300; got != want {
-		t.Errorf("default server's budget %f, want %f", got, want)
+	b := def.WALBudget()
+	if b.Depth != v/5 || b.Batch != v/80 || b.Initial != b.Depth {
+		t.Errorf("default server's budget %+v: want a fifth of 512 MiB deep, rounds of a sixteenth of that, starting full", b)
+	}
+	// Depth, one round and the rate over checkpoint_timeout are the
+	// threshold, all of it.
+	if got := b.Depth + b.Batch + b.Rate*300; math.Abs(got-v) > 1 {
+		t.Errorf("depth + round + rate·timeout = %f, want the threshold %f", got, v)
+	}
+	if b.Rate < 1.40e6 || b.Rate > 1.42e6 {
+		t.Errorf("default server's rate %f, want 1.41 MB/s", b.Rate)
+	}
+	// WAL since the last checkpoint's redo is taken from the depth.
+	def.SinceRedo = 100 << 20
+	if got := def.WALBudget().Initial; got != v/5-100<<20 {
+		t.Errorf("after 100 MiB of the cycle the run starts with %f", got)
+	}
+	def.SinceRedo = 400 << 20
+	if got := def.WALBudget().Initial; got != 0 {
+		t.Errorf("after 400 MiB of the cycle the run starts with %f, want 0", got)
+	}
+	// The suite's sized server: max_wal_size 8GB, checkpoint_timeout
+	// 15min: 512 / 1.9 = 269 segments, less one.
+	sized := Checkpoints{MaxWALSize: 8 << 30, Timeout: 15 * time.Minute, CompletionTarget: 0.9, SegmentSize: 16 << 20}
+	if got := sized.RequestThreshold(); got != 268*16<<20 {
+		t.Errorf("sized server's threshold %f, want 268 segments", got)
 	}
 	// The smallest max_wal_size: two segments, 2 / 1.9 is one, less one
 	// is none: a segment.
@@ -160,8 +186,95 @@ func TestCheckpointsWALBudget(t *testing.T) {
 	if got := small.RequestThreshold(); got != 16<<20 {
 		t.Errorf("smallest threshold %f, want a segment", got)
 	}
-	if got := (Checkpoints{}).WALBudget(); got != 0 {
-		t.Errorf("unknown settings' budget %f, want 0", got)
+	if got := (Checkpoints{}).WALBudget(); got != (Budget{}) {
+		t.Errorf("unknown settings' budget %+v, want none", got)
+	}
+}
+
+// serverRun drives a budget pacer as a run does beside an API, with an
+// injected clock: rounds of up to the pacer's BatchBytes that take
+// roundTime, whenever it lets one start, until total bytes are written;
+// the API writes api bytes per second all along. It returns the server's
+// writes (the API's at each decision) and how long the pacer held the run.
+func serverRun(p *WALPacer, total int64, roundTime time.Duration, api float64) (ws []write, held time.Duration) {
+	now := t0
+	pos := int64(1 << 30)
+	p.Observe(now, pos)
+	for total > 0 {
+		if w := p.Wait(now); w > 0 {
+			held += w
+			b := int64(api * w.Seconds())
+			now = now.Add(w)
+			pos += b
+			ws = append(ws, write{now, b})
+			p.Observe(now, pos)
+			continue
+		}
+		b := min(int64(p.BatchBytes()), total)
+		total -= b
+		b += int64(api * roundTime.Seconds())
+		now = now.Add(roundTime)
+		pos += b
+		ws = append(ws, write{now, b})
+		p.Observe(now, pos)
+	}
+	return ws, held
+}
+
+// wal_rate=auto keeps the server's WAL over every checkpoint_timeout under
+// what makes PostgreSQL request a checkpoint, whatever the run's size and
+// the API's share, and lets a run whose WAL fits the bucket go at full
+// speed: the sized server's runs are not paced. (The pacer before the
+// bucket was deep held every run at 0.8 of the threshold per timeout,
+// from its first round: a 190 MB reap on a server with a 4.3 GB threshold
+// waited 46 s.)
+func TestBudgetPacerKeepsCheckpointsOnSchedule(t *testing.T) {
+	def := Checkpoints{MaxWALSize: 1 << 30, Timeout: 5 * time.Minute, CompletionTarget: 0.9, SegmentSize: 16 << 20}
+	v := def.RequestThreshold()
+	for _, tc := range []struct {
+		name      string
+		total     int64
+		roundTime time.Duration
+		api       float64
+	}{
+		{"1 GB, instant rounds", 1 << 30, 0, 0},
+		{"2 GB, 100 ms rounds", 2 << 30, 100 * time.Millisecond, 0},
+		{"1 GB beside an API at 300 kB/s", 1 << 30, 20 * time.Millisecond, 300e3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, _ := serverRun(NewBudgetPacer(def.WALBudget()), tc.total, tc.roundTime, tc.api)
+			// The heaviest window of checkpoint_timeout, from any write on.
+			var worst float64
+			for i := range ws {
+				var sum int64
+				for j := i; j < len(ws) && ws[j].at.Sub(ws[i].at) < def.Timeout; j++ {
+					sum += ws[j].bytes
+				}
+				worst = max(worst, float64(sum))
+			}
+			if worst > v {
+				t.Errorf("%.0f bytes in one checkpoint_timeout, over the %.0f that request a checkpoint", worst, v)
+			}
+			// And the run is not slower than the rate needs: the API's
+			// WAL is charged to the same bucket.
+			if took, r := ws[len(ws)-1].at.Sub(t0).Seconds(), def.WALBudget().Rate-tc.api; took > float64(tc.total)/r*1.01 {
+				t.Errorf("%d bytes took %.0f s at %.0f B/s", tc.total, took, r)
+			}
+		})
+	}
+	// A run within the depth is never held.
+	sized := Checkpoints{MaxWALSize: 8 << 30, Timeout: 15 * time.Minute, CompletionTarget: 0.9, SegmentSize: 16 << 20}
+	if _, held := serverRun(NewBudgetPacer(sized.WALBudget()), 200e6, 10*time.Millisecond, 300e3); held != 0 {
+		t.Errorf("a 200 MB run on the sized server held %s", held)
+	}
+	if _, held := serverRun(NewBudgetPacer(def.WALBudget()), 100e6, 10*time.Millisecond, 0); held != 0 {
+		t.Errorf("a 100 MB run on the default server held %s", held)
+	}
+	// A run late in a cycle has only what is left of it.
+	late := def
+	late.SinceRedo = v / 5
+	if _, held := serverRun(NewBudgetPacer(late.WALBudget()), 100e6, 10*time.Millisecond, 0); held == 0 {
+		t.Errorf("a 100 MB run after a fifth of the threshold was not held")
 	}
 }
 
@@ -214,7 +327,7 @@ func TestSizerAIMD(t *testing.T) {
 func TestDecidePaces(t *testing.T) {
 	const pos = 1 << 30
 	th := New(Limits{PauseMin: 100 * time.Millisecond, PauseMax: time.Second})
-	th.Pace(1<<20, true)
+	th.Pace(NewWALPacer(1<<20), true)
 	th.WatchCheckpoints(7)
 	if d := th.Decide(Signals{At: t0, WALPosition: pos, RequestedCheckpoints: 7}); d.Throttled() || d.Checkpoint {
 		t.Fatalf("before any round: %+v", d)
@@ -250,14 +363,14 @@ func TestDecidePaces(t *testing.T) {
 	}
 	// An explicit rate holds through a checkpoint.
 	ex := New(Limits{PauseMin: 1, PauseMax: 1})
-	ex.Pace(1<<20, false)
+	ex.Pace(NewWALPacer(1<<20), false)
 	ex.WatchCheckpoints(0)
 	if d := ex.Decide(Signals{At: t0, WALPosition: pos, RequestedCheckpoints: 1}); !d.Checkpoint || d.Slowed != 0 || ex.Pacer().Rate() != 1<<20 {
 		t.Fatalf("explicit rate, checkpoint: %+v", d)
 	}
 	// A pressure comes before the pacer, and the WAL is charged anyway.
 	pr := New(Limits{MaxLag: time.Second, PauseMin: 100 * time.Millisecond, PauseMax: time.Second})
-	pr.Pace(1<<20, true)
+	pr.Pace(NewWALPacer(1<<20), true)
 	pr.Decide(Signals{At: t0, WALPosition: pos})
 	if d := pr.Decide(Signals{At: t0, WALPosition: pos + 4<<20, RoundWAL: 4 << 20, Lag: time.Minute}); d.Paced || d.Reason != ReasonReplicaLag {
 		t.Fatalf("lag and a round: %+v", d)
@@ -272,7 +385,7 @@ func TestDecidePaces(t *testing.T) {
 // WAL takes at the floor, an eighth of the rate.
 func TestDecidePacesAtLeastAtTheFloor(t *testing.T) {
 	th := New(Limits{PauseMin: 100 * time.Millisecond, PauseMax: time.Second})
-	th.Pace(1<<20, false)
+	th.Pace(NewWALPacer(1<<20), false)
 	pos, now := int64(1<<30), t0
 	th.Decide(Signals{At: now, WALPosition: pos})
 	var held time.Duration

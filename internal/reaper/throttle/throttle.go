@@ -349,11 +349,10 @@ type Throttle struct {
 // New returns a throttle for limits, which Check must have passed.
 func New(limits Limits) *Throttle { return &Throttle{limits: limits} }
 
-// Pace starts pacing the run's WAL at rate bytes per second; halve: a
-// requested checkpoint halves the rate (the rate is the checkpoint
-// budget, wal_rate=auto).
-func (t *Throttle) Pace(rate float64, halve bool) {
-	t.pacer, t.halve = NewWALPacer(rate), halve
+// Pace starts pacing the run's WAL with p; halve: a requested checkpoint
+// halves its rate (p is the checkpoint budget's, wal_rate=auto).
+func (t *Throttle) Pace(p *WALPacer, halve bool) {
+	t.pacer, t.halve = p, halve
 }
 
 // Pacer is the WAL pacer; nil when the run's WAL is not paced.

@@ -17,17 +17,25 @@ import "time"
 //
 // Over any window of W seconds the batches write at most rate·W plus the
 // depth plus one round's bytes (the round that started with the credit at
-// zero and is paid after it). Depth and BatchBytes together are 0.35 s of
-// WAL at the rate, so over 10 s the rate is within 10 % of the limit even
-// when a round writes half again what the run sized it for (the WAL per
-// key moves: a page's first change after a checkpoint is logged whole).
+// zero and is paid after it). For --max-load wal_rate=R (NewWALPacer)
+// depth and BatchBytes together are 0.35 s of WAL at the rate, so over
+// 10 s the rate is within 10 % of the limit even when a round writes half
+// again what the run sized it for (the WAL per key moves: a page's first
+// change after a checkpoint is logged whole). wal_rate=auto's bucket is
+// deep instead (NewBudgetPacer): the bound is held over a checkpoint
+// cycle, not over 10 s.
 //
 // Pure: the caller passes the time of every call. Not safe for concurrent
 // use.
 type WALPacer struct {
-	rate    float64 // bytes per second
-	floor   float64 // the slowest Halve may make it
-	credit  float64 // bytes; negative: owed
+	rate  float64 // bytes per second
+	floor float64 // the slowest Halve may make it
+	// depth is the most credit the bucket holds, bytes; batch the WAL a
+	// round should write (BatchBytes).
+	depth, batch float64
+	credit       float64 // bytes; negative: owed
+	// initial is the credit the first observation starts with.
+	initial float64
 	at      time.Time
 	started bool
 	// pos is the WAL position last observed.
@@ -55,9 +63,19 @@ const (
 	pacerFloorShare = 8
 )
 
-// NewWALPacer returns a pacer for rate bytes per second (positive).
+// NewWALPacer returns a pacer for rate bytes per second (positive), held
+// within 10 % over every 10 s: --max-load wal_rate=R.
 func NewWALPacer(rate float64) *WALPacer {
-	return &WALPacer{rate: rate, floor: rate / pacerFloorShare}
+	depth := rate * pacerDepth.Seconds()
+	return &WALPacer{rate: rate, floor: rate / pacerFloorShare, depth: depth, batch: rate * pacerBatch.Seconds(), initial: depth}
+}
+
+// NewBudgetPacer returns wal_rate=auto's pacer: b's rate, a bucket b.Depth
+// deep that starts with b.Initial, and rounds of b.Batch at most (within
+// the pacer's 0.25 s of the rate at least).
+func NewBudgetPacer(b Budget) *WALPacer {
+	return &WALPacer{rate: b.Rate, floor: b.Rate / pacerFloorShare, depth: b.Depth,
+		batch: max(b.Batch, b.Rate*pacerBatch.Seconds()), initial: min(max(b.Initial, 0), b.Depth)}
 }
 
 // Rate is the pacer's rate now, bytes per second.
@@ -65,19 +83,21 @@ func (p *WALPacer) Rate() float64 { return p.rate }
 
 // BatchBytes is the most WAL a round should write for the limit to hold
 // within 10 % over 10 s: the run sizes its batches from it.
-func (p *WALPacer) BatchBytes() float64 { return p.rate * pacerBatch.Seconds() }
+func (p *WALPacer) BatchBytes() float64 { return p.batch }
 
-func (p *WALPacer) depth() float64 { return p.rate * pacerDepth.Seconds() }
+// Depth is the most WAL the bucket lets through at once, bytes.
+func (p *WALPacer) Depth() float64 { return p.depth }
 
 // refill brings the credit up to now. The first call starts the bucket
-// full: the run's first round needs no wait.
+// with its initial credit (NewWALPacer: full, the run's first round needs
+// no wait).
 func (p *WALPacer) refill(now time.Time) {
 	if !p.started {
-		p.started, p.at, p.credit = true, now, p.depth()
+		p.started, p.at, p.credit = true, now, p.initial
 		return
 	}
 	if dt := now.Sub(p.at); dt > 0 {
-		p.credit = min(p.depth(), p.credit+p.rate*dt.Seconds())
+		p.credit = min(p.depth, p.credit+p.rate*dt.Seconds())
 		p.at = now
 	}
 }
@@ -108,15 +128,18 @@ func (p *WALPacer) Wait(now time.Time) time.Duration {
 // second: an eighth of its first rate.
 func (p *WALPacer) Floor() float64 { return p.floor }
 
-// Halve halves the rate (not below an eighth of the first), for a
-// checkpoint the server had to request during the run: the run's WAL
-// filled max_wal_size before checkpoint_timeout. What is owed is owed at
-// the new rate. It reports whether the rate changed.
+// Halve halves the rate, the depth and the rounds (not below an eighth of
+// the first rate), for a checkpoint the server had to request during the
+// run: the WAL since the last checkpoint reached max_wal_size's share
+// before checkpoint_timeout, so the credit the bucket held is spent too.
+// What is owed is owed at the new rate. It reports whether the rate
+// changed.
 func (p *WALPacer) Halve() bool {
 	if p.rate <= p.floor {
 		return false
 	}
-	p.rate = max(p.rate/2, p.floor)
-	p.credit = min(p.credit, p.depth())
+	f := max(p.rate/2, p.floor) / p.rate
+	p.rate, p.depth, p.batch = p.rate*f, p.depth*f, p.batch*f
+	p.credit = min(p.credit, 0)
 	return true
 }
