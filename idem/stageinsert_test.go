@@ -327,12 +327,14 @@ func TestStageInsertTxRefusesWhatInsertTxRefuses(t *testing.T) {
 	}
 }
 
-// riverUniqueKey is the recipe docs/languages/README.md gives an API in
-// another language for staged_jobs.unique_key: SHA-256 of
-// "&kind=<kind>&args=<args>&period=<start>&queue=<queue>", each part
-// present only when the job is unique by it, the args a compact JSON
-// object of the unique fields in key order, the period's start in UTC as
-// RFC 3339.
+// riverUniqueKey is the canonical form docs/languages/README.md writes
+// down, reduced to what this test's job needs: ASCII keys and string or
+// integer values, whose Go JSON is the plain JSON, and an hour period,
+// whose start is the same counted from Go's zero time or from 1970. The
+// whole form (escapes, floats, nested and marked fields, periods that do
+// not divide a day) is held to River's InsertTx by the vectors in
+// clients/testdata/unique_keys.json (clients/uniquekeys_test.go), which
+// each language's helper computes.
 func riverUniqueKey(kind string, args map[string]any, period time.Duration, now time.Time, queue string) []byte {
 	var sb strings.Builder
 	sb.WriteString("&kind=" + kind)
@@ -366,7 +368,7 @@ func riverUniqueKey(kind string, args map[string]any, period time.Duration, now 
 }
 
 // An API in another language stages a unique job with plain SQL, writing
-// the unique key by the documented recipe and River's default unique
+// the unique key in the documented form and River's default unique
 // states: it is the job River's own InsertTx makes, and four such rows,
 // beside one inserted with InsertTx, keep one job.
 func TestPlainSQLUniqueStagingIsRivers(t *testing.T) {
