@@ -51,6 +51,11 @@ const w3cElement = "element-6066-11e4-a52e-4f735466cecf"
 // session of headless Chromium (browser); both end with the test.
 func startWebDriver(t *testing.T, driver, browser string) *webdriver {
 	t.Helper()
+	// The browser's profile directory is made before the cleanup below is
+	// registered, so that it is removed after the session has ended and
+	// the browser quit (cleanups run last registered first): removed
+	// first, it raced with a browser still writing into it.
+	profile := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	var port int
 	var cmd *exec.Cmd
@@ -99,7 +104,7 @@ func startWebDriver(t *testing.T, driver, browser string) *webdriver {
 			"binary": browser,
 			"args": []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
 				"--disable-extensions", "--disable-background-networking", "--disable-sync", "--window-size=1280,1000",
-				"--user-data-dir=" + t.TempDir()},
+				"--user-data-dir=" + profile},
 		},
 	}}}
 	v, err := wd.call(http.MethodPost, "/session", caps)
