@@ -259,12 +259,18 @@ func testImageSBOMs(t *testing.T, extra, version string) {
 		}
 		var names []string
 		archs := map[string]bool{}
+		binaries := map[string]bool{} // where idemd's own module was found
 		for _, c := range bom.Components {
 			names = append(names, c.Name)
+			props := map[string]string{}
 			for _, p := range c.Properties {
-				if p.Name == "syft:metadata:goArch" {
-					archs[p.Value] = true
-				}
+				props[p.Name] = p.Value
+			}
+			if a, ok := props["syft:metadata:architecture"]; ok {
+				archs[a] = true
+			}
+			if props["syft:metadata:mainModule"] == "github.com/idemd/idemd" {
+				binaries[props["syft:location:0:path"]] = true
 			}
 		}
 		for _, want := range []string{"github.com/jackc/pgx/v5", "github.com/riverqueue/river"} {
@@ -273,7 +279,12 @@ func testImageSBOMs(t *testing.T, extra, version string) {
 			}
 		}
 		if len(archs) != 1 || !archs[arch] {
-			t.Errorf("%s: the binaries' Go architectures %v, want only %s", name, archs, arch)
+			t.Errorf("%s: the binaries' architectures %v, want only %s", name, archs, arch)
+		}
+		for _, c := range commands {
+			if !binaries["/usr/local/bin/"+c] {
+				t.Errorf("%s: no module of /usr/local/bin/%s (idemd's binaries found: %v)", name, c, binaries)
+			}
 		}
 	}
 }
