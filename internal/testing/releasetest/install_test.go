@@ -263,14 +263,20 @@ func testImageSBOMs(t *testing.T, extra, version string) {
 		for _, c := range bom.Components {
 			names = append(names, c.Name)
 			props := map[string]string{}
+			var paths []string // syft merges a package found in several files
 			for _, p := range c.Properties {
 				props[p.Name] = p.Value
+				if strings.HasPrefix(p.Name, "syft:location:") && strings.HasSuffix(p.Name, ":path") {
+					paths = append(paths, p.Value)
+				}
 			}
 			if a, ok := props["syft:metadata:architecture"]; ok {
 				archs[a] = true
 			}
 			if props["syft:metadata:mainModule"] == "github.com/idemd/idemd" {
-				binaries[props["syft:location:0:path"]] = true
+				for _, p := range paths {
+					binaries[p] = true
+				}
 			}
 		}
 		for _, want := range []string{"github.com/jackc/pgx/v5", "github.com/riverqueue/river"} {
