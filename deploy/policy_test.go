@@ -645,12 +645,13 @@ func ptrOr[T any](p *T, def T) T {
 }
 
 // gitOpsAnnotations make the migration Job safe to re-apply under Argo CD
-// (a PreSync hook, the previous run deleted before the next is created)
-// and under Flux (recreated when its immutable template changes).
+// (a wave of its own before the daemons', deleted and recreated at each
+// sync; TestArgoCDOrder checks what it reads comes first) and under Flux
+// (recreated when its immutable template changes).
 var gitOpsAnnotations = map[string]string{
-	"argocd.argoproj.io/hook":               "PreSync",
-	"argocd.argoproj.io/hook-delete-policy": "BeforeHookCreation",
-	"kustomize.toolkit.fluxcd.io/force":     "enabled",
+	"argocd.argoproj.io/sync-wave":      "-1",
+	"argocd.argoproj.io/sync-options":   "Force=true,Replace=true",
+	"kustomize.toolkit.fluxcd.io/force": "enabled",
 }
 
 // checkGitOpsJob: the migration Job carries the GitOps annotations and no

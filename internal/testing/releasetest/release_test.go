@@ -107,6 +107,10 @@ func TestReleaseSnapshot(t *testing.T) {
 	t.Run("sboms", func(t *testing.T) { testSBOMs(t, dist, version) })
 	t.Run("image", func(t *testing.T) { testImage(t, extra, version, commit) })
 	t.Run("packages", func(t *testing.T) { testPackages(t, extra, version) })
+	t.Run("manifests", func(t *testing.T) { testArchivedManifests(t, dist, version) })
+	t.Run("chart", func(t *testing.T) { testChart(t, dir, extra, version) })
+	t.Run("chart-oci", func(t *testing.T) { testChartOCI(t, extra, version) })
+	t.Run("image-sboms", func(t *testing.T) { testImageSBOMs(t, extra, version) })
 }
 
 // testChecksums: checksums.txt lists every archive, SBOM, the image
@@ -149,8 +153,10 @@ func testChecksums(t *testing.T, dist, extra, version string) {
 	for _, e := range extras {
 		want = append(want, filepath.Base(e))
 	}
-	if len(extras) < 5 { // the image archive, gem, sdist, wheel, npm tarball
-		t.Errorf("build/release holds %d files, want the image archive and 4 client packages", len(extras))
+	// The image archive and its 2 SBOMs, the chart and its OCI layout, the
+	// gem, sdist, wheel and npm tarball.
+	if len(extras) < 9 {
+		t.Errorf("build/release holds %d files, want the image archive and its 2 SBOMs, the chart and its OCI layout, and 4 client packages", len(extras))
 	}
 	for _, w := range want {
 		if !listed[w] {
