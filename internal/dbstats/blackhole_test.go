@@ -11,6 +11,7 @@ import (
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
 	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -33,7 +34,7 @@ func TestPassEndsInABlackHoleAndExportsAfterIt(t *testing.T) {
 		t.Fatalf("first pass: %+v, %v", res, err)
 	}
 
-	hole.Silence()
+	hole.BlackHole(tcpproxy.HoleOptions{})
 	_, err = pass()
 	if !dbcall.IsTimeout(err) {
 		t.Fatalf("a pass in the black hole returned %v, want a database timeout", err)
