@@ -19,6 +19,7 @@ import (
 // naming the call the database did not answer (the lease), instead of
 // blocking; once the network forwards again it exports again.
 func TestPassEndsInABlackHoleAndExportsAfterIt(t *testing.T) {
+	t.Parallel()
 	const bound = 300 * time.Millisecond
 	hole, pool := blackhole.Pool(t, dbtest.NewDatabase(t), bound)
 	calls := blackhole.Calls(pool, bound)
