@@ -8,6 +8,7 @@ import (
 )
 
 func TestCanonicalParamsSpellings(t *testing.T) {
+	t.Parallel()
 	// Each group is one logical document spelled differently: as a client,
 	// Go's encoder, and PostgreSQL JSONB's output would write it.
 	groups := [][]string{
@@ -35,6 +36,7 @@ func TestCanonicalParamsSpellings(t *testing.T) {
 }
 
 func TestCanonicalParamsDistinguishes(t *testing.T) {
+	t.Parallel()
 	pairs := [][2]string{
 		{`{"a":1}`, `{"a":2}`},
 		{`{"a":1}`, `{"a":"1"}`},
@@ -52,6 +54,7 @@ func TestCanonicalParamsDistinguishes(t *testing.T) {
 }
 
 func TestFingerprintCoversMethodAndPath(t *testing.T) {
+	t.Parallel()
 	p := []byte(`{}`)
 	base := idem.Fingerprint("POST", "/rides", p)
 	if idem.Fingerprint("post", "/rides", p) != base {

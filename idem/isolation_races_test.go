@@ -56,6 +56,7 @@ func beginAll(t *testing.T, s *idem.Store, r idem.Request, n int) (won int, keys
 // each time exactly one holds the key, and the claim continues from the
 // recovery point the key is at.
 func TestSameKeyRacesOneHolder(t *testing.T) {
+	t.Parallel()
 	for _, iso := range allIsolations {
 		t.Run(iso.String(), func(t *testing.T) {
 			s, pool := newStore(t, idem.Options{Isolation: iso})
@@ -97,6 +98,7 @@ func TestSameKeyRacesOneHolder(t *testing.T) {
 // with ErrLockLost. Under the article's protocol there is no key row lock:
 // SSI aborts one of the two instead (TestLockTimeoutTakeover covers it).
 func TestTakeoverWaitsForRunningPhase(t *testing.T) {
+	t.Parallel()
 	for _, iso := range []idem.Isolation{idem.ReadCommitted, idem.Serializable} {
 		t.Run(iso.String(), func(t *testing.T) {
 			s, pool := newStore(t, idem.Options{Isolation: iso})
@@ -188,6 +190,7 @@ func waitForLockWait(t *testing.T, pool *pgxpool.Pool) {
 // the reaper never deletes a locked key) stops its next phase before the
 // phase runs.
 func TestPhaseOnDeletedKeyLosesLock(t *testing.T) {
+	t.Parallel()
 	for _, iso := range allIsolations {
 		t.Run(iso.String(), func(t *testing.T) {
 			s, pool := newStore(t, idem.Options{Isolation: iso})
@@ -221,6 +224,7 @@ func TestPhaseOnDeletedKeyLosesLock(t *testing.T) {
 // FOR UPDATE the second waits for the first and both count. SERIALIZABLE
 // phases get the same result without the lock, by retrying one.
 func TestReadCommittedPhasesMustLockTheirRows(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		iso  idem.Isolation

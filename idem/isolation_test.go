@@ -185,6 +185,7 @@ func (r rideRun) keptProtocol(t *testing.T) {
 // faults, 2,000 POST /rides. At most 0.1 % may end in 409 (the article's
 // SERIALIZABLE phases: 6.7 %), and no key may be left for the completer.
 func TestDistinctKeysNoFalseConflicts(t *testing.T) {
+	t.Parallel()
 	const requests = 2000
 	r := runRides(t, idem.ReadCommitted, 8, requests)
 	t.Log(r)
@@ -215,6 +216,7 @@ func TestDistinctKeysNoFalseConflicts(t *testing.T) {
 // and 32 clients, twice each in alternating order. docs/api-authors.md
 // quotes its table.
 func TestIsolationAlternatives(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("IDEM_ISOLATION_BENCH") != "1" {
 		t.Skip("set IDEM_ISOLATION_BENCH=1 to measure the isolation alternatives")
 	}

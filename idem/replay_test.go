@@ -83,6 +83,7 @@ func sign(t *testing.T, s *replayauth.Signer, method, path string, user int64, k
 }
 
 func TestReplayAuthAcceptsUnfinishedKeyOfSignedUser(t *testing.T) {
+	t.Parallel()
 	_, signer, srv := replayFixture(t)
 	body := []byte(`{"amount":100}`)
 	resp := doReplay(t, srv, "POST", "/things", "open-key", sign(t, signer, "POST", "/things", 7, "open-key", body), body)
@@ -96,6 +97,7 @@ func TestReplayAuthAcceptsUnfinishedKeyOfSignedUser(t *testing.T) {
 }
 
 func TestReplayAuthPassesUnsignedRequestsThrough(t *testing.T) {
+	t.Parallel()
 	_, _, srv := replayFixture(t)
 	resp := doReplay(t, srv, "POST", "/things", "anything", "", []byte(`x`))
 	if resp.StatusCode != 200 || resp.Header.Get("X-Replay") != "false" {
@@ -104,6 +106,7 @@ func TestReplayAuthPassesUnsignedRequestsThrough(t *testing.T) {
 }
 
 func TestReplayAuthRejects(t *testing.T) {
+	t.Parallel()
 	_, signer, srv := replayFixture(t)
 	body := []byte(`{}`)
 	otherSecret, _ := replayauth.NewSecret([]byte(strings.Repeat("x", 32)))
@@ -141,6 +144,7 @@ func TestReplayAuthRejects(t *testing.T) {
 }
 
 func TestReplayAuthDisabledWithoutVerifier(t *testing.T) {
+	t.Parallel()
 	s, signer, _ := replayFixture(t)
 	srv := httptest.NewServer(s.ReplayAuth(nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
 	defer srv.Close()

@@ -132,6 +132,7 @@ func nonceRows(t *testing.T, pool *pgxpool.Pool, nonces []string) int {
 // shares the database, in either direction: the nonce is recorded in
 // PostgreSQL, not in the process that accepted it.
 func TestReplayNonceRefusedByAnotherInstance(t *testing.T) {
+	t.Parallel()
 	a, b, signer, pool := twoInstances(t)
 	body := []byte(`{"amount":1}`)
 	for _, c := range []struct {
@@ -163,6 +164,7 @@ func TestReplayNonceRefusedByAnotherInstance(t *testing.T) {
 // is refused when replayed again on either instance. The oracle beside the
 // responses is the table itself: one row per nonce.
 func TestConcurrentReplaysAcrossInstancesAcceptedOnce(t *testing.T) {
+	t.Parallel()
 	a, b, signer, pool := twoInstances(t)
 	const n = 200
 	body := []byte(`{"amount":2}`)
@@ -269,6 +271,7 @@ func (c *testClock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.U
 // once while batches come back full; rows still in their window or grace
 // stay.
 func TestReplayNoncesCleanupDeletesExpiredOnly(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
 	clk := &testClock{t: time.Unix(1_800_000_000, 0)}
@@ -351,6 +354,7 @@ func TestReplayNoncesCleanupDeletesExpiredOnly(t *testing.T) {
 // Nothing counts rows: with more live nonces than the old in-memory
 // ceiling (100,000) in the table, a fresh nonce is accepted.
 func TestReplayNoncesNoCeiling(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
 	if _, err := pool.Exec(ctx, `INSERT INTO idemd_replay_nonces (nonce, expires_at)
@@ -373,6 +377,7 @@ func TestReplayNoncesNoCeiling(t *testing.T) {
 // closed; the completer retries a 5xx), counted, and the outage is logged
 // once, however many requests it refuses, with one line when it is over.
 func TestReplayAuthFailsClosedWhenNoncesCannotBeRecorded(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	a, _, signer, pool := twoInstances(t)
 	admin := dbtest.AdminPool(t, pool)

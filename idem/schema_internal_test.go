@@ -4,6 +4,7 @@ import "testing"
 
 // The forms pg_get_constraintdef prints for a bound on the key's length.
 func TestCheckMaxLength(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		def  string
 		want int
@@ -27,6 +28,7 @@ func TestCheckMaxLength(t *testing.T) {
 }
 
 func TestJSONStorable(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		body        string
 		json, jsonb bool

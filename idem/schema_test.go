@@ -58,6 +58,7 @@ func storedBody(t *testing.T, pool *pgxpool.Pool, key string) *string {
 }
 
 func TestOpenReadsTheSchema(t *testing.T) {
+	t.Parallel()
 	native, _ := newStore(t, idem.Options{})
 	if got := native.MaxKeyLength(); got != 0 {
 		t.Fatalf("New read the schema before first use: MaxKeyLength %d", got)
@@ -77,6 +78,7 @@ func TestOpenReadsTheSchema(t *testing.T) {
 // A database without idemd's table: Open says what to run, and so does the
 // first Begin of a Store from New.
 func TestOpenMissingSchema(t *testing.T) {
+	t.Parallel()
 	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t))
 	if err != nil {
 		t.Fatal(err)
@@ -100,6 +102,7 @@ func TestOpenMissingSchema(t *testing.T) {
 // Keys longer than the column admits get ErrKeyTooLong, a 400 naming the
 // column's limit, before the database is asked: the pool is closed here.
 func TestArticleSchemaKeyLimit(t *testing.T) {
+	t.Parallel()
 	s, pool := articleStore(t)
 	ok := strings.Repeat("é", 100)
 	if _, err := finishWith(t, s, ok, 201, []byte(`{}`)); err != nil {
@@ -122,6 +125,7 @@ func TestArticleSchemaKeyLimit(t *testing.T) {
 // A narrower limit of the API's own (a CHECK with another spelling) is
 // found too.
 func TestKeyLimitFromOwnCheck(t *testing.T) {
+	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	if _, err := dbtest.MigratorPool(t, pool).Exec(ctx, `ALTER TABLE idempotency_keys
@@ -148,6 +152,7 @@ func TestKeyLimitFromOwnCheck(t *testing.T) {
 // every replay; a body that is not JSON is stored as a JSON string of its
 // text instead of failing with 22P02.
 func TestArticleSchemaResponses(t *testing.T) {
+	t.Parallel()
 	s, pool := articleStore(t)
 	ctx := context.Background()
 	for _, c := range []struct {
@@ -202,6 +207,7 @@ func TestArticleSchemaResponses(t *testing.T) {
 // On idemd's TEXT column the replay is the body byte for byte, whatever it
 // is, JSON or not.
 func TestNativeSchemaReplaysByteForByte(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t, idem.Options{})
 	ctx := context.Background()
 	for i, body := range []string{`{"zeta": 1,   "a":[1, 2.50, 1e2]}`, "plain text\r\n", `{"a":"\u0000"}`, ``, "é\t<>&"} {
@@ -227,6 +233,7 @@ func TestNativeSchemaReplaysByteForByte(t *testing.T) {
 // either schema, before anything is written: the key stays at its recovery
 // point, unlocked, for a retry.
 func TestUnstorableBody(t *testing.T) {
+	t.Parallel()
 	native, npool := newStore(t, idem.Options{})
 	article, apool := articleStore(t)
 	for _, c := range []struct {
@@ -269,6 +276,7 @@ func ptr(s string) *string { return &s }
 // On a json column (not jsonb) a JSON body is kept as written; any other
 // body is stored as a JSON string, as on jsonb.
 func TestJSONColumnResponses(t *testing.T) {
+	t.Parallel()
 	u := articletest.NewDatabase(t)
 	ctx := context.Background()
 	mig, err := pgxpool.New(ctx, dbtest.MigratorURL(u))

@@ -117,6 +117,7 @@ var insertCases = []insertCase{
 // and states), and where InsertTx keeps one
 // unique job of four calls, so does staging.
 func TestStageInsertTxIsRiversInsertTx(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	clock := fixedClock{time.Date(2026, 12, 6, 10, 30, 0, 0, time.UTC)}
 	cfg := &river.Config{MaxAttempts: 9, Test: river.TestConfig{Time: clock}, Middleware: []rivertype.Middleware{&tenantMiddleware{}}}
@@ -300,6 +301,7 @@ func moveAll(t *testing.T, pool *pgxpool.Pool) {
 
 // River's errors are StageInsertTx's, and nothing is staged.
 func TestStageInsertTxRefusesWhatInsertTxRefuses(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
 	for _, c := range []struct {
@@ -372,6 +374,7 @@ func riverUniqueKey(kind string, args map[string]any, period time.Duration, now 
 // states: it is the job River's own InsertTx makes, and four such rows,
 // beside one inserted with InsertTx, keep one job.
 func TestPlainSQLUniqueStagingIsRivers(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
 	clock := fixedClock{time.Now().UTC()}

@@ -52,6 +52,7 @@ func readKey(t *testing.T, pool *pgxpool.Pool, id int64) keyRow {
 }
 
 func TestBeginInsertsLockedKeyWithUpstreamKey(t *testing.T) {
+	t.Parallel()
 	s, pool := newStore(t, idem.Options{})
 	ctx := context.Background()
 	k, err := s.Begin(ctx, req("key-1"))
@@ -78,6 +79,7 @@ func TestBeginInsertsLockedKeyWithUpstreamKey(t *testing.T) {
 }
 
 func TestBeginKeyValidation(t *testing.T) {
+	t.Parallel()
 	s, pool := newStore(t, idem.Options{MinKeyLength: 20})
 	ctx := context.Background()
 	cases := map[string]error{
@@ -116,6 +118,7 @@ func TestBeginKeyValidation(t *testing.T) {
 }
 
 func TestBeginParamsMismatch(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t, idem.Options{})
 	ctx := context.Background()
 	k, err := s.Begin(ctx, req("key-m"))
@@ -144,6 +147,7 @@ func TestBeginParamsMismatch(t *testing.T) {
 }
 
 func TestBeginLegacyKeyWithoutFingerprintComparesParams(t *testing.T) {
+	t.Parallel()
 	s, pool := newStore(t, idem.Options{})
 	ctx := context.Background()
 	// JSONB re-spells numbers and reorders keys; comparison is canonical.
@@ -166,6 +170,7 @@ func TestBeginLegacyKeyWithoutFingerprintComparesParams(t *testing.T) {
 }
 
 func TestLockTimeoutTakeover(t *testing.T) {
+	t.Parallel()
 	s, pool := newStore(t, idem.Options{})
 	ctx := context.Background()
 	k, err := s.Begin(ctx, req("key-stale"))
@@ -199,6 +204,7 @@ func TestLockTimeoutTakeover(t *testing.T) {
 }
 
 func TestExecuteStoresAndReplaysByteForByte(t *testing.T) {
+	t.Parallel()
 	s, pool := newStore(t, idem.Options{})
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -242,6 +248,7 @@ func TestExecuteStoresAndReplaysByteForByte(t *testing.T) {
 }
 
 func TestPhaseErrorUnlocksAndKeepsRecoveryPoint(t *testing.T) {
+	t.Parallel()
 	s, pool := newStore(t, idem.Options{})
 	ctx := context.Background()
 	boom := errors.New("boom")
@@ -295,6 +302,7 @@ func TestPhaseErrorUnlocksAndKeepsRecoveryPoint(t *testing.T) {
 }
 
 func TestSerializationFailureRetriedThenConflict(t *testing.T) {
+	t.Parallel()
 	s, pool := newStore(t, idem.Options{MaxSerializationRetries: 2})
 	ctx := context.Background()
 	serr := &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
@@ -332,6 +340,7 @@ func TestSerializationFailureRetriedThenConflict(t *testing.T) {
 // phase logic that relies on it (TestReadCommittedPhasesMustLockTheirRows
 // is the same pattern under the default).
 func TestRealSerializationConflict(t *testing.T) {
+	t.Parallel()
 	s, pool := newStore(t, idem.Options{Isolation: idem.Serializable})
 	ctx := context.Background()
 	// The application's own table, created as the migrator so the default
@@ -381,6 +390,7 @@ func TestRealSerializationConflict(t *testing.T) {
 }
 
 func TestConcurrentBeginOneWinner(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t, idem.Options{})
 	ctx := context.Background()
 	const n = 20
@@ -415,6 +425,7 @@ func TestConcurrentBeginOneWinner(t *testing.T) {
 }
 
 func TestStageJob(t *testing.T) {
+	t.Parallel()
 	s, pool := newStore(t, idem.Options{})
 	ctx := context.Background()
 	phases := idem.Phases{"started": func(ctx context.Context, tx pgx.Tx, k *idem.Key) (idem.Result, error) {
@@ -457,6 +468,7 @@ func TestStageJob(t *testing.T) {
 }
 
 func TestCanonicalParamsSurviveJSONB(t *testing.T) {
+	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	for _, doc := range []string{

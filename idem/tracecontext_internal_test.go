@@ -10,6 +10,7 @@ import (
 )
 
 func TestWithTraceContext(t *testing.T) {
+	t.Parallel()
 	traceID, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
 	spanID, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
 	state, err := trace.ParseTraceState("vendor=abc")

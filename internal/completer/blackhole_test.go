@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -30,7 +31,7 @@ func TestPassEndsInABlackHoleAndClaimsAfterIt(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	hole.Silence()
+	hole.BlackHole(tcpproxy.HoleOptions{})
 	insertKeys(t, direct, "hole", 3, "started")
 	_, err := pass()
 	if !dbcall.IsTimeout(err) {

@@ -77,6 +77,7 @@ func logReport(t *testing.T, rep conformance.Report) {
 // TestOrderAPIPasses: the API on idem, unbroken, passes every scenario;
 // none is skipped.
 func TestOrderAPIPasses(t *testing.T) {
+	t.Parallel()
 	rep := runOrders(t, ordersDB(t), breaks{})
 	logReport(t, rep)
 	if rep.Failed != 0 || rep.Skipped != 0 || rep.Passed != len(conformance.Scenarios()) {
@@ -87,6 +88,7 @@ func TestOrderAPIPasses(t *testing.T) {
 // TestBrokenAPIsFailTheirScenario: each way of breaking the protocol
 // fails exactly the scenarios that check it, and no other.
 func TestBrokenAPIsFailTheirScenario(t *testing.T) {
+	t.Parallel()
 	pool := ordersDB(t)
 	cases := []struct {
 		name string
@@ -128,6 +130,7 @@ func TestBrokenAPIsFailTheirScenario(t *testing.T) {
 // TestIgnoredKeyFailsReplayFirst: an API that ignores Idempotency-Key
 // altogether is told so by the replay scenario, first.
 func TestIgnoredKeyFailsReplayFirst(t *testing.T) {
+	t.Parallel()
 	rep := runOrders(t, ordersDB(t), breaks{IgnoreKey: true})
 	logReport(t, rep)
 	got := rep.FailedNames()
@@ -144,6 +147,7 @@ func TestIgnoredKeyFailsReplayFirst(t *testing.T) {
 // TestBrokenAPIsWithoutDatabase: what a client alone can see is enough
 // to catch these, from the answers only.
 func TestBrokenAPIsWithoutDatabase(t *testing.T) {
+	t.Parallel()
 	pool := ordersDB(t)
 	cases := []struct {
 		name string

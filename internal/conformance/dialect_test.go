@@ -36,6 +36,7 @@ func runOnly(t *testing.T, apiDB, db *pgxpool.Pool, b breaks, mismatch int, only
 // the protocol kept; the report says which status the API chose, and
 // --mismatch-status pins one.
 func TestMismatchDialectsPass(t *testing.T) {
+	t.Parallel()
 	pool := ordersDB(t)
 	for _, tc := range []struct {
 		status int // the API's; 0 is idem's own, 422
@@ -69,6 +70,7 @@ func TestMismatchDialectsPass(t *testing.T) {
 // naming what is missing and `idemctl migrate`; none fails on a raw
 // column error, and the ones a client alone can check still run.
 func TestDatabaseWithoutIdemdSchema(t *testing.T) {
+	t.Parallel()
 	apiDB := ordersDB(t)
 	article := articleOnlyDB(t)
 	rep := runOnly(t, apiDB, article, breaks{}, 0)

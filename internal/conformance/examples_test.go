@@ -34,6 +34,7 @@ flask_app.create_app(sys.argv[2], sys.argv[4]).run(host=host, port=int(port), th
 // Express and Flask apps with form bodies (replayed form-encoded, as the completer's
 // --request-encoding form does).
 func TestExampleAPIsPass(t *testing.T) {
+	t.Parallel()
 	python := clienttest.Python(t)
 	example := filepath.Join(clienttest.Root(t), "clients", "python", "example")
 	secretFile := filepath.Join(t.TempDir(), "replay-secret")

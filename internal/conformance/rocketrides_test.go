@@ -17,6 +17,7 @@ import (
 // TestRocketRidesPasses: the reference API passes every scenario, with
 // the database and the replay secret, so none is skipped.
 func TestRocketRidesPasses(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
 	if err := api.Migrate(ctx, dbtest.MigratorPool(t, pool)); err != nil {

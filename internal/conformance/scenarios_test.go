@@ -30,6 +30,7 @@ func slug(h string) string {
 // line, and links a section of the docs that exists; docs/conformance.md
 // describes each one.
 func TestScenarioDocsResolve(t *testing.T) {
+	t.Parallel()
 	root := filepath.Join("..", "..")
 	anchors := map[string]bool{}
 	pages := map[string]string{}

@@ -15,6 +15,7 @@ import (
 // and the mismatch scenario's other parameters change a value the API
 // reads (a number, a numeric form string, else a string).
 func TestReadTemplate(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	read := func(body string) (conformance.Template, error) {
 		p := filepath.Join(dir, "r.json")
@@ -56,6 +57,7 @@ func TestReadTemplate(t *testing.T) {
 // client can see run and pass against the order API, the others are
 // skipped, each saying what it needs.
 func TestWithoutDatabase(t *testing.T) {
+	t.Parallel()
 	h, err := newOrderAPI(ordersDB(t), []byte(testSecret), breaks{})
 	if err != nil {
 		t.Fatal(err)

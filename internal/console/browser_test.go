@@ -60,6 +60,9 @@ func headless(t *testing.T, bin, url, shot string) string {
 // webdriver_test.go, acts through the pages' forms).
 // IDEMD_CONSOLE_SCREENSHOTS=dir also saves screenshots of the main pages
 // there (docs/console/ holds the committed ones).
+//
+// Not parallel: two Chromiums at once on two cores left one's profile
+// being written while its test removed it (TempDir cleanup failed).
 func TestBrowser(t *testing.T) {
 	bin := chromium(t)
 	s := seed(t)

@@ -202,6 +202,7 @@ func mustContain(t *testing.T, what, page string, wants ...string) {
 
 // TestPagesRender: every page renders the seeded data.
 func TestPagesRender(t *testing.T) {
+	t.Parallel()
 	s := seed(t)
 	ts := serve(t, s, options{operator: "carol", river: true})
 	id := func(i int64) string { return strconv.FormatInt(i, 10) }
@@ -254,6 +255,7 @@ func TestPagesRender(t *testing.T) {
 // the database and are recorded under the console's operator; a POST
 // without the CSRF token, or from another origin, changes nothing.
 func TestActions(t *testing.T) {
+	t.Parallel()
 	s := seed(t)
 	ts := serve(t, s, options{operator: "carol", river: true})
 	id := func(i int64) string { return strconv.FormatInt(i, 10) }
@@ -360,6 +362,7 @@ func TestActions(t *testing.T) {
 // proxy the header names who acts, a request without it is refused, and a
 // token is good only for its own identity.
 func TestIdentity(t *testing.T) {
+	t.Parallel()
 	s := seed(t)
 	id := strconv.FormatInt(s.gaveUp, 10)
 
@@ -406,6 +409,7 @@ func TestIdentity(t *testing.T) {
 // recorded, and says so; with none recorded, by the console's own flags,
 // saying that instead.
 func TestStatusPageCountsByTheRecordedRetention(t *testing.T) {
+	t.Parallel()
 	s := seed(t)
 	ts := serve(t, s, options{operator: "carol"})
 	pastRetention := regexp.MustCompile(`id="past-retention">(\d+)<`)

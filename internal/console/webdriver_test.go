@@ -311,6 +311,9 @@ func (wd *webdriver) source() string {
 // it requeues it. SQL then checks each happened and was recorded under the
 // console's operator identity (carol, via console). A form whose token was
 // tampered with in the page is refused and changes nothing.
+//
+// Not parallel: two Chromiums at once on two cores left one's profile
+// being written while its test removed it (TempDir cleanup failed).
 func TestBrowserActs(t *testing.T) {
 	browser := chromium(t)
 	driver := chromedriver(t)

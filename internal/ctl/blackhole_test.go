@@ -8,6 +8,7 @@ import (
 	"github.com/idemd/idemd/internal/daemon"
 	"github.com/idemd/idemd/internal/testing/blackhole"
 	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -17,7 +18,7 @@ import (
 // terminal or a script; once the network forwards, they work.
 func TestCommandsEndInABlackHole(t *testing.T) {
 	hole, holeURL := blackhole.Through(t, dbtest.NewDatabase(t))
-	hole.Silence()
+	hole.BlackHole(tcpproxy.HoleOptions{})
 	for _, args := range [][]string{{"status"}, {"review", "list"}, {"reaper", "runs"}} {
 		var code int
 		var stderr string

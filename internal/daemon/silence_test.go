@@ -18,6 +18,7 @@ import (
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
 	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -44,7 +45,7 @@ func TestProbesDuringASilentFault(t *testing.T) {
 		testwait.Until(t, time.Minute, p.name+" ready", func() bool { code, _ := p.get("/readyz"); return code == http.StatusOK })
 	}
 
-	hole.Silence()
+	hole.BlackHole(tcpproxy.HoleOptions{})
 	for _, p := range procs {
 		testwait.Until(t, time.Minute, p.name+"'s /readyz to name the call the database did not answer", func() bool {
 			if code, _ := p.get("/healthz"); code != http.StatusOK {

@@ -11,6 +11,7 @@ import (
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
 	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -18,6 +19,7 @@ import (
 // naming the call the database did not answer (the lease), instead of
 // blocking; once the network forwards again it exports again.
 func TestPassEndsInABlackHoleAndExportsAfterIt(t *testing.T) {
+	t.Parallel()
 	const bound = 300 * time.Millisecond
 	hole, pool := blackhole.Pool(t, dbtest.NewDatabase(t), bound)
 	calls := blackhole.Calls(pool, bound)
@@ -33,7 +35,7 @@ func TestPassEndsInABlackHoleAndExportsAfterIt(t *testing.T) {
 		t.Fatalf("first pass: %+v, %v", res, err)
 	}
 
-	hole.Silence()
+	hole.BlackHole(tcpproxy.HoleOptions{})
 	_, err = pass()
 	if !dbcall.IsTimeout(err) {
 		t.Fatalf("a pass in the black hole returned %v, want a database timeout", err)

@@ -30,6 +30,7 @@ import (
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
 func TestBuildStats(t *testing.T) {
+	t.Parallel()
 	zero := func(over map[string]int64) map[string]int64 {
 		m := map[string]int64{"available": 0, "pending": 0, "retryable": 0, "running": 0, "scheduled": 0}
 		for k, v := range over {
@@ -86,6 +87,7 @@ func TestBuildStats(t *testing.T) {
 }
 
 func TestSettingsCheck(t *testing.T) {
+	t.Parallel()
 	d := DefaultSettings()
 	if p := d.Check(); len(p) > 0 {
 		t.Errorf("the defaults are refused: %v", p)
@@ -196,6 +198,7 @@ func exporting(t *testing.T, reg *prometheus.Registry) bool {
 // oldest available job's age by a pinned clock, finalized jobs left out,
 // and a drained queue kept at 0.
 func TestStats(t *testing.T) {
+	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	now := time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
@@ -262,6 +265,7 @@ func TestStats(t *testing.T) {
 // while the history has none, a CronJob's run at the first pass, a later
 // run's end at the pass after it; a standby replica exports none.
 func TestReaperLastSuccess(t *testing.T) {
+	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	const gauge = "idemd_reaper_history_last_success_timestamp_seconds"
@@ -367,6 +371,7 @@ INSERT INTO idemd_reaper_runs (started_at, finished_at, mode, result, holder, th
 // exporter. When the holder's lease expires (it died), the other takes it
 // over, and the old holder, back, stands by.
 func TestOneExporterAmongReplicas(t *testing.T) {
+	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	insertJobs(t, pool, job{"default", "available", time.Now()})
@@ -425,6 +430,7 @@ func TestOneExporterAmongReplicas(t *testing.T) {
 // when it stops (releasing the lease) the other takes over at its next
 // pass. Waits are polls; nothing sleeps.
 func TestStopHandsOver(t *testing.T) {
+	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	insertJobs(t, pool, job{"default", "available", time.Now()})
@@ -478,6 +484,7 @@ func TestStopHandsOver(t *testing.T) {
 // river_job_prioritized_fetching_index, not the table, however many
 // finalized jobs River keeps.
 func TestStatsQueryPlan(t *testing.T) {
+	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `
@@ -532,6 +539,7 @@ FROM generate_series(1, 20000)`); err != nil {
 // exporter's own query; finalized jobs are not counted and a state
 // without jobs is absent.
 func TestCountJobs(t *testing.T) {
+	t.Parallel()
 	pool := dbtest.NewPool(t)
 	now := time.Now()
 	insertJobs(t, pool,
@@ -557,6 +565,7 @@ func TestCountJobs(t *testing.T) {
 // the exporter's by the logger's name, not by a second "component" key
 // (a JSON object with the key twice, which log pipelines read as either).
 func TestLogsNameComponentOnce(t *testing.T) {
+	t.Parallel()
 	var buf bytes.Buffer
 	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&buf), zap.InfoLevel)
 	logger := zap.New(core).With(zap.String("component", "completer"))

@@ -20,6 +20,7 @@ import (
 )
 
 func TestBuildHorizon(t *testing.T) {
+	t.Parallel()
 	i64 := func(v int64) *int64 { return &v }
 	f64 := func(v float64) *float64 { return &v }
 	dur := func(d time.Duration) *time.Duration { return &d }
@@ -217,6 +218,7 @@ func runOnce(t *testing.T, svc *Service) *Result {
 // their ages are absent (the shared server allows none:
 // TestHorizonSlotsAndPrepared has them on a cluster of its own).
 func TestHorizonSession(t *testing.T) {
+	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	svc, reg := newService(t, pool, testSettings())
@@ -275,6 +277,7 @@ func TestHorizonSession(t *testing.T) {
 // oldest session ends, its name's younger session, now the youngest holder
 // of all, drops out of the five, and the next name comes in.
 func TestHorizonSessionsBounded(t *testing.T) {
+	t.Parallel()
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	svc, reg := newService(t, pool, testSettings())
@@ -332,6 +335,7 @@ func TestHorizonSessionsBounded(t *testing.T) {
 // idemd_dbstats_read_all_stats says 0, and the exporter logs that once;
 // granted again, it logs that once too and the seconds are back.
 func TestHorizonSlotsAndPrepared(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c, err := dbtest.NewClusterWith(dbtest.ClusterOptions{Settings: []string{"max_prepared_transactions=2", "wal_level=logical"}})
 	if err != nil {

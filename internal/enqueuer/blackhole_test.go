@@ -12,6 +12,7 @@ import (
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
 	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -47,7 +48,7 @@ func TestPassEndsInABlackHoleAndMovesAfterIt(t *testing.T) {
 		return len(stagedIDsInRiver(t, direct)) == 2
 	})
 
-	hole.Silence()
+	hole.BlackHole(tcpproxy.HoleOptions{})
 	stageEach(t, direct, 3)
 	_, err = runOnceWithin(t, s)
 	if !dbcall.IsTimeout(err) {
@@ -96,7 +97,7 @@ func TestServiceRecoversFromABlackHole(t *testing.T) {
 	stageEach(t, direct, 2)
 	testwait.Until(t, time.Minute, "the first rows moved", func() bool { return len(stagedIDsInRiver(t, direct)) == 2 })
 
-	hole.Silence()
+	hole.BlackHole(tcpproxy.HoleOptions{})
 	stageEach(t, direct, 3)
 	testwait.Until(t, time.Minute, "a call that ran out of its bound", func() bool { return calls.Fault() != nil })
 	testwait.Until(t, time.Minute, "the listener found down", func() bool { return testutil.ToFloat64(s.metrics.listenerUp) == 0 })

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemd/idemd/internal/testing/blackhole"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -83,7 +84,7 @@ func TestStandbyOnASilencedConnectionStandsByAgainAndTakesOver(t *testing.T) {
 	// Silent: the standby's session and its pool's connections stop
 	// answering; the server ends the silenced sessions, as its keepalives
 	// would (the standby's wait goes with it); new connections forward.
-	hole.Silence()
+	hole.BlackHole(tcpproxy.HoleOptions{})
 	hole.EndServerSessions()
 	hole.Heal()
 	standby.signals.standby.WaitOrTimeout(t)

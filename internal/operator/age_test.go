@@ -9,6 +9,7 @@ import (
 // console's pages: days and hours, hours and minutes, or Go's duration
 // below an hour, rounded to the second.
 func TestAge(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		d    time.Duration
 		want string

@@ -27,6 +27,7 @@ var tablePackages = map[string]bool{
 // table, and the console does not reach through idemctl's commands: what
 // either shows or does is one function here (docs/architecture.md).
 func TestFacesOwnNoQueries(t *testing.T) {
+	t.Parallel()
 	sqlWords := []string{"SELECT ", "UPDATE ", "INSERT ", "DELETE FROM"}
 	for _, dir := range []string{"../ctl", "../console"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))

@@ -18,6 +18,7 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 // river_job.metadata rather than reading the whole table. Sequential scans
 // are priced out because the test table is tiny.
 func TestRiverJobLookupUsesMetadataIndex(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dbtest.NewDatabase(t))
 	if err != nil {

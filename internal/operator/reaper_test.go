@@ -21,6 +21,7 @@ func isRefusal(err error) bool {
 // state, names who paused, and records itself in idemd_operator_actions
 // (the resume with the pause it lifted).
 func TestPauseResumeReaper(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := dbtest.NewPool(t)
 

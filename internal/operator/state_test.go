@@ -11,6 +11,7 @@ import (
 // TestKeyStateAndRetryRefusal: the decision of what a key's state is and
 // whether a retry applies, without a database.
 func TestKeyStateAndRetryRefusal(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
 	key := func(mod func(k *Key)) *Key {
@@ -51,6 +52,7 @@ func TestKeyStateAndRetryRefusal(t *testing.T) {
 }
 
 func TestKeyRefCheck(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		ref  KeyRef
 		want string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemd/idemd/internal/dbcall"
 	"github.com/idemd/idemd/internal/testing/blackhole"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
@@ -35,7 +36,7 @@ func TestRunEndsInABlackHoleAndReapsAfterIt(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	hole.Silence()
+	hole.BlackHole(tcpproxy.HoleOptions{})
 	old := dbNow(t, direct).Add(-testSettings().Retention - time.Hour)
 	for _, name := range []string{"old-1", "old-2"} {
 		insertKey(t, direct, keySpec{name: name, createdAt: old})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,9 @@ const (
 // servers dbtest starts itself trust every local connection.
 const testPassword = "idemd-test"
 
+// rolesMu serialises ApplyRoles within the process.
+var rolesMu sync.Mutex
+
 // ApplyRoles runs deploy/sql/roles.sql, unchanged, in the database of
 // adminURL (a superuser or the database owner): it creates the roles if
 // missing (roles are per cluster) and grants them what they need in that
@@ -33,7 +37,13 @@ const testPassword = "idemd-test"
 // once; callers on a shared server still serialise it (ensureTemplate's
 // advisory lock) because concurrent ALTER ROLE PASSWORD can fail with
 // "tuple concurrently updated".
+//
+// Within a process it runs one at a time (rolesMu): a package's parallel
+// tests that each prepare a database by hand (articletest) would
+// otherwise GRANT on the same roles at once and fail the same way.
 func ApplyRoles(ctx context.Context, adminURL string) error {
+	rolesMu.Lock()
+	defer rolesMu.Unlock()
 	conn, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		return fmt.Errorf("dbtest: roles: connect: %w", err)

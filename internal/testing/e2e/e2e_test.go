@@ -23,10 +23,10 @@ import (
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/e2e/alertcheck"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
-	"github.com/idemd/idemd/internal/testing/e2e/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/horizon"
 	"github.com/idemd/idemd/internal/testing/pgbouncertest"
 	"github.com/idemd/idemd/internal/testing/scratchdb"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }

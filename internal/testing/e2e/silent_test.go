@@ -24,8 +24,8 @@ import (
 	"github.com/idemd/idemd/internal/completer"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
-	"github.com/idemd/idemd/internal/testing/e2e/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/horizon"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 )
 
 // The faults that say nothing (issue 48): a black-holed network, a frozen

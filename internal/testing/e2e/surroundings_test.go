@@ -13,8 +13,8 @@ import (
 	"github.com/idemd/idemd/internal/testing/dbtest"
 	"github.com/idemd/idemd/internal/testing/e2e/oracle"
 	"github.com/idemd/idemd/internal/testing/e2e/system"
-	"github.com/idemd/idemd/internal/testing/e2e/tcpproxy"
 	"github.com/idemd/idemd/internal/testing/scratchdb"
+	"github.com/idemd/idemd/internal/testing/tcpproxy"
 )
 
 // startSurroundings starts what a run's daemons talk to, on e's database

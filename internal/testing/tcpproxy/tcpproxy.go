@@ -71,8 +71,11 @@ type link struct {
 	// close of either side is passed on. Never unset.
 	silent atomic.Bool
 	// hole is the black hole that silenced the link, if one did; its
-	// timer closes the server side.
+	// timer (or EndServerSessions) closes the server side.
 	hole *hole
+	// serverEnded: a hole's timer or EndServerSessions closed the server
+	// side (under Proxy.mu), counted once in ServerClosed.
+	serverEnded bool
 }
 
 // hole is one black hole.
@@ -111,7 +114,7 @@ type Stats struct {
 	// Silenced: forwarding connections a black hole silenced; Held:
 	// connections accepted during a hole, never forwarded; HalfOpened:
 	// connections HalfOpen silenced; ServerClosed: server sides a hole's
-	// CloseServerAfter closed.
+	// CloseServerAfter or EndServerSessions closed.
 	Silenced, Held, HalfOpened, ServerClosed int64
 	// Dropped is the bytes read from silenced and held connections and
 	// forwarded nowhere.
@@ -198,11 +201,39 @@ func (p *Proxy) closeServers(h *hole) {
 	defer p.mu.Unlock()
 	h.fired = true
 	for l := range p.links {
-		if l.hole == h && l.server != nil {
-			l.server.Close()
-			p.serverClosed.Add(1)
+		if l.hole == h {
+			p.endServer(l)
 		}
 	}
+}
+
+// EndServerSessions closes, now, the server's side of every connection a
+// black hole silenced, as a hole's CloseServerAfter does when its delay is
+// up: the server's keepalives have ended the sessions of a client that
+// stopped answering, releasing what they held (locks, LISTEN). Their
+// clients' sides stay open and silent. It returns how many it closed.
+func (p *Proxy) EndServerSessions() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for l := range p.links {
+		if l.hole != nil && p.endServer(l) {
+			n++
+		}
+	}
+	return n
+}
+
+// endServer closes l's server side once (under p.mu) and reports whether
+// it did.
+func (p *Proxy) endServer(l *link) bool {
+	if l.server == nil || l.serverEnded {
+		return false
+	}
+	l.serverEnded = true
+	l.server.Close()
+	p.serverClosed.Add(1)
+	return true
 }
 
 // Conns lists the connections that forward: dialed, not silenced.
@@ -300,8 +331,7 @@ func (p *Proxy) attach(l *link, server net.Conn) bool {
 		if p.hole.fired {
 			// Dialed across the hole's CloseServerAfter: its server side
 			// goes at once, as the others' went.
-			server.Close()
-			p.serverClosed.Add(1)
+			p.endServer(l)
 		}
 	}
 	return true

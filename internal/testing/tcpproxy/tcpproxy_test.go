@@ -300,6 +300,38 @@ func TestBlackHoleClosesServerSide(t *testing.T) {
 	}
 }
 
+// TestEndServerSessions: the server sees its side of each silenced
+// connection end when the test says so, once however often it says so;
+// the client sees nothing.
+func TestEndServerSessions(t *testing.T) {
+	srv := echo(t)
+	p := newProxy(t, srv.addr)
+	c := dial(t, p)
+	c.ping(t)
+	if n := p.EndServerSessions(); n != 0 {
+		t.Fatalf("EndServerSessions closed %d server sides before any hole, want 0", n)
+	}
+	p.BlackHole(HoleOptions{})
+	held := dial(t, p)
+	held.sendDropped(t, p)
+	server := p.silencedServerAddr(t)
+	if n := p.EndServerSessions(); n != 1 {
+		t.Fatalf("EndServerSessions closed %d server sides, want 1 (the held one has none)", n)
+	}
+	testwait.Until(t, 10*time.Second, "the server's side to be closed", func() bool { return srv.endedConn(server) })
+	c.silent(t)
+	c.sendDropped(t, p)
+	c.silent(t)
+	if n := p.EndServerSessions(); n != 0 {
+		t.Fatalf("a second EndServerSessions closed %d server sides, want 0", n)
+	}
+	p.Heal()
+	dial(t, p).ping(t)
+	if st := p.Stats(); st.ServerClosed != 1 || st.Silenced != 1 || st.Held != 1 {
+		t.Fatalf("stats: %+v", st)
+	}
+}
+
 // TestHalfOpen: the chosen connection's server side is closed and its
 // client hears nothing; the others go on.
 func TestHalfOpen(t *testing.T) {
