@@ -142,14 +142,16 @@ func (t *runThrottle) batchSize(limit, width int) int {
 }
 
 // roundEnded records a round: the keys it deleted (for the WAL per key)
-// and its probes' median commit, which moves the batch size. A round over
-// the budget shrinks the next batch; only when the batch cannot shrink
-// does the throttle also wait after it (Throttle's afterRound).
-func (t *runThrottle) roundEnded(keys int64, roundCommit time.Duration) {
+// and its probes. The slowest probe moves the batch size (Sizer); only
+// when the batch cannot shrink does the throttle also wait after it, on
+// the probes' median (Throttle's afterRound: judged by the slowest, a
+// loaded machine's stalls alone would hold the run most of its time).
+func (t *runThrottle) roundEnded(keys int64, probes throttle.RoundProbes) {
 	t.roundKeys = keys
 	atMin := t.size.AtMin()
-	t.size.Observe(roundCommit, t.budget)
-	if t.budget > 0 && roundCommit > t.budget && !atMin {
+	t.size.Observe(probes, t.budget)
+	roundCommit := probes.Median
+	if t.budget > 0 && probes.Worst > t.budget && !atMin {
 		roundCommit = 0
 	}
 	t.roundCommit = roundCommit

@@ -3,6 +3,7 @@ package throttle
 import (
 	"errors"
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -278,28 +279,49 @@ func TestBudgetPacerKeepsCheckpointsOnSchedule(t *testing.T) {
 	}
 }
 
-// The sizer halves on a round over the budget, down to its floor, and adds
-// a twentieth of its range on a round under it, up to its ceiling.
+// round is a round's probes: quiet commits and one slow one.
+func round(quiet, slow time.Duration) RoundProbes {
+	return SummarizeProbes([]time.Duration{quiet, quiet, quiet, quiet, slow})
+}
+
+// The sizer's moves on a trace of rounds: it cuts by the overshoot of the
+// round's slowest probe (at least halving, at most to an eighth, never
+// under its floor), adds a twentieth of its range on a round whose slowest
+// probe is under half the budget, up to its ceiling, and holds in between.
 func TestSizerAIMD(t *testing.T) {
+	const budget = 4 * time.Millisecond
+	ms := time.Millisecond
+	for _, c := range []struct {
+		name  string
+		trace []RoundProbes
+		want  []int
+	}{
+		{"grows while well under", []RoundProbes{round(ms, ms), round(ms, 2*ms), {}}, []int{2000, 3500, 3500}},
+		{"holds between half and the budget", []RoundProbes{round(ms, ms), round(ms, 3*ms), round(ms, 4*ms)}, []int{2000, 2000, 2000}},
+		{"halves on a small overshoot", []RoundProbes{round(ms, ms), round(ms, ms), round(ms, 5*ms)}, []int{2000, 3500, 1750}},
+		{"cuts by the overshoot", []RoundProbes{round(ms, ms), round(ms, ms), round(ms, 10*ms)}, []int{2000, 3500, 1400}},
+		{"at most to an eighth", []RoundProbes{round(ms, ms), round(ms, ms), round(ms, time.Second)}, []int{2000, 3500, 500}},
+		{"a slow median is over too", []RoundProbes{round(ms, ms), round(8*ms, 8*ms)}, []int{2000, 1000}},
+		{"never under the floor", []RoundProbes{round(ms, 5*ms), round(ms, 5*ms)}, []int{500, 500}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := NewSizer(MinBatch, 30500, MinBatch)
+			var got []int
+			for _, r := range c.trace {
+				s.Observe(r, budget)
+				got = append(got, s.Size())
+			}
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("sizes %v, want %v", got, c.want)
+			}
+		})
+	}
 	s := NewSizer(MinBatch, 30500, MinBatch)
-	budget := 4 * time.Millisecond
-	under, over := time.Millisecond, 10*time.Millisecond
-	var got []int
-	for _, c := range []time.Duration{under, under, over, 0, under, over, over, over, over, over} {
-		s.Observe(c, budget)
-		got = append(got, s.Size())
-	}
-	want := []int{2000, 3500, 1750, 1750, 3250, 1625, 812, 500, 500, 500}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("sizes %v, want %v", got, want)
-		}
-	}
 	if !s.AtMin() {
 		t.Fatal("at the floor: AtMin false")
 	}
 	for range 40 {
-		s.Observe(under, budget)
+		s.Observe(round(ms, ms), budget)
 	}
 	if s.Size() != 30500 {
 		t.Fatalf("after 40 rounds under the budget: %d, want the ceiling", s.Size())
@@ -315,9 +337,49 @@ func TestSizerAIMD(t *testing.T) {
 		t.Fatalf("batch size 10: %d", small.Size())
 	}
 	// Without a budget nothing moves.
-	s.Observe(time.Hour, 0)
+	s.Observe(round(time.Hour, time.Hour), 0)
 	if s.Size() != 30500 {
 		t.Fatalf("no budget moved the size to %d", s.Size())
+	}
+}
+
+// The budget bounds the tail: a server on which a batch's last WAL makes
+// one commit in five wait in proportion to the batch (the API's commits
+// behind its flush) while the others stay quiet. The round's median stays
+// at the quiet commit whatever the size, so a sizer on the median grows
+// to --batch-size and the slow fifth waits twice the budget; the sizer
+// must keep every round's slowest probe within the budget once it has
+// settled, without collapsing to its floor.
+func TestSizerBoundsTheTail(t *testing.T) {
+	const (
+		budget = 4 * time.Millisecond
+		quiet  = time.Millisecond
+		perKey = 200 * time.Nanosecond // 15,000 keys: the budget
+	)
+	slowest := func(size int) time.Duration { return quiet + time.Duration(size)*perKey }
+	s := NewSizer(MinBatch, 30500, MinBatch)
+	var sizes []int
+	for range 200 {
+		size := s.Size()
+		sizes = append(sizes, size)
+		s.Observe(round(quiet, slowest(size)), budget)
+	}
+	over := 0
+	for i, size := range sizes {
+		if w := slowest(size); w > budget {
+			over++
+			if i >= 20 && w > 2*budget {
+				t.Fatalf("round %d: %d keys, slowest commit %s, over twice the budget %s (sizes %v)", i, size, w, budget, sizes)
+			}
+		}
+	}
+	// Each round over the budget is followed by one well under it, so at
+	// most one round in (growth steps to the budget) goes over.
+	if over > len(sizes)/5 {
+		t.Fatalf("%d of %d rounds over the budget (sizes %v)", over, len(sizes), sizes)
+	}
+	if last := sizes[len(sizes)-1]; last < 5000 {
+		t.Fatalf("settled at %d keys, under the size the budget allows half of (5,000)", last)
 	}
 }
 

@@ -233,54 +233,53 @@ const roundProbeEvery = 20 * time.Millisecond
 
 // ProbeRound probes the commit latency while the reaper's round of batches
 // runs, on its own pooled connection, until the returned function is
-// called; that function returns the probes' median (0 when none
-// finished: the first always finishes unless it fails). It is what the
-// API's commits wait for because of the reaper's own WAL, which a probe
-// between rounds, after the batches' flushes, cannot see. The median, not
-// the slowest: the slowest of a round's handful of probes is over a
-// ceiling of a few times the quiet commit whenever the machine stalls,
-// reaper or not, and judged by it the run waited most of its time without
-// bettering the API's tail (docs/benchmarks/reaper.md).
-func (r *Reader) ProbeRound(ctx context.Context) func() time.Duration {
+// called; that function returns what the probes measured (the zero value
+// when none finished: the first always finishes unless it fails). It is
+// what the API's commits wait for because of the reaper's own WAL, which a
+// probe between rounds, after the batches' flushes, cannot see.
+//
+// The round's end does not cut the probe in flight: that one is often
+// the slowest, waiting behind the batch's last WAL, and dropping it would
+// hide the tail the sizer bounds. One more probe follows the round's end:
+// the batches commit without waiting for their WAL to be flushed
+// (synchronous_commit off, batch.go), so the API's next commit flushes
+// what the last batch left, and that wait is the reaper's too.
+func (r *Reader) ProbeRound(ctx context.Context) func() RoundProbes {
 	if !r.ProbeCommit {
-		return func() time.Duration { return 0 }
+		return func() RoundProbes { return RoundProbes{} }
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	stop := make(chan struct{})
 	done := make(chan []time.Duration, 1)
+	probe := func(ds []time.Duration) []time.Duration {
+		// Each probe within Timeout: one the database does not answer
+		// must not hold the round's end for longer.
+		pctx, cancel := context.WithTimeout(ctx, r.timeout())
+		defer cancel()
+		if d, err := probeCommit(pctx, r.Primary); err == nil {
+			ds = append(ds, d)
+		}
+		return ds
+	}
 	go func() {
 		var ds []time.Duration
 		t := time.NewTicker(roundProbeEvery)
 		defer t.Stop()
-		for first := true; ; first = false {
-			// The first probe is finished even when the round ends before
-			// it (a round that found nothing): the result is never of none.
-			// Each probe within Timeout: one the database does not answer
-			// must not hold the round's end.
-			base := ctx
-			if first {
-				base = context.WithoutCancel(ctx)
-			}
-			pctx, pcancel := context.WithTimeout(base, r.timeout())
-			if d, err := probeCommit(pctx, r.Primary); err == nil {
-				ds = append(ds, d)
-			}
-			pcancel()
+		for {
+			ds = probe(ds)
 			select {
-			case <-ctx.Done():
+			case <-stop:
+				if ctx.Err() == nil {
+					ds = probe(ds)
+				}
 				done <- ds
 				return
 			case <-t.C:
 			}
 		}
 	}()
-	return func() time.Duration {
-		cancel()
-		ds := <-done
-		if len(ds) == 0 {
-			return 0
-		}
-		slices.Sort(ds)
-		return ds[len(ds)/2]
+	return func() RoundProbes {
+		close(stop)
+		return SummarizeProbes(<-done)
 	}
 }
 

@@ -1,6 +1,9 @@
 package throttle
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // MinBatch is the smallest batch the sizer shrinks to: below a few
 // hundred keys a batch's fixed cost (its round trips, its commit) is most
@@ -9,12 +12,18 @@ const MinBatch = 500
 
 // Sizer moves the batch size on the commit probe's latency while the
 // reaper's rounds run, additive increase and multiplicative decrease as
-// TCP does its window: a round whose probes' median commit was over the
-// budget halves the next batch, a round under it adds a step. The API's
-// commits queue behind each batch's WAL flush, so the batch size is what
-// bounds their wait; a pause between batches only spaces the waits out.
-// It settles where the rounds just keep the budget. Pure; not safe for
-// concurrent use.
+// TCP does its window. The API's commits queue behind each batch's WAL
+// flush, so the batch size is what bounds their wait; a pause between
+// batches only spaces the waits out.
+//
+// It reacts to the round's slowest probe (RoundProbes.Worst), not its
+// median: a budget is a bound on what the API's commits wait, and a round
+// whose median keeps it can still hold a tenth of them several times over
+// it, which is the inserts' p99. A round over the budget shrinks the next
+// batch by the overshoot (budget/worst, at least halving, at most to an
+// eighth); a round well under it (worst at most half the budget) adds a
+// step; a round in between holds the size, so it settles just under the
+// budget instead of swinging across it. Pure; not safe for concurrent use.
 type Sizer struct {
 	min, max, step int
 	size           int
@@ -36,14 +45,25 @@ func (s *Sizer) Size() int { return s.size }
 // AtMin reports whether the sizer cannot shrink the batch further.
 func (s *Sizer) AtMin() bool { return s.size <= s.min }
 
-// Observe moves the size on a round's median probe commit against the
+// Decrease bounds: a round over the budget at least halves the next batch
+// (a small overshoot is still the API waiting past the budget) and at most
+// cuts it to an eighth (one stall of the machine, not of the reaper, must
+// not throw away twenty rounds of growth).
+const (
+	mostKept  = 0.5
+	leastKept = 0.125
+)
+
+// Observe moves the size on a round's slowest probe commit against the
 // budget; a round without a measurement (0) leaves it.
-func (s *Sizer) Observe(roundCommit, budget time.Duration) {
+func (s *Sizer) Observe(r RoundProbes, budget time.Duration) {
+	worst := r.Worst
 	switch {
-	case roundCommit == 0 || budget == 0:
-	case roundCommit > budget:
-		s.size = max(s.size/2, s.min)
-	default:
+	case worst == 0 || budget == 0:
+	case worst > budget:
+		kept := min(max(float64(budget)/float64(worst), leastKept), mostKept)
+		s.size = max(int(float64(s.size)*kept), s.min)
+	case worst <= budget/2:
 		s.size = min(s.size+s.step, s.max)
 	}
 }
@@ -52,4 +72,22 @@ func (s *Sizer) Observe(roundCommit, budget time.Duration) {
 // of keys. It returns the batch size within [min, cap].
 func (s *Sizer) Cap(keys int) int {
 	return min(s.size, max(keys, s.min))
+}
+
+// RoundProbes is what the commit probes measured while a round of batches
+// ran and just after it (Reader.ProbeRound): the median and slowest
+// commit, and how many probes finished. The zero value is no measurement.
+type RoundProbes struct {
+	Median, Worst time.Duration
+	N             int
+}
+
+// SummarizeProbes is the median and slowest of a round's probe commits.
+func SummarizeProbes(ds []time.Duration) RoundProbes {
+	if len(ds) == 0 {
+		return RoundProbes{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return RoundProbes{Median: s[len(s)/2], Worst: s[len(s)-1], N: len(s)}
 }
