@@ -78,7 +78,7 @@ func testPackages(t *testing.T, extra, version string) {
 		tmp := t.TempDir()
 		file := filepath.Join(extra, "idemd-replayauth-"+npmV+".tgz")
 		for _, f := range tarNames(t, file) {
-			if f != "package/package.json" && f != "package/replayauth.js" && !strings.HasPrefix(f, "package/LICENSE") && !strings.HasPrefix(f, "package/README") {
+			if f != "package/package.json" && f != "package/replayauth.js" && f != "package/uniquekey.js" && !strings.HasPrefix(f, "package/LICENSE") && !strings.HasPrefix(f, "package/README") {
 				t.Errorf("the npm tarball ships %s", f)
 			}
 		}
@@ -87,6 +87,7 @@ func testPackages(t *testing.T, extra, version string) {
 			`const ra = require("idemd-replayauth"); const p = require("idemd-replayauth/package.json"); `+
 				`if (!require.resolve("idemd-replayauth").startsWith(process.cwd())) throw new Error("loaded from " + require.resolve("idemd-replayauth")); `+
 				`if (p.private) throw new Error("the package is private: npm would not publish it"); `+
+				`if (typeof require("idemd-replayauth/uniquekey").uniqueKey !== "function") throw new Error("no uniqueKey helper"); `+
 				`process.stdout.write(p.version + " " + ra.MSG_UNAUTHORIZED)`)
 		if got != npmV+" Replay signature rejected." {
 			t.Errorf("installed npm package: %q, want version %s and the library loaded", got, npmV)
