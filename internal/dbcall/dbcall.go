@@ -94,6 +94,10 @@ type Bounds struct {
 	lastOp     string        // the operation of the last call that ran out
 	since      time.Time     // when the degraded mode began
 	count      int           // calls that ran out since then
+	// endedAt is when the last degraded mode ended: a call begun before it
+	// that runs out after it (one with a longer bound of its own, sent into
+	// the fault) is what that fault left, not a new one.
+	endedAt time.Time
 }
 
 // New returns the Bounds of a process whose calls get timeout where no
@@ -170,7 +174,7 @@ func (b *Bounds) DoWithin(ctx context.Context, op string, d time.Duration, fn fu
 		// dialed for it) is the same silence.
 		ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !IsTimeout(err):
 		te.Err = err
-		b.timedOut(te)
+		b.timedOut(te, started)
 		return te
 	}
 	return err
@@ -208,8 +212,10 @@ func (b *Bounds) Fault() error {
 }
 
 // timedOut counts a call that ran out of its bound and starts the degraded
-// mode (one line) unless it has begun.
-func (b *Bounds) timedOut(te *TimeoutError) {
+// mode (one line) unless it has begun, or unless the call was begun before
+// the last degraded mode ended: then it was sent into that fault, and its
+// own bound outlived it.
+func (b *Bounds) timedOut(te *TimeoutError, started time.Time) {
 	if b == nil {
 		return
 	}
@@ -220,6 +226,9 @@ func (b *Bounds) timedOut(te *TimeoutError) {
 	now := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !b.degraded.Load() && started.Before(b.endedAt) {
+		return
+	}
 	b.fault, b.faultAt, b.answeredAt, b.lastOp = te, now, time.Time{}, te.Op
 	b.count++
 	if b.degraded.Load() {
@@ -258,6 +267,7 @@ func (b *Bounds) answered(started time.Time) {
 		return
 	}
 	b.degraded.Store(false)
+	b.endedAt = now
 	b.unanswered.Set(0)
 	b.logger.Info("the database answers again",
 		zap.Duration("unanswered_for", b.answeredAt.Sub(b.since).Round(time.Millisecond)),

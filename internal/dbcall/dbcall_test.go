@@ -133,6 +133,55 @@ func TestDoTimesOutAndTheDegradedModeEnds(t *testing.T) {
 	}
 }
 
+// A call sent into a fault with a longer bound of its own (db-stats')
+// that runs out after the fault has ended is counted but does not start
+// the degraded mode again: that fault is over, and it was logged. A call
+// begun after the end that runs out does.
+func TestACallSentIntoAnEndedFaultDoesNotReopenIt(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	const bound = 20 * time.Millisecond
+	b := New(bound, zap.New(core))
+	clk := &clock{t: time.Unix(1e9, 0)}
+	b.now = clk.now
+	ctx := context.Background()
+	if err := b.Do(ctx, "enqueuer batch", blocked); !IsTimeout(err) {
+		t.Fatalf("Do: %v, want a timeout", err)
+	}
+	// The long call is sent during the fault.
+	sentAt := clk.t
+	clk.advance(time.Millisecond)
+	for range 2 {
+		if err := b.Do(ctx, "completer: claim", func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		clk.advance(bound)
+	}
+	if got := testutil.ToFloat64(b.unanswered); got != 0 {
+		t.Fatalf("idemd_database_unanswered = %v after the database answered for a bound, want 0", got)
+	}
+	// It runs out of its own (long) bound only now, after the end.
+	b.timedOut(&TimeoutError{Op: "db-stats query", Bound: time.Hour, Err: context.DeadlineExceeded}, sentAt)
+	if got := testutil.ToFloat64(b.unanswered); got != 0 {
+		t.Errorf("idemd_database_unanswered = %v: a call sent into the ended fault reopened it", got)
+	}
+	if n := logs.FilterMessageSnippet("did not answer").Len(); n != 1 {
+		t.Errorf("%d lines say the database did not answer, want 1 (the fault's)", n)
+	}
+	if got := testutil.ToFloat64(b.timeouts.WithLabelValues("db-stats query")); got != 1 {
+		t.Errorf("the late call's timeout counted %v times, want 1", got)
+	}
+	clk.advance(time.Millisecond)
+	if err := b.Do(ctx, "enqueuer batch", blocked); !IsTimeout(err) {
+		t.Fatalf("Do: %v, want a timeout", err)
+	}
+	if got := testutil.ToFloat64(b.unanswered); got != 1 {
+		t.Errorf("idemd_database_unanswered = %v after a call begun since the end ran out, want 1", got)
+	}
+	if n := logs.FilterMessageSnippet("did not answer").Len(); n != 2 {
+		t.Errorf("%d lines say the database did not answer, want 2 (a new fault)", n)
+	}
+}
+
 // An answer to a call sent before the last timeout proves nothing about
 // now: the degraded mode goes on.
 func TestAnAnswerFromBeforeTheFaultDoesNotEndIt(t *testing.T) {
