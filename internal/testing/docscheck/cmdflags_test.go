@@ -1,9 +1,8 @@
 package docscheck
 
 import (
-	"errors"
-	"io"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,20 +15,15 @@ import (
 	"github.com/idemd/idemd/internal/reaper"
 )
 
-// commandModel builds cli's parser as the binary does (config.Parse) and
-// returns its model.
-func commandModel(t *testing.T, name string, cli any) *kong.Kong {
+// commandModel is cli's model as the binary's parser builds it
+// (config.Model, config.Parse's own options).
+func commandModel(t *testing.T, name string, cli any) *kong.Application {
 	t.Helper()
-	stop := errors.New("model built")
-	var model *kong.Kong
-	_, err := config.Parse(name, "", cli, nil, io.Discard, kong.PostBuild(func(k *kong.Kong) error {
-		model = k
-		return stop
-	}))
-	if model == nil {
-		t.Fatalf("%s: no parser model: %v", name, err)
+	app, err := config.Model(name, cli)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
 	}
-	return model
+	return app
 }
 
 // invocation finds a command of idemd's run in a snippet: its name at the
@@ -37,6 +31,9 @@ func commandModel(t *testing.T, name string, cli any) *kong.Kong {
 // or kubectl's "--", and the words after it up to a pipe, a redirect, a
 // comment or the next command of a shell line.
 var invocation = regexp.MustCompile(`(?:^|[\s/(])(enqueuer|completer|reaper|idemctl)((?:\s+[^\s|;&>#]+)*)`)
+
+// flagName is a flag's name as idemd's commands spell them.
+var flagName = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
 
 // inlineCode is a backquoted span of a page's prose.
 var inlineCode = regexp.MustCompile("`([^`\n]+)`")
@@ -77,7 +74,7 @@ func snippets(text string) []string {
 // the oracle. TestDocReferencesExist checks that a flag exists somewhere;
 // this, that it is where the page says.
 func TestDocFlagsBelongToTheirCommand(t *testing.T) {
-	models := map[string]*kong.Kong{
+	models := map[string]*kong.Application{
 		"enqueuer":  commandModel(t, "enqueuer", &enqueuer.Command{}),
 		"completer": commandModel(t, "completer", &completer.Command{}),
 		"reaper":    commandModel(t, "reaper", &reaper.Command{}),
@@ -87,7 +84,7 @@ func TestDocFlagsBelongToTheirCommand(t *testing.T) {
 	for _, p := range docPages(t) {
 		for _, snip := range snippets(p.text) {
 			for _, m := range invocation.FindAllStringSubmatch(snip, -1) {
-				node := models[m[1]].Model.Node
+				node := models[m[1]].Node
 				path := m[1]
 				for _, word := range strings.Fields(m[2]) {
 					word = strings.Trim(word, `"',)`)
@@ -95,7 +92,7 @@ func TestDocFlagsBelongToTheirCommand(t *testing.T) {
 						// A subcommand descends; anything else is an
 						// argument or a flag's value.
 						for _, c := range node.Children {
-							if c.Name == word || containsString(c.Aliases, word) {
+							if c.Name == word || slices.Contains(c.Aliases, word) {
 								node, path = c, path+" "+word
 								break
 							}
@@ -103,7 +100,7 @@ func TestDocFlagsBelongToTheirCommand(t *testing.T) {
 						continue
 					}
 					name, _, _ := strings.Cut(strings.TrimPrefix(word, "--"), "=")
-					if !regexp.MustCompile(`^[a-z][a-z0-9-]*$`).MatchString(name) {
+					if !flagName.MatchString(name) {
 						continue // a placeholder (--<flag>), not a flag
 					}
 					checked++
@@ -131,15 +128,6 @@ func hasFlag(node *kong.Node, name string) bool {
 			if f.Name == name || f.Tag != nil && f.Tag.Negatable != "" && name == "no-"+f.Name {
 				return true
 			}
-		}
-	}
-	return false
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
 		}
 	}
 	return false

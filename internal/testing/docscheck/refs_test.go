@@ -124,7 +124,7 @@ func flagsOf(t *testing.T, name string, cli any, flags, envs map[string]string) 
 			walk(c)
 		}
 	}
-	walk(model.Model.Node)
+	walk(model.Node)
 }
 
 // goSources returns the text of every .go file under root, tests too (the
