@@ -859,9 +859,25 @@ var workloadSeq atomic.Int64
 // their latencies. Open loop: latency counts from when the insert was due,
 // so a stalled table shows up as latency rather than as fewer inserts.
 func (b *bench) workload(ctx context.Context, during func(context.Context) error) ([]time.Duration, error) {
+	w, err := b.workloadTimed(ctx, during)
+	return w.lat, err
+}
+
+// timedInserts are the workload's inserts, in the order they finished:
+// each one's latency, when it was due, and how late it was sent (from
+// when it was due to when this process handed it to the pool). An insert
+// late to leave waited for this process (its goroutines, the machine's
+// CPU), not for the server.
+type timedInserts struct {
+	lat, late []time.Duration
+	due       []time.Time
+}
+
+// workloadTimed is workload that also returns when each insert was due
+// and how late it left.
+func (b *bench) workloadTimed(ctx context.Context, during func(context.Context) error) (w timedInserts, err error) {
 	wctx, stop := context.WithCancel(ctx)
 	var mu sync.Mutex
-	var lat []time.Duration
 	var firstErr error
 	var wg sync.WaitGroup
 	interval := time.Second / time.Duration(b.opts.InsertRate)
@@ -884,6 +900,7 @@ func (b *bench) workload(ctx context.Context, during func(context.Context) error
 			go func() {
 				defer wg.Done()
 				n := workloadSeq.Add(1)
+				sent := time.Now()
 				_, err := b.pool.Exec(ctx, `
 INSERT INTO idempotency_keys (idempotency_key, locked_at, request_method, request_params, request_path, recovery_point, user_id)
 VALUES ($1, now(), 'POST', '{"amount": 100, "currency": "usd"}', '/charges', 'started', $2)`, fmt.Sprintf("load-%d", n), n%50000)
@@ -893,20 +910,22 @@ VALUES ($1, now(), 'POST', '{"amount": 100, "currency": "usd"}', '/charges', 'st
 				if err != nil && firstErr == nil {
 					firstErr = err
 				}
-				lat = append(lat, d)
+				w.lat = append(w.lat, d)
+				w.late = append(w.late, sent.Sub(due))
+				w.due = append(w.due, due)
 			}()
 		}
 	}()
-	err := during(wctx)
+	err = during(wctx)
 	stop()
 	wg.Wait()
 	if err != nil {
-		return nil, err
+		return timedInserts{}, err
 	}
 	if firstErr != nil {
-		return nil, fmt.Errorf("reaperbench: insert workload: %w", firstErr)
+		return timedInserts{}, fmt.Errorf("reaperbench: insert workload: %w", firstErr)
 	}
-	return lat, nil
+	return w, nil
 }
 
 // String renders the report as the table docs/reaper.md quotes.

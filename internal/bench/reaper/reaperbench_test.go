@@ -95,9 +95,10 @@ func TestRunStandbySmall(t *testing.T) {
 		}
 		row := c.Rounds[0]
 		if row.Deleted < row.Eligible || row.Deleted > row.Eligible+2 || row.Eligible < int64(r.PastRetention) || !row.Complete ||
-			row.WALBytes <= 0 || len(row.Timeline) == 0 || row.During.N == 0 || row.Before.N == 0 || row.Load <= 0 {
-			t.Errorf("%s: deleted %d of %d eligible (%d at load), complete %v, %d bytes of WAL, %d lag samples, %d/%d inserts, loaded in %s",
-				row.Name, row.Deleted, row.Eligible, r.PastRetention, row.Complete, row.WALBytes, len(row.Timeline), row.Before.N, row.During.N, row.Load)
+			row.WALBytes <= 0 || len(row.Timeline) == 0 || row.During.N == 0 || row.Before.N == 0 || row.Load <= 0 ||
+			row.LateDuring.N != row.During.N || row.WaitsBefore.Samples == 0 || row.WaitsDuring.Samples == 0 {
+			t.Errorf("%s: deleted %d of %d eligible (%d at load), complete %v, %d bytes of WAL, %d lag samples, %d/%d inserts (%d timed leaving), loaded in %s, waits sampled %d/%d times",
+				row.Name, row.Deleted, row.Eligible, r.PastRetention, row.Complete, row.WALBytes, len(row.Timeline), row.Before.N, row.During.N, row.LateDuring.N, row.Load, row.WaitsBefore.Samples, row.WaitsDuring.Samples)
 		}
 	}
 	if r.Configs[0].VsFirstMedian != 1 {
@@ -175,5 +176,44 @@ func TestWALWindows(t *testing.T) {
 	}
 	if got, hi, lo := walWindows(xs[:5]); len(got) != 0 || hi != 0 || lo != 0 {
 		t.Fatalf("under 10 s of samples: %v, %v, %v", got, hi, lo)
+	}
+}
+
+// TestWaitsString checks the waits' rendering: the commonest first, as
+// shares of the inserts in flight, ties by name.
+func TestWaitsString(t *testing.T) {
+	w := Waits{Samples: 50, InFlight: 20, By: map[string]int{"CPU": 4, "LWLock:WALWrite": 10, "IO:WALSync": 4, "Lock:relation": 1, "IO:DataFileRead": 1}}
+	want := "LWLock:WALWrite 50%, CPU 20%, IO:WALSync 20%, IO:DataFileRead 5% (20 inserts in flight in 50 samples)"
+	if got := w.String(); got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := (Waits{Samples: 3}).String(); got != "no insert in flight in 3 samples" {
+		t.Errorf("empty: got %q", got)
+	}
+}
+
+// TestP99Windows checks the inserts' p99 per whole 10 s of a run: by when
+// each insert was due, the last partial window left out.
+func TestP99Windows(t *testing.T) {
+	start := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	var w timedInserts
+	add := func(at time.Duration, lat time.Duration) {
+		w.due = append(w.due, start.Add(at))
+		w.lat = append(w.lat, lat)
+	}
+	for i := range 100 {
+		add(time.Duration(i)*100*time.Millisecond, time.Millisecond) // 0-9.9 s: 1 ms each
+	}
+	for i := range 100 {
+		lat := time.Millisecond
+		if i >= 90 {
+			lat = 50 * time.Millisecond // the second window's tail
+		}
+		add(10*time.Second+time.Duration(i)*100*time.Millisecond, lat)
+	}
+	add(20*time.Second, 900*time.Millisecond) // a partial third window
+	got := p99Windows(w, start)
+	if len(got) != 2 || got[0] != time.Millisecond || got[1] != 50*time.Millisecond {
+		t.Errorf("p99 per window: %v, want [1ms 50ms]", got)
 	}
 }

@@ -3,6 +3,7 @@ package reaperbench
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -78,6 +79,15 @@ type StandbyRow struct {
 	// and while the run deleted; P99Ratio is During.P99 over Before.P99.
 	Before, During Latency
 	P99Ratio       float64
+	// LateBefore and LateDuring are how late the inserts left this
+	// process (workloadTimed): a tail there is the machine's CPU, not the
+	// server. WaitsBefore and WaitsDuring are what the inserts in flight
+	// waited for on the server (Waits).
+	LateBefore, LateDuring   Latency
+	WaitsBefore, WaitsDuring Waits
+	// P99Windows is the inserts' p99 over each whole 10 s of the run, by
+	// when they were due: where in a long run the tail is.
+	P99Windows []time.Duration
 	// The standby's replay lag, sampled on the primary every lagEvery
 	// during the run: the worst, and the share of samples over 1 s
 	// (replay_lag) and over 64 MB (the distance).
@@ -505,7 +515,10 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 		return StandbyRow{}, err
 	}
 	baseStart := time.Now()
-	before, err := b.workload(ctx, window)
+	var waitsBefore, waitsDuring Waits
+	before, err := b.workloadTimed(ctx, func(ctx context.Context) error {
+		return b.withWaits(ctx, window, &waitsBefore)
+	})
 	if err != nil {
 		return StandbyRow{}, err
 	}
@@ -532,31 +545,37 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	}
 	var res *reaper.Result
 	var samples []LagSample
-	during, err := b.workload(ctx, func(ctx context.Context) error {
-		sctx, stop := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		var serr error
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			samples, serr = b.sampleLag(sctx)
-		}()
-		var err error
-		res, err = svc.RunOnce(ctx)
-		stop()
-		wg.Wait()
-		if err != nil {
-			return err
-		}
-		return serr
+	runStart := time.Now()
+	during, err := b.workloadTimed(ctx, func(ctx context.Context) error {
+		return b.withWaits(ctx, func(ctx context.Context) error {
+			sctx, stop := context.WithCancel(ctx)
+			var wg sync.WaitGroup
+			var serr error
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				samples, serr = b.sampleLag(sctx)
+			}()
+			var err error
+			res, err = svc.RunOnce(ctx)
+			stop()
+			wg.Wait()
+			if err != nil {
+				return err
+			}
+			return serr
+		}, &waitsDuring)
 	})
 	if err != nil {
 		return StandbyRow{}, fmt.Errorf("reaperbench: %s: %w", name, err)
 	}
 	row := StandbyRow{Name: name, Eligible: eligible, Deleted: res.Deleted, Duration: res.Duration, KeysPerSec: float64(res.Deleted) / res.Duration.Seconds(),
-		Before: newLatency(before), During: newLatency(during), Throttled: res.Throttled, ThrottleReason: res.ThrottleReason,
+		Before: newLatency(before.lat), During: newLatency(during.lat), Throttled: res.Throttled, ThrottleReason: res.ThrottleReason,
 		Complete: res.Complete, StopReason: res.StopReason, Load: loaded}
 	row.P99Ratio = float64(row.During.P99) / float64(row.Before.P99)
+	row.LateBefore, row.LateDuring = newLatency(before.late), newLatency(during.late)
+	row.P99Windows = p99Windows(during, runStart)
+	row.WaitsBefore, row.WaitsDuring = waitsBefore, waitsDuring
 	if row.WALBytes, err = b.walSince(ctx, lsn); err != nil {
 		return StandbyRow{}, err
 	}
@@ -591,6 +610,41 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	}
 	row.LoadAvg = loadAvg()
 	return row, nil
+}
+
+// p99Windows is the p99 of the inserts due in each whole 10 s from start.
+func p99Windows(w timedInserts, start time.Time) []time.Duration {
+	var buckets [][]time.Duration
+	for i, due := range w.due {
+		k := int(due.Sub(start) / (10 * time.Second))
+		if k < 0 {
+			continue
+		}
+		for len(buckets) <= k {
+			buckets = append(buckets, nil)
+		}
+		buckets[k] = append(buckets[k], w.lat[i])
+	}
+	// The last bucket is a partial window: left out, as walWindows does.
+	var out []time.Duration
+	for _, b := range buckets[:max(len(buckets)-1, 0)] {
+		out = append(out, newLatency(b).P99)
+	}
+	return out
+}
+
+// withWaits runs fn while it samples the inserts' waits into w.
+func (b *bench) withWaits(ctx context.Context, fn func(context.Context) error, w *Waits) error {
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		*w, err = b.sampleWaits(sctx)
+		done <- err
+	}()
+	err := fn(ctx)
+	stop()
+	return errors.Join(err, <-done)
 }
 
 // standbyCaughtUp waits (polling, bounded) until the standby has replayed
@@ -698,10 +752,18 @@ func (r StandbyRow) line() string {
 	if r.RunWALRate > 0 || r.CommitBudget > 0 {
 		limits = fmt.Sprintf("; run's WAL rate at its end %.2f MiB/s, commit budget %s, final batch %d, paced %s", r.RunWALRate/(1<<20), r.CommitBudget, r.FinalBatchSize, r.Paced.Round(time.Millisecond))
 	}
-	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL (the inserts alone %.2f MiB/s before; the run's own %.0f B/key), %d requested checkpoints; WAL MiB/s per 10 s [%s], any 10 s window %.2f-%.2f; inserts before: %s; during: %s; p99 %.2fx; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s%s",
+	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL (the inserts alone %.2f MiB/s before; the run's own %.0f B/key), %d requested checkpoints; WAL MiB/s per 10 s [%s], any 10 s window %.2f-%.2f; inserts before: %s; during: %s; p99 %.2fx; per 10 s p99 [%s]; late to leave p99 %s → %s; waits before: %s; during: %s; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s%s",
 		r.Deleted, r.Duration.Round(time.Millisecond), r.KeysPerSec, done, mb(r.WALBytes), r.BaselineWALRate/(1<<20), r.RunWALPerKey, r.RequestedCheckpoints, strings.Join(windows, " "), r.WALWindowMin/(1<<20), r.WALWindowMax/(1<<20),
-		r.Before, r.During, r.P99Ratio,
+		r.Before, r.During, r.P99Ratio, p99List(r.P99Windows), r.LateBefore.P99.Round(10*time.Microsecond), r.LateDuring.P99.Round(10*time.Microsecond), r.WaitsBefore, r.WaitsDuring,
 		r.LagMax.Round(time.Millisecond), float64(r.LagMaxBytes)/1e6, 100*r.LagOver1s, 100*r.LagOver64MB, r.Throttled.Round(time.Millisecond), r.ThrottleReason, limits)
+}
+
+func p99List(ds []time.Duration) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond))
+	}
+	return strings.Join(parts, " ")
 }
 
 // String renders the report for docs/benchmarks/reaper.md: every run,

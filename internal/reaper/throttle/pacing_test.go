@@ -482,3 +482,45 @@ func TestAutoCommitBudget(t *testing.T) {
 		t.Errorf("quiet 3ms: %s, want 12ms", got)
 	}
 }
+
+// wal_rate=auto's rounds are large only while the bucket holds credit:
+// once the run is paced a round is a quarter second of the rate, so its
+// WAL reaches the server in small steps, not in rounds of megabytes each
+// followed by seconds of nothing. The run's speed is the rate's either way.
+func TestPacedRoundsAreSmall(t *testing.T) {
+	def := Checkpoints{MaxWALSize: 1 << 30, Timeout: 5 * time.Minute, CompletionTarget: 0.9, SegmentSize: 16 << 20}
+	b := def.WALBudget()
+	p := NewBudgetPacer(b)
+	now := t0
+	pos := int64(1 << 30)
+	p.Observe(now, pos)
+	if got := p.BatchBytes(); got != b.Batch {
+		t.Fatalf("a round with the bucket full: %.0f bytes, want the largest, %.0f", got, b.Batch)
+	}
+	// Spend the bucket: rounds of the largest size, instantly.
+	var rounds int
+	for p.Wait(now) == 0 {
+		pos += int64(p.BatchBytes())
+		p.Observe(now, pos)
+		rounds++
+	}
+	if rounds > budgetBatchShare+1 {
+		t.Fatalf("%d rounds spent a bucket of %d rounds", rounds, budgetBatchShare)
+	}
+	quarter := b.Rate * pacerBatch.Seconds()
+	var written int64
+	for range 40 {
+		now = now.Add(p.Wait(now))
+		got := p.BatchBytes()
+		if got > quarter*1.001 {
+			t.Fatalf("a paced round of %.0f bytes, over a quarter second of the rate (%.0f)", got, quarter)
+		}
+		pos += int64(got)
+		written += int64(got)
+		p.Observe(now, pos)
+	}
+	// 40 paced rounds at the rate: about 10 s, the rate's speed.
+	if took := now.Sub(t0).Seconds(); float64(written)/took < b.Rate*0.9 {
+		t.Errorf("paced rounds wrote %.0f B/s, under the rate %.0f", float64(written)/took, b.Rate)
+	}
+}

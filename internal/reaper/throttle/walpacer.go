@@ -81,9 +81,17 @@ func NewBudgetPacer(b Budget) *WALPacer {
 // Rate is the pacer's rate now, bytes per second.
 func (p *WALPacer) Rate() float64 { return p.rate }
 
-// BatchBytes is the most WAL a round should write for the limit to hold
-// within 10 % over 10 s: the run sizes its batches from it.
-func (p *WALPacer) BatchBytes() float64 { return p.batch }
+// BatchBytes is the most WAL the next round should write for the limit to
+// hold within 10 % over 10 s: the run sizes its batches from it. While the
+// bucket holds credit a round may spend it, up to the pacer's largest
+// round (wal_rate=auto's sixteenth of its depth); once the run is paced
+// (the credit spent, each round waiting for its own WAL) a round is a
+// quarter second of the rate. The rate sets a paced run's speed either
+// way; small rounds spread its WAL evenly instead of in bursts of
+// megabytes, each of which the API's next commits would wait to flush.
+func (p *WALPacer) BatchBytes() float64 {
+	return max(min(p.credit, p.batch), p.rate*pacerBatch.Seconds())
+}
 
 // Depth is the most WAL the bucket lets through at once, bytes.
 func (p *WALPacer) Depth() float64 { return p.depth }

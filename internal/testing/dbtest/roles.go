@@ -27,23 +27,33 @@ const (
 // servers dbtest starts itself trust every local connection.
 const testPassword = "idemd-test"
 
-// rolesMu serialises ApplyRoles within the process.
+// rolesMu serialises ApplyRoles within the process, rolesLockKey across
+// processes (an advisory lock in the server's postgres database: roles
+// belong to the cluster, advisory locks to a database).
 var rolesMu sync.Mutex
+
+const rolesLockKey int64 = 0x6964656d64726f6c // "idemdrol"
 
 // ApplyRoles runs deploy/sql/roles.sql, unchanged, in the database of
 // adminURL (a superuser or the database owner): it creates the roles if
 // missing (roles are per cluster) and grants them what they need in that
 // database. It is idempotent and safe to run from several processes at
-// once; callers on a shared server still serialise it (ensureTemplate's
-// advisory lock) because concurrent ALTER ROLE PASSWORD can fail with
+// once: it runs one at a time on a server, within a process (rolesMu) and
+// across the test binaries of several packages (rolesLockKey), because
+// concurrent GRANTs and ALTER ROLE PASSWORDs on the same roles fail with
 // "tuple concurrently updated".
-//
-// Within a process it runs one at a time (rolesMu): a package's parallel
-// tests that each prepare a database by hand (articletest) would
-// otherwise GRANT on the same roles at once and fail the same way.
 func ApplyRoles(ctx context.Context, adminURL string) error {
 	rolesMu.Lock()
 	defer rolesMu.Unlock()
+	lock, err := pgx.Connect(ctx, WithDatabase(adminURL, "postgres"))
+	if err != nil {
+		return fmt.Errorf("dbtest: roles: connect for the lock: %w", err)
+	}
+	// Closing the session releases its advisory lock.
+	defer lock.Close(context.WithoutCancel(ctx))
+	if _, err := lock.Exec(ctx, "SELECT pg_advisory_lock($1)", rolesLockKey); err != nil {
+		return fmt.Errorf("dbtest: roles: lock: %w", err)
+	}
 	conn, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		return fmt.Errorf("dbtest: roles: connect: %w", err)

@@ -14,6 +14,7 @@ import (
 	rolesql "github.com/idemd/idemd/deploy/sql"
 	"github.com/idemd/idemd/idem"
 	"github.com/idemd/idemd/internal/testing/dbtest"
+	"github.com/idemd/idemd/internal/testing/testwait"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -332,5 +333,53 @@ func TestAPIGroupIsEnoughForTheAPI(t *testing.T) {
 		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
 			t.Errorf("as a member of %s: %s: %v, want insufficient_privilege (42501)", dbtest.APIRole, q, err)
 		}
+	}
+}
+
+// ApplyRoles waits while another process applies the roles on the same
+// server: the test holds the cross-process lock on a session of its own,
+// as another package's test binary would, sees ApplyRoles queue for it
+// (pg_locks), and sees it finish once the lock is released. Without the
+// lock, concurrent GRANTs on the same roles fail with "tuple concurrently
+// updated".
+func TestApplyRolesWaitsForAnotherProcess(t *testing.T) {
+	ctx := context.Background()
+	admin := dbtest.AdminURL(t, dbtest.NewDatabase(t))
+	other, err := pgx.Connect(ctx, dbtest.WithDatabase(admin, "postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	if _, err := other.Exec(ctx, "SELECT pg_advisory_lock($1)", dbtest.RolesLockKey); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- dbtest.ApplyRoles(ctx, admin) }()
+	// An advisory lock's 64-bit key is split into classid (high half) and
+	// objid (low half) in pg_locks.
+	testwait.Until(t, 30*time.Second, "ApplyRoles queues for the roles' lock", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("ApplyRoles returned (%v) while another process held the roles' lock", err)
+		default:
+		}
+		var waiting bool
+		if err := other.QueryRow(ctx, `
+SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+  AND classid::int8 = ($1::int8 >> 32) AND objid::int8 = ($1::int8 & x'ffffffff'::int8))`, dbtest.RolesLockKey).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting
+	})
+	if _, err := other.Exec(ctx, "SELECT pg_advisory_unlock($1)", dbtest.RolesLockKey); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("ApplyRoles did not finish after the lock was released")
 	}
 }
