@@ -202,6 +202,9 @@ type bench struct {
 	serverWAL string
 	// preparedAt is the database's now() when bench_src was generated.
 	preparedAt time.Time
+	// standbyURL, in the standby suite, is the standby's admin URL: a
+	// restartpoint there after each load (standbyRound).
+	standbyURL string
 }
 
 func (b *bench) run(ctx context.Context) (*Report, error) {
