@@ -3,6 +3,7 @@ package reaperbench
 import (
 	"context"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -215,5 +216,24 @@ func TestP99Windows(t *testing.T) {
 	got := p99Windows(w, start)
 	if len(got) != 2 || got[0] != time.Millisecond || got[1] != 50*time.Millisecond {
 		t.Errorf("p99 per window: %v, want [1ms 50ms]", got)
+	}
+}
+
+// TestWindowEvents checks the marks of a run's 10 s windows: a VACUUM
+// seen in any sample of a window, a checkpoint begun between two samples.
+func TestWindowEvents(t *testing.T) {
+	xs := []LagSample{
+		{At: 0, Checkpoints: 4},
+		{At: 5 * time.Second, Checkpoints: 4, Vacuuming: true},
+		{At: 12 * time.Second, Checkpoints: 4},
+		{At: 21 * time.Second, Checkpoints: 5, Vacuuming: true},
+		{At: 31 * time.Second, Checkpoints: 5},
+	}
+	got := windowEvents(xs, 3)
+	if want := []string{"v", "", "vc"}; !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q", got, want)
+	}
+	if got := p99List([]time.Duration{time.Millisecond, 2500 * time.Microsecond}, []string{"", "vc"}); got != "1.0 2.5vc" {
+		t.Errorf("p99 list %q", got)
 	}
 }

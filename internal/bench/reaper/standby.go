@@ -89,6 +89,9 @@ type StandbyRow struct {
 	// P99Windows is the inserts' p99 over each whole 10 s of the run, by
 	// when they were due: where in a long run the tail is.
 	P99Windows []time.Duration
+	// WindowEvents marks each of those windows: "v" when a VACUUM ran in
+	// it, "c" when a checkpoint began in it (LagSample).
+	WindowEvents []string
 	// The standby's replay lag, sampled on the primary every lagEvery
 	// during the run: the worst, and the share of samples over 1 s
 	// (replay_lag) and over 64 MB (the distance).
@@ -176,6 +179,12 @@ type LagSample struct {
 	Bytes    int64
 	WAL      int64
 	ServerAt time.Time
+	// Vacuuming: a VACUUM (autovacuum's, most likely, of the table the
+	// run empties) was in progress on the primary; Checkpoints is the
+	// primary's count of checkpoints begun (timed and requested). They
+	// tell a stall of the inserts the run did not make itself.
+	Vacuuming   bool
+	Checkpoints int64
 }
 
 // walWindow is the span the WAL rate is judged over (the issue's "every
@@ -583,6 +592,7 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	row.P99Ratio = float64(row.During.P99) / float64(row.Before.P99)
 	row.LateBefore, row.LateDuring = newLatency(before.late), newLatency(during.late)
 	row.P99Windows = p99Windows(during, runStart)
+	row.WindowEvents = windowEvents(samples, len(row.P99Windows))
 	row.WaitsBefore, row.WaitsDuring = waitsBefore, waitsDuring
 	if row.WALBytes, err = b.walSince(ctx, lsn); err != nil {
 		return StandbyRow{}, err
@@ -637,6 +647,26 @@ func p99Windows(w timedInserts, start time.Time) []time.Duration {
 	var out []time.Duration
 	for _, b := range buckets[:max(len(buckets)-1, 0)] {
 		out = append(out, newLatency(b).P99)
+	}
+	return out
+}
+
+// windowEvents marks n whole 10 s windows of a run from its samples:
+// "v" when any sample in the window saw a VACUUM in progress, "c" when the
+// checkpoint count moved within it or since the sample before it.
+func windowEvents(xs []LagSample, n int) []string {
+	out := make([]string, n)
+	for i, x := range xs {
+		k := int(x.At / walWindow)
+		if k >= n {
+			break
+		}
+		if x.Vacuuming && !strings.Contains(out[k], "v") {
+			out[k] += "v"
+		}
+		if i > 0 && x.Checkpoints != xs[i-1].Checkpoints && !strings.Contains(out[k], "c") {
+			out[k] += "c"
+		}
 	}
 	return out
 }
@@ -709,8 +739,10 @@ func (b *bench) sampleLag(ctx context.Context) ([]LagSample, error) {
 		err := b.pool.QueryRow(ctx, `
 SELECT COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), 0)::int8,
        COALESCE(EXTRACT(epoch FROM max(replay_lag)), 0)::float8,
-       pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::int8, clock_timestamp()
-FROM pg_stat_replication WHERE state <> 'backup'`).Scan(&x.Bytes, &secs, &x.WAL, &x.ServerAt)
+       pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::int8, clock_timestamp(),
+       EXISTS (SELECT 1 FROM pg_stat_progress_vacuum),
+       (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)
+FROM pg_stat_replication WHERE state <> 'backup'`).Scan(&x.Bytes, &secs, &x.WAL, &x.ServerAt, &x.Vacuuming, &x.Checkpoints)
 		if err != nil {
 			if ctx.Err() != nil {
 				return out, nil
@@ -774,16 +806,21 @@ func (r StandbyRow) line() string {
 	if r.RunWALRate > 0 || r.CommitBudget > 0 {
 		limits = fmt.Sprintf("; run's WAL rate at its end %.2f MiB/s, commit budget %s, final batch %d, paced %s", r.RunWALRate/(1<<20), r.CommitBudget, r.FinalBatchSize, r.Paced.Round(time.Millisecond))
 	}
-	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL (the inserts alone %.2f MiB/s before; the run's own %.0f B/key), %d requested checkpoints; WAL MiB/s per 10 s [%s], any 10 s window %.2f-%.2f; inserts before: %s; during: %s; p99 %.2fx; per 10 s p99 [%s]; late to leave p99 %s → %s; waits before: %s; during: %s; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s%s",
+	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL (the inserts alone %.2f MiB/s before; the run's own %.0f B/key), %d requested checkpoints; WAL MiB/s per 10 s [%s], any 10 s window %.2f-%.2f; inserts before: %s; during: %s; p99 %.2fx; per 10 s p99, ms (v: a VACUUM ran, c: a checkpoint began) [%s]; late to leave p99 %s → %s; waits before: %s; during: %s; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s%s",
 		r.Deleted, r.Duration.Round(time.Millisecond), r.KeysPerSec, done, mb(r.WALBytes), r.BaselineWALRate/(1<<20), r.RunWALPerKey, r.RequestedCheckpoints, strings.Join(windows, " "), r.WALWindowMin/(1<<20), r.WALWindowMax/(1<<20),
-		r.Before, r.During, r.P99Ratio, p99List(r.P99Windows), r.LateBefore.P99.Round(10*time.Microsecond), r.LateDuring.P99.Round(10*time.Microsecond), r.WaitsBefore, r.WaitsDuring,
+		r.Before, r.During, r.P99Ratio, p99List(r.P99Windows, r.WindowEvents), r.LateBefore.P99.Round(10*time.Microsecond), r.LateDuring.P99.Round(10*time.Microsecond), r.WaitsBefore, r.WaitsDuring,
 		r.LagMax.Round(time.Millisecond), float64(r.LagMaxBytes)/1e6, 100*r.LagOver1s, 100*r.LagOver64MB, r.Throttled.Round(time.Millisecond), r.ThrottleReason, limits)
 }
 
-func p99List(ds []time.Duration) string {
+// p99List renders the per-window p99s in milliseconds, each with its
+// window's events (windowEvents).
+func p99List(ds []time.Duration, events []string) string {
 	parts := make([]string, len(ds))
 	for i, d := range ds {
 		parts[i] = fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond))
+		if i < len(events) {
+			parts[i] += events[i]
+		}
 	}
 	return strings.Join(parts, " ")
 }
