@@ -117,6 +117,8 @@ type StandbyRow struct {
 	CommitBudget         time.Duration
 	FinalBatchSize       int
 	Paced                time.Duration
+	// Batches the run committed (one per round at --concurrency 1).
+	Batches int
 	// Throttled is the time the run waited for its throttle, and the
 	// reason of its latest wait.
 	Throttled      time.Duration
@@ -606,7 +608,7 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 		return StandbyRow{}, err
 	}
 	row.RequestedCheckpoints = ckptAfter - ckptBefore
-	row.RunWALRate, row.CommitBudget, row.FinalBatchSize, row.Paced = res.WALRate, res.CommitBudget, res.FinalBatchSize, res.Paced
+	row.RunWALRate, row.CommitBudget, row.FinalBatchSize, row.Paced, row.Batches = res.WALRate, res.CommitBudget, res.FinalBatchSize, res.Paced, res.Batches
 	row.WALWindows, row.WALWindowMax, row.WALWindowMin = walWindows(samples)
 	var over1s, over64 int
 	for _, x := range samples {
@@ -805,6 +807,9 @@ func (r StandbyRow) line() string {
 	limits := ""
 	if r.RunWALRate > 0 || r.CommitBudget > 0 {
 		limits = fmt.Sprintf("; run's WAL rate at its end %.2f MiB/s, commit budget %s, final batch %d, paced %s", r.RunWALRate/(1<<20), r.CommitBudget, r.FinalBatchSize, r.Paced.Round(time.Millisecond))
+	}
+	if r.Batches > 0 {
+		limits += fmt.Sprintf(", %d batches", r.Batches)
 	}
 	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL (the inserts alone %.2f MiB/s before; the run's own %.0f B/key), %d requested checkpoints; WAL MiB/s per 10 s [%s], any 10 s window %.2f-%.2f; inserts before: %s; during: %s; p99 %.2fx; per 10 s p99, ms (v: a VACUUM ran, c: a checkpoint began) [%s]; late to leave p99 %s → %s; waits before: %s; during: %s; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s%s",
 		r.Deleted, r.Duration.Round(time.Millisecond), r.KeysPerSec, done, mb(r.WALBytes), r.BaselineWALRate/(1<<20), r.RunWALPerKey, r.RequestedCheckpoints, strings.Join(windows, " "), r.WALWindowMin/(1<<20), r.WALWindowMax/(1<<20),
