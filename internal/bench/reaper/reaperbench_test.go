@@ -229,8 +229,10 @@ func TestWindowEvents(t *testing.T) {
 		{At: 21 * time.Second, Checkpoints: 5, Vacuuming: true},
 		{At: 31 * time.Second, Checkpoints: 5},
 	}
+	xs[2].Dirty = 300 << 20
+	xs[3].Dirty = dirtyMark // not over the mark
 	got := windowEvents(xs, 3)
-	if want := []string{"v", "", "vc"}; !slices.Equal(got, want) {
+	if want := []string{"v", "d300", "vc"}; !slices.Equal(got, want) {
 		t.Errorf("events %q, want %q", got, want)
 	}
 	if got := p99List([]time.Duration{time.Millisecond, 2500 * time.Microsecond}, []string{"", "vc"}); got != "1.0 2.5vc" {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -187,6 +188,11 @@ type LagSample struct {
 	// tell a stall of the inserts the run did not make itself.
 	Vacuuming   bool
 	Checkpoints int64
+	// Dirty is the machine's dirty and under-writeback page cache, bytes
+	// (/proc/meminfo; 0 elsewhere): both servers' data files are on this
+	// machine's disk, and the kernel writing back hundreds of megabytes
+	// makes every WAL flush on it wait.
+	Dirty int64
 }
 
 // walWindow is the span the WAL rate is judged over (the issue's "every
@@ -655,14 +661,24 @@ func p99Windows(w timedInserts, start time.Time) []time.Duration {
 
 // windowEvents marks n whole 10 s windows of a run from its samples:
 // "v" when any sample in the window saw a VACUUM in progress, "c" when the
-// checkpoint count moved within it or since the sample before it.
+// checkpoint count moved within it or since the sample before it, and
+// "d" with the most dirty page cache in MB when that passed dirtyMark.
 func windowEvents(xs []LagSample, n int) []string {
 	out := make([]string, n)
+	dirty := make([]int64, n)
+	defer func() {
+		for k, d := range dirty {
+			if d > dirtyMark {
+				out[k] += fmt.Sprintf("d%d", d>>20)
+			}
+		}
+	}()
 	for i, x := range xs {
 		k := int(x.At / walWindow)
 		if k >= n {
 			break
 		}
+		dirty[k] = max(dirty[k], x.Dirty)
 		if x.Vacuuming && !strings.Contains(out[k], "v") {
 			out[k] += "v"
 		}
@@ -671,6 +687,28 @@ func windowEvents(xs []LagSample, n int) []string {
 		}
 	}
 	return out
+}
+
+// dirtyMark is the dirty page cache worth marking in a window: more than
+// a few WAL segments' worth.
+const dirtyMark = 64 << 20
+
+// dirtyPageCache is Dirty plus Writeback of /proc/meminfo in bytes, 0 when
+// it cannot be read.
+func dirtyPageCache() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) >= 2 && (f[0] == "Dirty:" || f[0] == "Writeback:") {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			n += kb << 10
+		}
+	}
+	return n
 }
 
 // withWaits runs fn while it samples the inserts' waits into w.
@@ -752,6 +790,7 @@ FROM pg_stat_replication WHERE state <> 'backup'`).Scan(&x.Bytes, &secs, &x.WAL,
 			return out, fmt.Errorf("sample the standby's lag: %w", err)
 		}
 		x.At, x.Lag = time.Since(start), time.Duration(secs*float64(time.Second))
+		x.Dirty = dirtyPageCache()
 		out = append(out, x)
 		select {
 		case <-ctx.Done():
@@ -811,7 +850,7 @@ func (r StandbyRow) line() string {
 	if r.Batches > 0 {
 		limits += fmt.Sprintf(", %d batches", r.Batches)
 	}
-	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL (the inserts alone %.2f MiB/s before; the run's own %.0f B/key), %d requested checkpoints; WAL MiB/s per 10 s [%s], any 10 s window %.2f-%.2f; inserts before: %s; during: %s; p99 %.2fx; per 10 s p99, ms (v: a VACUUM ran, c: a checkpoint began) [%s]; late to leave p99 %s → %s; waits before: %s; during: %s; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s%s",
+	return fmt.Sprintf("%d keys in %s (%.0f keys/s)%s, %s of WAL (the inserts alone %.2f MiB/s before; the run's own %.0f B/key), %d requested checkpoints; WAL MiB/s per 10 s [%s], any 10 s window %.2f-%.2f; inserts before: %s; during: %s; p99 %.2fx; per 10 s p99, ms (v: a VACUUM ran, c: a checkpoint began, dN: N MB of dirty page cache) [%s]; late to leave p99 %s → %s; waits before: %s; during: %s; standby lag max %s / %.1f MB, over 1s %.1f%% of samples, over 64MB %.1f%%; throttled %s %s%s",
 		r.Deleted, r.Duration.Round(time.Millisecond), r.KeysPerSec, done, mb(r.WALBytes), r.BaselineWALRate/(1<<20), r.RunWALPerKey, r.RequestedCheckpoints, strings.Join(windows, " "), r.WALWindowMin/(1<<20), r.WALWindowMax/(1<<20),
 		r.Before, r.During, r.P99Ratio, p99List(r.P99Windows, r.WindowEvents), r.LateBefore.P99.Round(10*time.Microsecond), r.LateDuring.P99.Round(10*time.Microsecond), r.WaitsBefore, r.WaitsDuring,
 		r.LagMax.Round(time.Millisecond), float64(r.LagMaxBytes)/1e6, 100*r.LagOver1s, 100*r.LagOver64MB, r.Throttled.Round(time.Millisecond), r.ThrottleReason, limits)
