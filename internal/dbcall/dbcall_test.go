@@ -66,6 +66,16 @@ type clock struct{ t time.Time }
 func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
+// observed is Bounds with bound whose lines go to the returned observer
+// and whose clock the test moves by hand.
+func observed(bound time.Duration) (*Bounds, *clock, *observer.ObservedLogs) {
+	core, logs := observer.New(zap.InfoLevel)
+	b := New(bound, zap.New(core))
+	clk := &clock{t: time.Unix(1e9, 0)}
+	b.now = clk.now
+	return b, clk, logs
+}
+
 // A call that runs out of its bound is a TimeoutError naming the
 // operation; the degraded mode it starts is logged once, counted per
 // call, and reported by Fault until a call begun after it answers; it
@@ -73,11 +83,8 @@ func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 // with no call running out (a timeout in between is part of the same
 // fault, not a new one).
 func TestDoTimesOutAndTheDegradedModeEnds(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
 	const bound = 20 * time.Millisecond
-	b := New(bound, zap.New(core))
-	clk := &clock{t: time.Unix(1e9, 0)}
-	b.now = clk.now
+	b, clk, logs := observed(bound)
 	ctx := context.Background()
 	answer := func() {
 		t.Helper()
@@ -138,11 +145,8 @@ func TestDoTimesOutAndTheDegradedModeEnds(t *testing.T) {
 // the degraded mode again: that fault is over, and it was logged. A call
 // begun after the end that runs out does.
 func TestACallSentIntoAnEndedFaultDoesNotReopenIt(t *testing.T) {
-	core, logs := observer.New(zap.InfoLevel)
 	const bound = 20 * time.Millisecond
-	b := New(bound, zap.New(core))
-	clk := &clock{t: time.Unix(1e9, 0)}
-	b.now = clk.now
+	b, clk, logs := observed(bound)
 	ctx := context.Background()
 	if err := b.Do(ctx, "enqueuer batch", blocked); !IsTimeout(err) {
 		t.Fatalf("Do: %v, want a timeout", err)
