@@ -160,7 +160,11 @@ func TestThrottleCriticalLoadStopsCleanly(t *testing.T) {
 // which sees the standby's position through deploy/sql/roles.sql's grant.
 func TestThrottleReplicaLag(t *testing.T) {
 	ctx := context.Background()
-	primary := dbtest.StartCluster(t)
+	// No autovacuum on this private cluster: a VACUUM of the keys just
+	// inserted writes a megabyte of WAL (the visibility map, full-page
+	// images), and landing between the standby's pause and the run's first
+	// reading it put the standby over the limit before the first batch.
+	primary := dbtest.StartClusterWith(t, dbtest.ClusterOptions{Settings: []string{"autovacuum=off"}})
 	pool := privateDB(t, primary)
 	standby := primary.StartStandby(t)
 	spool, err := pgxpool.New(ctx, standby.URL())
@@ -169,27 +173,6 @@ func TestThrottleReplicaLag(t *testing.T) {
 	}
 	t.Cleanup(spool.Close)
 
-	// No autovacuum on this private cluster: a VACUUM of the keys just
-	// inserted writes a megabyte of WAL (the visibility map, full-page
-	// images), and landing between the standby's pause and the run's first
-	// reading it put the standby over the limit before the first batch.
-	admin, err := pgx.Connect(ctx, primary.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{`ALTER SYSTEM SET autovacuum = off`, `SELECT pg_reload_conf()`} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	admin.Close(ctx)
-	testwait.Until(t, time.Minute, "autovacuum off on the primary", func() bool {
-		var on string
-		if err := pool.QueryRow(ctx, `SELECT current_setting('autovacuum')`).Scan(&on); err != nil {
-			t.Fatal(err)
-		}
-		return on == "off"
-	})
 	insertOldKeys(t, pool, 3000)
 	// The standby replays the keys, then stops replaying.
 	var target string

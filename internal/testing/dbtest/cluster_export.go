@@ -39,7 +39,13 @@ type Cluster struct {
 // TEST_DATABASE_URL nor a container gives them.
 func StartCluster(tb testing.TB) *Cluster {
 	tb.Helper()
-	c, err := NewCluster()
+	return StartClusterWith(tb, ClusterOptions{})
+}
+
+// StartClusterWith is StartCluster with options.
+func StartClusterWith(tb testing.TB, o ClusterOptions) *Cluster {
+	tb.Helper()
+	c, err := NewClusterWith(o)
 	if err != nil {
 		tb.Fatalf("dbtest: start cluster: %v", err)
 	}
