@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -542,7 +541,9 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	baseStart := time.Now()
 	var waitsBefore, waitsDuring Waits
 	before, err := b.workloadTimed(ctx, func(ctx context.Context) error {
-		return b.withWaits(ctx, window, &waitsBefore)
+		var err error
+		waitsBefore, err = sampledWhile(ctx, window, b.sampleWaits)
+		return err
 	})
 	if err != nil {
 		return StandbyRow{}, err
@@ -571,25 +572,17 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	var res *reaper.Result
 	var samples []LagSample
 	runStart := time.Now()
+	reap := func(ctx context.Context) (err error) {
+		res, err = svc.RunOnce(ctx)
+		return err
+	}
 	during, err := b.workloadTimed(ctx, func(ctx context.Context) error {
-		return b.withWaits(ctx, func(ctx context.Context) error {
-			sctx, stop := context.WithCancel(ctx)
-			var wg sync.WaitGroup
-			var serr error
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				samples, serr = b.sampleLag(sctx)
-			}()
-			var err error
-			res, err = svc.RunOnce(ctx)
-			stop()
-			wg.Wait()
-			if err != nil {
-				return err
-			}
-			return serr
-		}, &waitsDuring)
+		var err error
+		waitsDuring, err = sampledWhile(ctx, func(ctx context.Context) (err error) {
+			samples, err = sampledWhile(ctx, reap, b.sampleLag)
+			return err
+		}, b.sampleWaits)
+		return err
 	})
 	if err != nil {
 		return StandbyRow{}, fmt.Errorf("reaperbench: %s: %w", name, err)
@@ -638,11 +631,12 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 	return row, nil
 }
 
-// p99Windows is the p99 of the inserts due in each whole 10 s from start.
+// p99Windows is the p99 of the inserts due in each whole walWindow from
+// start.
 func p99Windows(w timedInserts, start time.Time) []time.Duration {
 	var buckets [][]time.Duration
 	for i, due := range w.due {
-		k := int(due.Sub(start) / (10 * time.Second))
+		k := int(due.Sub(start) / walWindow)
 		if k < 0 {
 			continue
 		}
@@ -666,13 +660,6 @@ func p99Windows(w timedInserts, start time.Time) []time.Duration {
 func windowEvents(xs []LagSample, n int) []string {
 	out := make([]string, n)
 	dirty := make([]int64, n)
-	defer func() {
-		for k, d := range dirty {
-			if d > dirtyMark {
-				out[k] += fmt.Sprintf("d%d", d>>20)
-			}
-		}
-	}()
 	for i, x := range xs {
 		k := int(x.At / walWindow)
 		if k >= n {
@@ -684,6 +671,11 @@ func windowEvents(xs []LagSample, n int) []string {
 		}
 		if i > 0 && x.Checkpoints != xs[i-1].Checkpoints && !strings.Contains(out[k], "c") {
 			out[k] += "c"
+		}
+	}
+	for k, d := range dirty {
+		if d > dirtyMark {
+			out[k] += fmt.Sprintf("d%d", d>>20)
 		}
 	}
 	return out
@@ -711,18 +703,23 @@ func dirtyPageCache() int64 {
 	return n
 }
 
-// withWaits runs fn while it samples the inserts' waits into w.
-func (b *bench) withWaits(ctx context.Context, fn func(context.Context) error, w *Waits) error {
+// sampledWhile runs fn while sample runs beside it, and returns what
+// sample gathered until fn returned, with the errors of both.
+func sampledWhile[T any](ctx context.Context, fn func(context.Context) error, sample func(context.Context) (T, error)) (T, error) {
 	sctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
+	type sampled struct {
+		v   T
+		err error
+	}
+	done := make(chan sampled, 1)
 	go func() {
-		var err error
-		*w, err = b.sampleWaits(sctx)
-		done <- err
+		v, err := sample(sctx)
+		done <- sampled{v, err}
 	}()
 	err := fn(ctx)
 	stop()
-	return errors.Join(err, <-done)
+	got := <-done
+	return got.v, errors.Join(err, got.err)
 }
 
 // standbyRestartpoint runs CHECKPOINT on the standby: a restartpoint
