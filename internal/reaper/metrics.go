@@ -47,6 +47,9 @@ type metrics struct {
 	paced prometheus.Counter
 	// checkpoints: checkpoints the server requested while a run reaped.
 	checkpoints prometheus.Counter
+	// apiFillsCycle: runs that found the API alone filling the
+	// checkpoint cycle (max_wal_size too small for it).
+	apiFillsCycle prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -109,6 +112,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemd_reaper_requested_checkpoints_total",
 			Help: "Checkpoints the server requested while a reaper run reaped (max_wal_size filled before checkpoint_timeout, or a CHECKPOINT); with wal_rate=auto each halves the run's WAL rate.",
 		}),
+		apiFillsCycle: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemd_reaper_checkpoint_cycle_overfull_total",
+			Help: "Reaper runs (wal_rate=auto) that found the API alone writing more WAL than a checkpoint cycle holds: the server requests checkpoints with or without the reaper, whose run goes at its floor; raise max_wal_size.",
+		}),
 		lastSuccess: newUnsetGauge(prometheus.GaugeOpts{
 			Name: "idemd_reaper_last_success_timestamp_seconds",
 			Help: "Unix time of the end of the last run that completed; absent until one has (alert when it grows old).",
@@ -126,7 +133,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.concurrentBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers, m.throttled, m.paced, m.checkpoints} {
+	for _, c := range []prometheus.Collector{m.runs, m.deleted, m.flagged, m.batches, m.batchTimeouts, m.lockedBatches, m.orderedBatches, m.concurrentBatches, m.runDuration, m.batchDuration, m.lastSuccess, m.leaseTakeovers, m.throttled, m.paced, m.checkpoints, m.apiFillsCycle} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("reaper: register metrics: %w", err)
 		}

@@ -242,3 +242,74 @@ func TestDefaultLoadLimitsAreMeasured(t *testing.T) {
 		t.Fatalf("a run of one batch: %+v, %v; want no budget measured", res, err)
 	}
 }
+
+// wal_rate=auto reads the server's checkpoint cycle as the runtime role:
+// a CHECKPOINT shows in the count of checkpoints begun and in the control
+// file's redo; and a run that spans a timed checkpoint keeps the server
+// from requesting one (the server's own count) while it writes at the
+// budget's rate, not held by a guard that misread the cycle (at its floor
+// it would write an eighth of it).
+func TestAutoRateFollowsTheCheckpointCycle(t *testing.T) {
+	// A checkpoint requested after 16 MB since the last redo, one due
+	// every 30 s: a budget of 0.42 MB/s.
+	pool, admin := pacingCluster(t, "max_wal_size=64MB", "checkpoint_timeout=30s", "checkpoint_completion_target=0.9")
+	ctx := context.Background()
+	// The keys first: their WAL makes the server request checkpoints.
+	insertManyOldKeys(t, pool, 300_000)
+	r := &throttle.Reader{Primary: pool}
+	c, err := r.ReadCheckpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := r.Read(ctx)
+	if first.Err != nil || first.ControlRedo <= 0 || first.ControlRedo > first.WALPosition || first.ControlAge < 0 {
+		t.Fatalf("first reading: %+v", first)
+	}
+	if _, err := admin.Exec(ctx, "CREATE TABLE marker AS SELECT 1 AS x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CHECKPOINT"); err != nil {
+		t.Fatal(err)
+	}
+	// The checkpointer reports its count just after the checkpoint ends.
+	deadline := time.Now().Add(30 * time.Second)
+	s := r.Read(ctx)
+	for s.Err == nil && s.CheckpointsBegun == first.CheckpointsBegun && time.Now().Before(deadline) {
+		s = r.Read(ctx)
+	}
+	if s.Err != nil || s.CheckpointsBegun != first.CheckpointsBegun+1 || s.RequestedCheckpoints != first.RequestedCheckpoints+1 ||
+		s.ControlRedo <= first.ControlRedo || s.ControlAge > 10*time.Second {
+		t.Fatalf("after a CHECKPOINT: %+v (before %+v)", s, first)
+	}
+
+	var timed0, req0 int64
+	if err := admin.QueryRow(ctx, `SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter`).Scan(&timed0, &req0); err != nil {
+		t.Fatal(err)
+	}
+	svc := newService(t, pool, func(s *Settings) {
+		s.Throttle.MaxLoad = "wal_rate=auto"
+		s.MaxRuntime = 40 * time.Second
+	})
+	before := readWAL(t, admin)
+	res, err := svc.RunOnce(ctx)
+	after := readWAL(t, admin)
+	if err != nil || res.StopReason != stopMaxRuntime || res.Deleted == 0 {
+		t.Fatalf("run: %+v, %v; want it stopped by --max-runtime with keys left", res, err)
+	}
+	var timed, req int64
+	if err := admin.QueryRow(ctx, `SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter`).Scan(&timed, &req); err != nil {
+		t.Fatal(err)
+	}
+	budget := c.WALBudget().Rate
+	got := rate(before, after)
+	t.Logf("%d keys, %.0f B/s against a budget of %.0f; timed checkpoints %d, requested %d", res.Deleted, got, budget, timed-timed0, req-req0)
+	if req != req0 || res.RequestedCheckpoints != 0 {
+		t.Errorf("the server requested %d checkpoints during the run (the run saw %d)", req-req0, res.RequestedCheckpoints)
+	}
+	if timed == timed0 {
+		t.Errorf("no timed checkpoint began during the %s run: it did not span a cycle", after.at.Sub(before.at))
+	}
+	if got < budget/2 {
+		t.Errorf("the run wrote %.0f B/s, under half the budget %.0f: the guard held it", got, budget)
+	}
+}

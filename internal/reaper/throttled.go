@@ -43,16 +43,18 @@ type runThrottle struct {
 	// bytesPerKey is the server's WAL per key deleted from the start of
 	// one round to the start of the next, smoothed: what sizes a round
 	// for the pacer. From round start to round start, waits included,
-	// because some of a round's WAL is written after it (the first
-	// reading after a round sees about three quarters of it on a quiet
-	// server); an API writing beside the run makes the estimate larger
-	// and the rounds smaller, which errs on the side of the limit.
+	// because the pacer charges the whole server's WAL: an API writing
+	// beside the run makes the estimate larger and the rounds smaller,
+	// which errs on the side of the limit.
 	preRound    int64
 	roundKeys   int64
 	bytesPerKey float64
 	// requested counts the checkpoints the server requested during the
 	// run.
 	requested int64
+	// cycleFullSaid and apiFillsSaid: the run said that the checkpoint
+	// cycle held it, and that the API alone fills it (cycleLog).
+	cycleFullSaid, apiFillsSaid bool
 }
 
 func (s *Service) newRunThrottle() *runThrottle {
@@ -94,6 +96,9 @@ func (s *Service) startThrottle(ctx context.Context, t *runThrottle, res *Result
 			t.decide.Pace(p, l.MaxLoad.WALRateAuto)
 			res.WALRate = p.Rate()
 		}
+		if l.MaxLoad.WALRateAuto && p != nil {
+			t.decide.GuardCycle(throttle.NewCycle(c, c.WALBudget()))
+		}
 	}
 	t.budget = l.MaxLoad.CommitLatency
 	res.CommitBudget = t.budget
@@ -131,10 +136,10 @@ func (s *Service) measureBudget(ctx context.Context, t *runThrottle, res *Result
 // limit (--batch-size, halved by statement timeouts).
 func (t *runThrottle) batchSize(limit, width int) int {
 	n := t.size.Size()
-	if p := t.decide.Pacer(); p != nil {
+	if b := t.decide.RoundBytes(); b > 0 {
 		keys := throttle.MinBatch
 		if t.bytesPerKey > 0 {
-			keys = int(p.BatchBytes() / t.bytesPerKey / float64(max(width, 1)))
+			keys = int(b / t.bytesPerKey / float64(max(width, 1)))
 		}
 		n = t.size.Cap(keys)
 	}
@@ -232,6 +237,7 @@ func (s *Service) throttleWait(soft context.Context, start time.Time, run int64,
 		if d.Checkpoint {
 			s.checkpointRequested(t, d, res)
 		}
+		s.cycleLog(t, d)
 		if d.Stop {
 			s.logger.Warn("the primary's load is over --critical-load: the run stops; the next run continues",
 				zap.String("reason", string(d.Reason)), zap.String("measured", d.Detail), zap.Int("batches", batches))
@@ -300,6 +306,23 @@ func (s *Service) checkpointRequested(t *runThrottle, d throttle.Decision, res *
 		s.logger.Info("the server requested a checkpoint while the reaper ran (its WAL rate is --max-load wal_rate; wal_rate=auto would halve it)")
 	default:
 		s.logger.Info("the server requested a checkpoint while the reaper ran")
+	}
+}
+
+// cycleLog says once per run that the checkpoint cycle holds the run:
+// that it waits for room in it, and (a warning: the server's settings do
+// not fit its API) that the API alone fills it.
+func (s *Service) cycleLog(t *runThrottle, d throttle.Decision) {
+	if d.CycleFull && !t.cycleFullSaid {
+		t.cycleFullSaid = true
+		s.logger.Info("the checkpoint cycle has no room for the reaper's next round: the run waits for the API's rate to fall or the next checkpoint",
+			zap.String("cycle", d.Cycle.String()))
+	}
+	if d.Cycle.APIFills && !t.apiFillsSaid {
+		t.apiFillsSaid = true
+		s.metrics.apiFillsCycle.Inc()
+		s.logger.Warn("the API alone writes more WAL than a checkpoint cycle holds: the server requests checkpoints with or without the reaper, whose run goes at its floor; raise max_wal_size (docs/reaper.md)",
+			zap.String("cycle", d.Cycle.String()), zap.String("floor", throttle.HumanRate(t.decide.Pacer().Floor())))
 	}
 }
 

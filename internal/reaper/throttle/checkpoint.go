@@ -108,16 +108,37 @@ SELECT pg_size_bytes(current_setting('max_wal_size'))::float8,
        current_setting('server_version_num')::int,
        pg_wal_lsn_diff(pg_current_wal_lsn(), (SELECT redo_lsn FROM pg_control_checkpoint()))::float8`
 
-// Requested checkpoints moved from pg_stat_bgwriter to
-// pg_stat_checkpointer in PostgreSQL 17.
+// checkpointsBefore17SQL and checkpointsSince17SQL read the requested
+// checkpoints, the checkpoints begun, and the control file's last
+// checkpoint (Signals.ControlRedo, ControlAge): the counts moved from
+// pg_stat_bgwriter to pg_stat_checkpointer in PostgreSQL 17. Both counts
+// rise as a checkpoint begins (the checkpointer reports them while it
+// writes); the control file changes when it completes.
 const (
-	requestedBefore17SQL = `SELECT checkpoints_req FROM pg_stat_bgwriter`
-	requestedSince17SQL  = `SELECT num_requested FROM pg_stat_checkpointer`
+	checkpointsBefore17SQL = `
+SELECT s.checkpoints_req, s.checkpoints_timed + s.checkpoints_req,
+       pg_wal_lsn_diff(c.redo_lsn, '0/0')::int8, EXTRACT(epoch FROM now() - c.checkpoint_time)::float8
+FROM pg_stat_bgwriter s, pg_control_checkpoint() c`
+	checkpointsSince17SQL = `
+SELECT s.num_requested, s.num_timed + s.num_requested,
+       pg_wal_lsn_diff(c.redo_lsn, '0/0')::int8, EXTRACT(epoch FROM now() - c.checkpoint_time)::float8
+FROM pg_stat_checkpointer s, pg_control_checkpoint() c`
 )
 
+// readCheckpoints reads the checkpoint fields of s with sql.
+func readCheckpoints(ctx context.Context, db Querier, sql string, s *Signals) error {
+	var age float64
+	if err := db.QueryRow(ctx, sql).Scan(&s.RequestedCheckpoints, &s.CheckpointsBegun, &s.ControlRedo, &age); err != nil {
+		return fmt.Errorf("read the checkpoints: %w", err)
+	}
+	s.ControlAge = seconds(age)
+	return nil
+}
+
 // ReadCheckpoints reads the server's checkpoint settings and its count of
-// requested checkpoints, and sets the Reader to read the count with every
-// reading after (Signals.RequestedCheckpoints).
+// requested checkpoints, and sets the Reader to read the checkpoints with
+// every reading after (Signals.RequestedCheckpoints, CheckpointsBegun,
+// ControlRedo, ControlAge).
 func (r *Reader) ReadCheckpoints(ctx context.Context) (Checkpoints, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout())
 	defer cancel()
@@ -128,12 +149,14 @@ func (r *Reader) ReadCheckpoints(ctx context.Context) (Checkpoints, error) {
 		return Checkpoints{}, fmt.Errorf("read max_wal_size, checkpoint_timeout and the last checkpoint: %w", err)
 	}
 	c.Timeout = seconds(timeout)
-	r.requestedSQL = requestedBefore17SQL
+	r.checkpointsSQL = checkpointsBefore17SQL
 	if version >= 170000 {
-		r.requestedSQL = requestedSince17SQL
+		r.checkpointsSQL = checkpointsSince17SQL
 	}
-	if err := r.Primary.QueryRow(ctx, r.requestedSQL).Scan(&c.Requested); err != nil {
-		return Checkpoints{}, fmt.Errorf("read the requested checkpoints: %w", err)
+	var s Signals
+	if err := readCheckpoints(ctx, r.Primary, r.checkpointsSQL, &s); err != nil {
+		return Checkpoints{}, err
 	}
+	c.Requested = s.RequestedCheckpoints
 	return c, nil
 }

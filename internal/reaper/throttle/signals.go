@@ -46,9 +46,9 @@ type Reader struct {
 
 	prevLSN uint64
 	prevAt  time.Time
-	// requestedSQL reads the requested checkpoints' count, set by
+	// checkpointsSQL reads the checkpoints (readCheckpoints), set by
 	// ReadCheckpoints; empty: not read.
-	requestedSQL string
+	checkpointsSQL string
 }
 
 func (r *Reader) timeout() time.Duration {
@@ -69,8 +69,11 @@ func (r *Reader) now() time.Time {
 // on pg_stat_replication: the worst replay lag (replay_lag, PostgreSQL's
 // own measure of the time from a WAL record's flush on the primary to its
 // replay) and the worst distance in bytes from the primary's WAL position
-// to a replica's replay position, and that position itself for the WAL
-// rate. A role without pg_read_all_stats sees only the walsenders' pids,
+// to a replica's replay position, and the position of the WAL inserted
+// for the WAL rate: pg_current_wal_insert_lsn, so a round's WAL counts
+// once its records are in, not when the WAL writer writes them out (the
+// batches commit without waiting for it), and the interval after a round
+// holds only what the API wrote in it. A role without pg_read_all_stats sees only the walsenders' pids,
 // every other column NULL: hidden counts them, so the run says what is
 // missing rather than believe there is no lag. Walsenders of a base backup
 // are not replicas.
@@ -79,7 +82,7 @@ SELECT count(*) FILTER (WHERE state IS NULL),
        count(*) FILTER (WHERE state <> 'backup'),
        COALESCE(EXTRACT(epoch FROM max(replay_lag) FILTER (WHERE state <> 'backup')), 0)::float8,
        COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)) FILTER (WHERE state <> 'backup'), 0)::int8,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8
+       pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::int8
 FROM pg_stat_replication`
 
 // replicaSQL reads a standby's replay position and lag. A standby that has
@@ -143,9 +146,9 @@ func (r *Reader) Read(ctx context.Context) Signals {
 			s.LagBytes = behind
 		}
 	}
-	if r.requestedSQL != "" {
-		if err := r.Primary.QueryRow(ctx, r.requestedSQL).Scan(&s.RequestedCheckpoints); err != nil {
-			s.Err = fmt.Errorf("read the requested checkpoints: %w", err)
+	if r.checkpointsSQL != "" {
+		if err := readCheckpoints(ctx, r.Primary, r.checkpointsSQL, &s); err != nil {
+			s.Err = err
 			return s
 		}
 	}

@@ -280,8 +280,15 @@ type Signals struct {
 	// two readings (WALPosition).
 	RoundWAL int64
 	// RequestedCheckpoints is the server's count of requested checkpoints
-	// (Checkpoints.Requested); read only when the run watches them.
+	// (Checkpoints.Requested), CheckpointsBegun its count of checkpoints
+	// begun (timed and requested), and ControlRedo and ControlAge the redo
+	// position of the last completed checkpoint the control file holds
+	// and the time since that checkpoint began, by the server's clock:
+	// read only when the run watches its checkpoints (Cycle).
 	RequestedCheckpoints int64
+	CheckpointsBegun     int64
+	ControlRedo          int64
+	ControlAge           time.Duration
 	// Err is a signal that could not be read; the run waits rather than
 	// reap blind.
 	Err error
@@ -313,6 +320,11 @@ type Decision struct {
 	// not halved: no wal_rate=auto, or already at its floor).
 	Checkpoint bool
 	Slowed     float64
+	// Cycle is the checkpoint cycle's state the decision read
+	// (wal_rate=auto's guard; the zero value without it), and CycleFull
+	// the wait is for room in it.
+	Cycle     CycleState
+	CycleFull bool
 }
 
 // Throttled reports whether the run waits.
@@ -344,6 +356,11 @@ type Throttle struct {
 	// run's own WAL still goes at the floor (an eighth of the rate), and
 	// its time is the paced time the run reports.
 	allow time.Duration
+	// cycle guards the server's checkpoint cycle (wal_rate=auto); nil:
+	// not guarded. roundCap is the most WAL it lets the next round write
+	// (0: no cap).
+	cycle    *Cycle
+	roundCap float64
 }
 
 // New returns a throttle for limits, which Check must have passed.
@@ -357,6 +374,24 @@ func (t *Throttle) Pace(p *WALPacer, halve bool) {
 
 // Pacer is the WAL pacer; nil when the run's WAL is not paced.
 func (t *Throttle) Pacer() *WALPacer { return t.pacer }
+
+// GuardCycle starts guarding the server's checkpoint cycle with c (with
+// a pacer: wal_rate=auto); nil: no guard.
+func (t *Throttle) GuardCycle(c *Cycle) { t.cycle = c }
+
+// RoundBytes is the most WAL the next round should write: the pacer's
+// (BatchBytes), within the room the checkpoint cycle left at the last
+// decision. 0 when the run is not paced.
+func (t *Throttle) RoundBytes() float64 {
+	if t.pacer == nil {
+		return 0
+	}
+	b := t.pacer.BatchBytes()
+	if t.roundCap > 0 {
+		b = min(b, t.roundCap)
+	}
+	return b
+}
 
 // WatchCheckpoints starts watching the server's requested checkpoints
 // from the count requested.
@@ -389,19 +424,38 @@ func (t *Throttle) Decide(s Signals) Decision {
 	}
 	if t.pacer != nil && s.Err == nil && s.WALPosition > 0 {
 		t.pacer.Observe(s.At, s.WALPosition)
+		if t.cycle != nil {
+			t.cycle.Observe(s)
+		}
 	}
 	if t.pacer != nil && s.RoundWAL > 0 {
 		t.allow = time.Duration(float64(s.RoundWAL) / t.pacer.Floor() * float64(time.Second))
 	}
 	with := func(d Decision) Decision {
-		d.Checkpoint, d.Slowed = ckpt.Checkpoint, ckpt.Slowed
+		d.Checkpoint, d.Slowed, d.Cycle = ckpt.Checkpoint, ckpt.Slowed, ckpt.Cycle
 		return d
 	}
 	reason, detail := t.pressure(s)
 	if reason == ReasonNone {
 		t.wait = 0
 		if t.pacer != nil {
-			if w := min(t.pacer.Wait(s.At), t.allow); w > 0 {
+			w := min(t.pacer.Wait(s.At), t.allow)
+			t.roundCap = 0
+			if t.cycle != nil {
+				ckpt.Cycle = t.cycle.State(t.pacer.MinRound())
+				switch ckpt.Cycle.Mode {
+				case CycleFull:
+					return with(Decision{Wait: CycleRecheck, Reason: ReasonWALRate, Paced: true, CycleFull: true,
+						Detail: "the checkpoint cycle has no room for a round: " + ckpt.Cycle.String()})
+				case CycleFloor:
+					// The run's own WAL at the pacer's floor: the whole of
+					// the last round's allowance, whatever the bucket holds.
+					w, t.roundCap = t.allow, t.pacer.MinRound()
+				default:
+					t.roundCap = ckpt.Cycle.Room
+				}
+			}
+			if w > 0 {
 				t.allow -= w
 				return with(Decision{Wait: w, Reason: ReasonWALRate, Paced: true,
 					Detail: fmt.Sprintf("the server's WAL paced at %s/s (the last round wrote %s)", humanBytes(t.pacer.Rate()), humanBytes(float64(s.RoundWAL)))})

@@ -90,8 +90,12 @@ func (p *WALPacer) Rate() float64 { return p.rate }
 // way; small rounds spread its WAL evenly instead of in bursts of
 // megabytes, each of which the API's next commits would wait to flush.
 func (p *WALPacer) BatchBytes() float64 {
-	return max(min(p.credit, p.batch), p.rate*pacerBatch.Seconds())
+	return max(min(p.credit, p.batch), p.MinRound())
 }
+
+// MinRound is a paced round's WAL, bytes: a quarter second of the rate,
+// the least BatchBytes gives.
+func (p *WALPacer) MinRound() float64 { return p.rate * pacerBatch.Seconds() }
 
 // Depth is the most WAL the bucket lets through at once, bytes.
 func (p *WALPacer) Depth() float64 { return p.depth }
