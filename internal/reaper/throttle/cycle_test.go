@@ -271,3 +271,46 @@ func TestCycleGuardGoesAtTheFloorWhenTheAPIFillsTheCycle(t *testing.T) {
 		t.Fatalf("the run wrote %.1f MiB in %s with the API filling the cycle; the floor is %.2f MiB/s", wrote/mib, d, floor/mib)
 	}
 }
+
+// Decide with the guard: a round is capped to the cycle's room; a cycle
+// the run's own WAL filled holds the run (paced time, rechecked every
+// CycleRecheck); one the API fills lets the run go at the floor.
+func TestDecideGuardsTheCycle(t *testing.T) {
+	b := defaults.WALBudget()
+	const redo = int64(1 << 32)
+	newThrottle := func() *Throttle {
+		th := New(Limits{PauseMin: 100 * time.Millisecond, PauseMax: time.Second})
+		th.Pace(NewBudgetPacer(Budget{Rate: b.Rate, Depth: b.Depth, Batch: b.Batch, Initial: b.Depth}), true)
+		th.GuardCycle(NewCycle(defaults, b))
+		return th
+	}
+	sig := func(at time.Duration, pos float64, round float64) Signals {
+		return Signals{At: t0.Add(at), WALPosition: redo + int64(pos*mib), RoundWAL: int64(round * mib),
+			CheckpointsBegun: 1, ControlRedo: redo, ControlAge: 100*time.Second + at}
+	}
+	// 481 MiB since the redo, the API at 0.1 MiB/s for the 190 s left:
+	// 19 MiB, so about 5 MiB of room, less than the pacer's largest round.
+	th := newThrottle()
+	th.Decide(sig(0, 480, 0))
+	d := th.Decide(sig(10*time.Second, 481, 0))
+	if d.Throttled() || d.Cycle.Mode != CycleRoom || th.RoundBytes() != d.Cycle.Room || d.Cycle.Room >= b.Batch {
+		t.Fatalf("little room: %+v, round %.0f", d, th.RoundBytes())
+	}
+	// The run's round fills it: held, as paced time.
+	d = th.Decide(sig(10*time.Second+100*time.Millisecond, 481+d.Cycle.Room/mib, d.Cycle.Room/mib))
+	if d.Wait != CycleRecheck || !d.Paced || !d.CycleFull || d.Reason != ReasonWALRate {
+		t.Fatalf("full by the run's WAL: %+v", d)
+	}
+	// The API fills it (2 MiB/s for the 190 s left): a round at the
+	// floor, and after it the wait the round takes at the floor.
+	th = newThrottle()
+	th.Decide(sig(0, 400, 0))
+	if d := th.Decide(sig(10*time.Second, 420, 0)); d.Throttled() || d.Cycle.Mode != CycleFloor || th.RoundBytes() != th.Pacer().MinRound() {
+		t.Fatalf("filled by the API: %+v, round %.0f", d, th.RoundBytes())
+	}
+	round := th.Pacer().MinRound() / mib
+	d = th.Decide(sig(10*time.Second+10*time.Millisecond, 420+round, round))
+	if want := time.Duration(float64(int64(round*mib)) / th.Pacer().Floor() * float64(time.Second)); d.Cycle.Mode != CycleFloor || !near(d.Wait, want) || !d.Paced {
+		t.Fatalf("after a round at the floor: %+v, want a wait of %s", d, want)
+	}
+}
