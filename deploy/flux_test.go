@@ -10,6 +10,7 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -194,6 +195,18 @@ func TestFluxExample(t *testing.T) {
 	}
 	if job.Annotations["kustomize.toolkit.fluxcd.io/force"] != "enabled" {
 		t.Errorf("Job idemd-migrate: no kustomize.toolkit.fluxcd.io/force: enabled: Flux cannot replace its immutable template at the next release")
+	}
+
+	// The Namespace holds the Secrets made by hand: Flux must never prune
+	// it (a renamed Kustomization or a moved path would delete it and
+	// them).
+	for _, r := range renders {
+		for _, ns := range r.byKind("Namespace") {
+			m, ok := ns.Obj.(metav1.Object)
+			if !ok || m.GetAnnotations()["kustomize.toolkit.fluxcd.io/prune"] != "disabled" {
+				t.Errorf("Namespace %s: no kustomize.toolkit.fluxcd.io/prune: disabled: removing its Kustomization would delete the Secrets in it", ns.Name)
+			}
+		}
 	}
 
 	// Everything the Job reads is applied with it, in the Kustomization

@@ -55,6 +55,10 @@ type runThrottle struct {
 	// cycleFullSaid and apiFillsSaid: the run said that the checkpoint
 	// cycle held it, and that the API alone fills it (cycleLog).
 	cycleFullSaid, apiFillsSaid bool
+	// cycleMode is the guard's mode at the last decision that read it
+	// (cycleSeen: one did), for the debug line on each change.
+	cycleMode throttle.CycleMode
+	cycleSeen bool
 }
 
 func (s *Service) newRunThrottle() *runThrottle {
@@ -300,7 +304,7 @@ func (s *Service) checkpointRequested(t *runThrottle, d throttle.Decision, res *
 	switch {
 	case d.Slowed > 0:
 		s.logger.Warn("the server requested a checkpoint while the reaper ran: the run halves its WAL rate",
-			zap.String("wal_rate", throttle.HumanRate(d.Slowed)))
+			zap.String("wal_rate", throttle.HumanRate(d.Slowed)), zap.Float64("run_wal_in_cycle", t.decide.CycleRunWAL()))
 		res.WALRate = d.Slowed
 	case t.decide.Pacer() != nil:
 		s.logger.Info("the server requested a checkpoint while the reaper ran (its WAL rate is --max-load wal_rate; wal_rate=auto would halve it)")
@@ -312,7 +316,15 @@ func (s *Service) checkpointRequested(t *runThrottle, d throttle.Decision, res *
 // cycleLog says once per run that the checkpoint cycle holds the run:
 // that it waits for room in it, and (a warning: the server's settings do
 // not fit its API) that the API alone fills it.
+//
+// At debug level it says each change of what the cycle lets the run do,
+// with the figures, so the run's course through a cycle can be read back.
 func (s *Service) cycleLog(t *runThrottle, d throttle.Decision) {
+	if d.Cycle.Threshold > 0 && (d.Cycle.Mode != t.cycleMode || !t.cycleSeen) {
+		t.cycleMode, t.cycleSeen = d.Cycle.Mode, true
+		s.logger.Debug("checkpoint cycle", zap.Int("mode", int(d.Cycle.Mode)), zap.Float64("room", d.Cycle.Room),
+			zap.Float64("since", d.Cycle.Since), zap.Float64("api_rate", d.Cycle.API), zap.Duration("left", d.Cycle.Left))
+	}
 	if d.CycleFull && !t.cycleFullSaid {
 		t.cycleFullSaid = true
 		s.logger.Info("the checkpoint cycle has no room for the reaper's next round: the run waits for the API's rate to fall or the next checkpoint",

@@ -205,6 +205,8 @@ type bench struct {
 	// standbyURL, in the standby suite, is the standby's admin URL: a
 	// restartpoint there after each load (standbyRound).
 	standbyURL string
+	// reaperLog, when set, is the reaper's logger (StandbyOptions.ReaperLog).
+	reaperLog *zap.Logger
 }
 
 func (b *bench) run(ctx context.Context) (*Report, error) {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/idemd/idemd/internal/reaper"
 	"github.com/idemd/idemd/internal/testing/dbtest"
 )
@@ -130,7 +132,8 @@ func TestSummarize(t *testing.T) {
 // rounds (default 1), and only the configurations of
 // REAPERBENCH_STANDBY_CONFIGS (comma-separated keys of StandbyConfigKeys;
 // default all), on a server with REAPERBENCH_STANDBY_SERVER's settings
-// (comma-separated name=value; default PostgreSQL's):
+// (comma-separated name=value; default PostgreSQL's), with the reaper's
+// log (debug level, JSON lines) in the file REAPERBENCH_REAPER_LOG:
 //
 //	REAPERBENCH_STANDBY_KEYS=2000000 REAPERBENCH_STANDBY_ROUNDS=3 go test -run TestStandbyFullRun -v -timeout 2h ./internal/bench/reaper
 func TestStandbyFullRun(t *testing.T) {
@@ -147,7 +150,18 @@ func TestStandbyFullRun(t *testing.T) {
 	if v := os.Getenv("REAPERBENCH_STANDBY_SERVER"); v != "" {
 		server = strings.Split(v, ",")
 	}
-	r, err := RunStandby(context.Background(), StandbyOptions{Keys: keys, Rounds: rounds, Configs: configs, Server: server, Logf: t.Logf})
+	o := StandbyOptions{Keys: keys, Rounds: rounds, Configs: configs, Server: server, Logf: t.Logf}
+	if path := os.Getenv("REAPERBENCH_REAPER_LOG"); path != "" {
+		cfg := zap.NewProductionConfig()
+		cfg.Level, cfg.OutputPaths, cfg.Sampling = zap.NewAtomicLevelAt(zap.DebugLevel), []string{path}, nil
+		l, err := cfg.Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Sync() //nolint:errcheck // a file's last lines
+		o.ReaperLog = l
+	}
+	r, err := RunStandby(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,6 +52,9 @@ type StandbyOptions struct {
 	Server []string
 	// Logf, when set, receives progress lines.
 	Logf func(format string, args ...any)
+	// ReaperLog, when set, receives the reaper's log, debug level, as
+	// JSON lines: what its throttle decided and when.
+	ReaperLog *zap.Logger
 }
 
 // StandbyRow is one reaper configuration measured under the insert load
@@ -302,7 +305,7 @@ func RunStandby(ctx context.Context, opts StandbyOptions) (*StandbyReport, error
 
 	def := reaper.DefaultSettings()
 	def.Retention = retention
-	b := &bench{pool: pool, logf: logf, standbyURL: standby.URL(), opts: Options{Keys: opts.Keys, InsertRate: opts.InsertRate, BaselineDuration: opts.BaselineDuration, Reaper: &def}}
+	b := &bench{pool: pool, logf: logf, standbyURL: standby.URL(), reaperLog: opts.ReaperLog, opts: Options{Keys: opts.Keys, InsertRate: opts.InsertRate, BaselineDuration: opts.BaselineDuration, Reaper: &def}}
 	base := &Report{Keys: opts.Keys}
 	if err := b.prepare(ctx, base); err != nil {
 		return nil, err
@@ -553,7 +556,11 @@ func (b *bench) standbyRound(ctx context.Context, r *Report, name string, s reap
 		return StandbyRow{}, err
 	}
 	baseRate := float64(baseWAL) / time.Since(baseStart).Seconds()
-	svc, err := reaper.New(reaper.Config{Settings: s, Pool: b.pool, Logger: zap.NewNop()})
+	logger := zap.NewNop()
+	if b.reaperLog != nil {
+		logger = b.reaperLog.With(zap.String("config", name))
+	}
+	svc, err := reaper.New(reaper.Config{Settings: s, Pool: b.pool, Logger: logger})
 	if err != nil {
 		return StandbyRow{}, err
 	}

@@ -75,8 +75,12 @@ type Cycle struct {
 	// recent are the readings of the last cycleReported, for the
 	// position before a checkpoint began.
 	recent []mark
-	// run is the WAL of the run's rounds in this cycle.
-	run float64
+	// run is the WAL of the run's rounds in this cycle, lastRun in the
+	// one before.
+	run, lastRun float64
+	// share is the run's credit of the room (Observe), bytes; negative:
+	// owed.
+	share float64
 	// api is the API's WAL rate, bytes per second, once measured.
 	api    float64
 	hasAPI bool
@@ -105,6 +109,10 @@ type mark struct {
 	at  time.Time
 	pos int64
 }
+
+// cycleMargin is the most time the guard allows past the next
+// checkpoint's due time (margin).
+const cycleMargin = 10 * time.Second
 
 // CycleRecheck is how long a run held by a full cycle waits before it
 // reads the server again: the room opens as the API's rate falls or when
@@ -169,6 +177,13 @@ func (c *Cycle) Observe(s Signals) {
 		}
 	}
 	dt := s.At.Sub(c.at).Seconds()
+	// The run's share of the room: a bucket of one largest round that
+	// fills at the rate spending the room by the checkpoint's due time,
+	// and that each round's WAL is charged to (State's Spread).
+	if dt > 0 {
+		c.share = min(c.share+c.figures().spread*dt, c.reserve)
+	}
+	c.share -= float64(s.RoundWAL)
 	switch {
 	case s.RoundWAL > 0:
 		c.run += float64(s.RoundWAL)
@@ -193,7 +208,8 @@ func (c *Cycle) next(redo int64, start time.Time) {
 	if c.known {
 		c.prev, c.hasPrev = max(float64(c.pos-c.redo)-c.run, 0), true
 	}
-	c.redo, c.start, c.run = redo, start, 0
+	c.lastRun = c.run
+	c.redo, c.start, c.run, c.share = redo, start, 0, 0
 }
 
 // before is the WAL position at the latest reading no later than at (the
@@ -240,44 +256,75 @@ type CycleState struct {
 	// APIFills: the API alone fills the cycle, shown by a whole cycle or
 	// by this one's WAL so far (CycleFloor).
 	APIFills bool
+	// Spread is how long the run should wait for its WAL so far to be
+	// spread over the rest of the cycle at the rate that spends the room
+	// by the time the next checkpoint is due (CycleRoom; Throttle waits
+	// it only where the room, not the bucket, binds the run).
+	Spread time.Duration
 }
 
 // State is the guard's reading at the last observation; a round smaller
 // than minRound is no round.
 func (c *Cycle) State(minRound float64) CycleState {
-	since := float64(c.pos - c.redo)
-	left := max(c.start.Add(c.timeout).Sub(c.at), 0)
-	api := c.api
-	if !c.hasAPI {
-		// No quiet interval yet: the cycle's average so far, which the
-		// images after its checkpoint make high.
-		api = max(since-c.run, 0) / max(c.at.Sub(c.start).Seconds(), 1)
-	}
-	// The room takes the larger projection; who fills the cycle is judged
-	// on the likelier one, the last whole cycle's when the run saw one:
-	// the rate during the images after a checkpoint, held until the next,
-	// would blame the API for most cycles it leaves room in, and the
-	// run's WAL at the floor would fill that room.
-	projected, likely := api*left.Seconds(), api*left.Seconds()
-	if c.hasPrev {
-		likely = max(c.prev-(since-c.run), 0)
-		projected = max(projected, likely)
-	}
-	st := CycleState{Since: since, API: api, Left: left, Threshold: c.threshold,
-		Room: c.threshold - c.reserve - since - projected}
+	f := c.figures()
+	st := CycleState{Since: f.since, API: f.api, Left: f.left, Threshold: c.threshold, Room: f.room}
 	switch {
 	case st.Room >= minRound:
 		// With the stand-in redo too: the WAL since it is more than the
 		// cycle's, so the room is less than there is.
-	case !c.known || since-c.run+likely >= c.threshold-c.reserve:
+		if c.share < 0 && f.spread > 0 {
+			st.Spread = time.Duration(-c.share / f.spread * float64(time.Second))
+		}
+	case !c.known || f.since-c.run+f.likely >= c.threshold-c.reserve:
 		full := c.threshold - c.reserve
 		st.Mode = CycleFloor
-		st.APIFills = c.known && ((c.hasPrev && c.prev >= full) || since-c.run >= full)
+		st.APIFills = c.known && ((c.hasPrev && c.prev >= full) || f.since-c.run >= full)
 	default:
 		st.Mode = CycleFull
 	}
 	return st
 }
+
+// cycleFigures are the guard's figures at the last reading.
+type cycleFigures struct {
+	since, api, room float64
+	// likely is the API's likelier projection (State), spread the rate
+	// that spends the room by the time the next checkpoint is due.
+	likely, spread float64
+	left           time.Duration
+}
+
+func (c *Cycle) figures() cycleFigures {
+	f := cycleFigures{since: float64(c.pos - c.redo), left: max(c.start.Add(c.timeout).Sub(c.at), 0)}
+	f.api = c.api
+	if !c.hasAPI {
+		// No quiet interval yet: the cycle's average so far, which the
+		// images after its checkpoint make high.
+		f.api = max(f.since-c.run, 0) / max(c.at.Sub(c.start).Seconds(), 1)
+	}
+	// The API goes on writing if the checkpoint begins late (the
+	// checkpointer wakes on whole seconds; the control file's time is in
+	// whole seconds; a counted start is the reading's): a margin of time.
+	until := (f.left + c.margin()).Seconds()
+	// The room takes the larger projection; who fills the cycle is judged
+	// on the likelier one, the last whole cycle's when the run saw one:
+	// the rate during the images after a checkpoint, held until the next,
+	// would blame the API for most cycles it leaves room in, and the
+	// run's WAL at the floor would fill that room.
+	projected := f.api * until
+	f.likely = projected
+	if c.hasPrev {
+		f.likely = max(c.prev-(f.since-c.run), 0)
+		projected = max(projected, f.likely)
+	}
+	f.room = c.threshold - c.reserve - f.since - projected
+	f.spread = max(f.room, 0) / until
+	return f
+}
+
+// margin is the time the guard allows past the next checkpoint's due
+// time: a tenth of checkpoint_timeout, at most cycleMargin.
+func (c *Cycle) margin() time.Duration { return min(c.timeout/10, cycleMargin) }
 
 // String renders the state for the log.
 func (s CycleState) String() string {

@@ -28,8 +28,9 @@ func TestCycleFollowsTheServersCheckpoints(t *testing.T) {
 	if st.Mode != CycleRoom || st.Since != 102*mib || st.Left != 198*time.Second || math.Abs(st.API-mib) > 1 {
 		t.Fatalf("known cycle: %+v", st)
 	}
-	// 512 MiB request one; a round is reserved; the API will write 198 MiB.
-	if want := defaults.RequestThreshold() - b.Batch - 102*mib - 198*mib; math.Abs(st.Room-want) > 1 {
+	// 512 MiB request one; a round is reserved; the API will write 208
+	// MiB, to the next checkpoint's due time and the margin past it.
+	if want := defaults.RequestThreshold() - b.Batch - 102*mib - 208*mib; math.Abs(st.Room-want) > 1 {
 		t.Fatalf("room %.0f, want %.0f", st.Room, want)
 	}
 	// A round's WAL is the run's, not the API's: the rate stays.
@@ -193,9 +194,14 @@ func (s *server) signals(roundWAL float64) Signals {
 
 // reap runs a wal_rate=auto run against s for d, with rounds that write
 // what the throttle allows at 50 MB/s; guarded: with the cycle guard. It
-// returns the run's WAL and the decisions that said the API fills the
-// cycle.
+// returns the run's WAL, its rounds, and the decisions that said the API
+// fills the cycle.
 func reap(s *server, d time.Duration, guarded bool) (wrote float64, apiFills int) {
+	wrote, _, apiFills = reapRounds(s, d, guarded)
+	return wrote, apiFills
+}
+
+func reapRounds(s *server, d time.Duration, guarded bool) (wrote float64, ws []write, apiFills int) {
 	b := s.c.WALBudget()
 	th := New(Limits{PauseMin: 100 * time.Millisecond, PauseMax: time.Second})
 	th.Pace(NewBudgetPacer(b), true)
@@ -218,8 +224,9 @@ func reap(s *server, d time.Duration, guarded bool) (wrote float64, apiFills int
 		round = th.RoundBytes()
 		s.advance(time.Duration(round/50e6*float64(time.Second))+time.Millisecond, round)
 		wrote += round
+		ws = append(ws, write{s.now, int64(round)})
 	}
-	return wrote, apiFills
+	return wrote, ws, apiFills
 }
 
 // The guard keeps a run from making the server request checkpoints
@@ -228,7 +235,7 @@ func reap(s *server, d time.Duration, guarded bool) (wrote float64, apiFills int
 // suite's inserts into a 10M-key table write) and 0.2-0.6 MiB/s after,
 // 366-452 MiB of the 512 a cycle holds; the run starting just after a
 // checkpoint, late in a cycle, or while a checkpoint is in progress. The
-// run still reaps: into the room the API leaves late in each cycle.
+// run still reaps: into the room the API leaves, spread over the cycle.
 func TestCycleGuardKeepsCheckpointsUnrequested(t *testing.T) {
 	const d = 30 * time.Minute
 	bare := newServer(defaults, 3.8*mib, 0.5*mib, 85*time.Second)
@@ -240,7 +247,12 @@ func TestCycleGuardKeepsCheckpointsUnrequested(t *testing.T) {
 		for _, late := range []time.Duration{0, 150 * time.Second, 280 * time.Second, 320 * time.Second} {
 			s := newServer(defaults, 3.8*mib, quiet*mib, 85*time.Second)
 			s.advance(late, 0)
-			wrote, fills := reap(s, d, true)
+			wrote, ws, fills := reapRounds(s, d, true)
+			// Where the room binds (under the bucket's 107 MB), it is
+			// spread over the cycle, not spent at once.
+			if most := maxWindowRate(ws, 10*time.Second); quiet >= 0.5 && most > 3*mib {
+				t.Errorf("API at %.1f MiB/s, run %s into the cycle: the run wrote %.1f MiB/s over 10 s", quiet, late, most/mib)
+			}
 			if s.requested != 0 {
 				t.Fatalf("API at %.1f MiB/s, run %s into the cycle: the server requested %d checkpoints (%d without the guard at 0.5 MiB/s)", quiet, late, s.requested, bare.requested)
 			}

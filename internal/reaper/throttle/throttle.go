@@ -379,6 +379,16 @@ func (t *Throttle) Pacer() *WALPacer { return t.pacer }
 // a pacer: wal_rate=auto); nil: no guard.
 func (t *Throttle) GuardCycle(c *Cycle) { t.cycle = c }
 
+// CycleRunWAL is the run's WAL in the checkpoint cycle before the one
+// the last decision read (its share in a checkpoint the server just
+// requested); 0 without the guard.
+func (t *Throttle) CycleRunWAL() float64 {
+	if t.cycle == nil {
+		return 0
+	}
+	return t.cycle.lastRun
+}
+
 // RoundBytes is the most WAL the next round should write: the pacer's
 // (BatchBytes), within the room the checkpoint cycle left at the last
 // decision. 0 when the run is not paced.
@@ -453,6 +463,14 @@ func (t *Throttle) Decide(s Signals) Decision {
 					w, t.roundCap = t.allow, t.pacer.MinRound()
 				default:
 					t.roundCap = ckpt.Cycle.Room
+					// Where the cycle's room, not the bucket, binds the
+					// run, its WAL is spread over what is left of the
+					// cycle rather than spent at once: a burst costs the
+					// API's commits, and the later readings know more.
+					if sp := ckpt.Cycle.Spread; ckpt.Cycle.Room < t.pacer.Depth() && sp > w {
+						return with(Decision{Wait: min(sp, CycleRecheck), Reason: ReasonWALRate, Paced: true,
+							Detail: "the run's WAL spread over the rest of the checkpoint cycle: " + ckpt.Cycle.String()})
+					}
 				}
 			}
 			if w > 0 {
