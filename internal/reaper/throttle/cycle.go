@@ -177,13 +177,6 @@ func (c *Cycle) Observe(s Signals) {
 		}
 	}
 	dt := s.At.Sub(c.at).Seconds()
-	// The run's share of the room: a bucket of one largest round that
-	// fills at the rate spending the room by the checkpoint's due time,
-	// and that each round's WAL is charged to (State's Spread).
-	if dt > 0 {
-		c.share = min(c.share+c.figures().spread*dt, c.reserve)
-	}
-	c.share -= float64(s.RoundWAL)
 	switch {
 	case s.RoundWAL > 0:
 		c.run += float64(s.RoundWAL)
@@ -196,6 +189,14 @@ func (c *Cycle) Observe(s Signals) {
 		}
 	}
 	c.at, c.pos = s.At, max(c.pos, s.WALPosition)
+	// The run's share of the room: a bucket of one largest round that
+	// fills at the rate spending the room (as this reading has it) by the
+	// checkpoint's due time, and that each round's WAL is charged to
+	// (State's Spread).
+	if dt > 0 {
+		c.share = min(c.share+c.figures().spread*dt, c.reserve)
+	}
+	c.share -= float64(s.RoundWAL)
 	c.recent = append(c.recent, mark{s.At, c.pos})
 	for len(c.recent) > 1 && s.At.Sub(c.recent[1].at) > cycleReported {
 		c.recent = c.recent[1:]

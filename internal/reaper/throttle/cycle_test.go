@@ -249,8 +249,11 @@ func TestCycleGuardKeepsCheckpointsUnrequested(t *testing.T) {
 			s.advance(late, 0)
 			wrote, ws, fills := reapRounds(s, d, true)
 			// Where the room binds (under the bucket's 107 MB), it is
-			// spread over the cycle, not spent at once.
-			if most := maxWindowRate(ws, 10*time.Second); quiet >= 0.5 && most > 3*mib {
+			// spread over the cycle, not spent at once: the bucket alone
+			// lets its depth through in one 10 s (10.7 MiB/s); a run that
+			// starts late in a cycle spreads its room over the seconds
+			// left and the margin.
+			if most := maxWindowRate(ws, 10*time.Second); quiet >= 0.5 && most > 4*mib {
 				t.Errorf("API at %.1f MiB/s, run %s into the cycle: the run wrote %.1f MiB/s over 10 s", quiet, late, most/mib)
 			}
 			if s.requested != 0 {
