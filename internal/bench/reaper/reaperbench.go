@@ -205,8 +205,10 @@ type bench struct {
 	// standbyURL, in the standby suite, is the standby's admin URL: a
 	// restartpoint there after each load (standbyRound).
 	standbyURL string
-	// reaperLog, when set, is the reaper's logger (StandbyOptions.ReaperLog).
-	reaperLog *zap.Logger
+	// reaperLog, when set, is the reaper's logger (StandbyOptions.ReaperLog),
+	// maxRuntime each standby run's bound (StandbyOptions.MaxRuntime).
+	reaperLog  *zap.Logger
+	maxRuntime time.Duration
 }
 
 func (b *bench) run(ctx context.Context) (*Report, error) {

@@ -132,8 +132,9 @@ func TestSummarize(t *testing.T) {
 // rounds (default 1), and only the configurations of
 // REAPERBENCH_STANDBY_CONFIGS (comma-separated keys of StandbyConfigKeys;
 // default all), on a server with REAPERBENCH_STANDBY_SERVER's settings
-// (comma-separated name=value; default PostgreSQL's), with the reaper's
-// log (debug level, JSON lines) in the file REAPERBENCH_REAPER_LOG:
+// (comma-separated name=value; default PostgreSQL's), each run bounded by
+// REAPERBENCH_STANDBY_MAX_RUNTIME (default 10m), with the reaper's log
+// (debug level, JSON lines) in the file REAPERBENCH_REAPER_LOG:
 //
 //	REAPERBENCH_STANDBY_KEYS=2000000 REAPERBENCH_STANDBY_ROUNDS=3 go test -run TestStandbyFullRun -v -timeout 2h ./internal/bench/reaper
 func TestStandbyFullRun(t *testing.T) {
@@ -151,6 +152,9 @@ func TestStandbyFullRun(t *testing.T) {
 		server = strings.Split(v, ",")
 	}
 	o := StandbyOptions{Keys: keys, Rounds: rounds, Configs: configs, Server: server, Logf: t.Logf}
+	if v, err := time.ParseDuration(os.Getenv("REAPERBENCH_STANDBY_MAX_RUNTIME")); err == nil {
+		o.MaxRuntime = v
+	}
 	if path := os.Getenv("REAPERBENCH_REAPER_LOG"); path != "" {
 		cfg := zap.NewProductionConfig()
 		cfg.Level, cfg.OutputPaths, cfg.Sampling = zap.NewAtomicLevelAt(zap.DebugLevel), []string{path}, nil

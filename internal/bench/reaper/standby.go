@@ -55,6 +55,10 @@ type StandbyOptions struct {
 	// ReaperLog, when set, receives the reaper's log, debug level, as
 	// JSON lines: what its throttle decided and when.
 	ReaperLog *zap.Logger
+	// MaxRuntime bounds each run (--max-runtime). Default
+	// standbyMaxRuntime; a paced first reap of millions of keys on a
+	// default server needs longer to show many checkpoint cycles.
+	MaxRuntime time.Duration
 }
 
 // StandbyRow is one reaper configuration measured under the insert load
@@ -305,7 +309,7 @@ func RunStandby(ctx context.Context, opts StandbyOptions) (*StandbyReport, error
 
 	def := reaper.DefaultSettings()
 	def.Retention = retention
-	b := &bench{pool: pool, logf: logf, standbyURL: standby.URL(), reaperLog: opts.ReaperLog, opts: Options{Keys: opts.Keys, InsertRate: opts.InsertRate, BaselineDuration: opts.BaselineDuration, Reaper: &def}}
+	b := &bench{pool: pool, logf: logf, standbyURL: standby.URL(), reaperLog: opts.ReaperLog, maxRuntime: opts.MaxRuntime, opts: Options{Keys: opts.Keys, InsertRate: opts.InsertRate, BaselineDuration: opts.BaselineDuration, Reaper: &def}}
 	base := &Report{Keys: opts.Keys}
 	if err := b.prepare(ctx, base); err != nil {
 		return nil, err
@@ -430,7 +434,7 @@ func standbyConfigs(keys []string, rep *StandbyReport) ([]standbyConfig, error) 
 // which sets the commit_latency ceiling of the runs after it.
 func (b *bench) runConfig(ctx context.Context, base *Report, c standbyConfig, round int, rep *StandbyReport) (StandbyRow, error) {
 	s := *b.opts.Reaper
-	s.MaxRuntime = standbyMaxRuntime
+	s.MaxRuntime = cmp.Or(b.maxRuntime, standbyMaxRuntime)
 	var probe *time.Duration
 	first := rep.CommitLimit == 0
 	if first {
