@@ -337,11 +337,7 @@ func TestHorizonSessionsBounded(t *testing.T) {
 func TestHorizonSlotsAndPrepared(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, err := dbtest.NewClusterWith(dbtest.ClusterOptions{Settings: []string{"max_prepared_transactions=2", "wal_level=logical"}})
-	if err != nil {
-		t.Fatalf("start a cluster: %v", err)
-	}
-	t.Cleanup(c.Remove)
+	c := dbtest.StartClusterWith(t, dbtest.ClusterOptions{Settings: []string{"max_prepared_transactions=2", "wal_level=logical"}})
 	adminURL := c.NewMigratedDatabase(t, "idemd_dbstats_horizon")
 	pool, err := pgxpool.New(ctx, dbtest.RuntimeURL(adminURL))
 	if err != nil {

@@ -20,11 +20,7 @@ import (
 // WAL position measures what the pacer holds.
 func pacingCluster(t *testing.T, settings ...string) (*pgxpool.Pool, *pgxpool.Pool) {
 	t.Helper()
-	c, err := dbtest.NewClusterWith(dbtest.ClusterOptions{Settings: append([]string{"autovacuum=off"}, settings...)})
-	if err != nil {
-		t.Fatalf("start a private cluster: %v", err)
-	}
-	t.Cleanup(c.Remove)
+	c := dbtest.StartClusterWith(t, dbtest.ClusterOptions{Settings: append([]string{"autovacuum=off"}, settings...)})
 	pool := privateDB(t, c)
 	admin, err := pgxpool.New(context.Background(), c.URL())
 	if err != nil {

@@ -93,15 +93,13 @@ func (s *Service) startThrottle(ctx context.Context, t *runThrottle, res *Result
 		switch b := c.WALBudget(); {
 		case l.MaxLoad.WALRateAuto && b.Rate > 0:
 			p = throttle.NewBudgetPacer(b)
+			t.decide.GuardCycle(throttle.NewCycle(c, b))
 		case l.MaxLoad.WALRate > 0:
 			p = throttle.NewWALPacer(l.MaxLoad.WALRate)
 		}
 		if p != nil {
 			t.decide.Pace(p, l.MaxLoad.WALRateAuto)
 			res.WALRate = p.Rate()
-		}
-		if l.MaxLoad.WALRateAuto && p != nil {
-			t.decide.GuardCycle(throttle.NewCycle(c, c.WALBudget()))
 		}
 	}
 	t.budget = l.MaxLoad.CommitLatency
