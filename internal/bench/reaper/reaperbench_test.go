@@ -152,8 +152,12 @@ func TestStandbyFullRun(t *testing.T) {
 		server = strings.Split(v, ",")
 	}
 	o := StandbyOptions{Keys: keys, Rounds: rounds, Configs: configs, Server: server, Logf: t.Logf}
-	if v, err := time.ParseDuration(os.Getenv("REAPERBENCH_STANDBY_MAX_RUNTIME")); err == nil {
-		o.MaxRuntime = v
+	if v := os.Getenv("REAPERBENCH_STANDBY_MAX_RUNTIME"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("REAPERBENCH_STANDBY_MAX_RUNTIME=%q: want a positive duration (20m)", v)
+		}
+		o.MaxRuntime = d
 	}
 	if path := os.Getenv("REAPERBENCH_REAPER_LOG"); path != "" {
 		cfg := zap.NewProductionConfig()
